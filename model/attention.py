@@ -1,0 +1,136 @@
+"""Masked multi-head self-attention, written out, plus the KV cache it reads during decoding.
+
+Shapes: B batch, T new (query) tokens, S keys = tokens cached before + T, C n_embd, nh n_head, hs = C // nh.
+
+Two backends compute the same function:
+  math  the explicit reference: softmax(mask(QK^T / sqrt(hs) + bias)) V; can hand back the weights.
+  sdpa  torch's fused scaled_dot_product_attention (flash / memory-efficient kernels on GPU).
+Asking for the weights always runs `math`, so capture never slows ordinary training, which runs `sdpa`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from .config import GPTConfig
+from .positions import PositionalEncoding
+
+
+def causal_mask(t: int, s: int, device: torch.device) -> Tensor:
+    """(T, S) bool, True where query i may see key j: the T queries are the last T of the S positions."""
+    return torch.ones(t, s, dtype=torch.bool, device=device).tril(diagonal=s - t)
+
+
+def math_attention(
+    q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, dropout: nn.Module
+) -> tuple[Tensor, Tensor]:
+    """q (B, nh, T, hs), k and v (B, nh, S, hs), bias (nh, T, S) or None -> y (B, nh, T, hs), weights (B, nh, T, S)."""
+    t, s = q.size(-2), k.size(-2)
+    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))  # (B, nh, T, S)
+    if bias is not None:
+        scores = scores + bias
+    # -inf before the softmax makes every future key's weight exactly 0
+    scores = scores.masked_fill(~causal_mask(t, s, q.device), float("-inf"))
+    weights = F.softmax(scores, dim=-1)  # (B, nh, T, S), each row sums to 1
+    y = dropout(weights) @ v  # (B, nh, T, hs)
+    return y, weights
+
+
+def fused_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, dropout_p: float) -> Tensor:
+    t, s = q.size(-2), k.size(-2)
+    if bias is not None:
+        mask = bias.masked_fill(~causal_mask(t, s, q.device), float("-inf")).to(q.dtype)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    if t == s:  # no cache, or a prefill into an empty one: the kernel's own causal path
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
+    if t == 1:  # one new token sees every cached key
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+    # is_causal aligns the mask top-left; queries that follow a cache need it aligned bottom-right
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(t, s, q.device), dropout_p=dropout_p)
+
+
+class KVCache:
+    """Keys and values of every layer for the tokens seen so far, preallocated to `max_len` positions.
+
+    A forward pass writes its T new keys/values at [length, length + T) in every layer, then `advance(T)`.
+    The buffers are allocated on first use so they take the dtype the activations have (bf16 under autocast).
+    """
+
+    def __init__(self, n_layer: int, max_len: int):
+        self.n_layer = n_layer
+        self.max_len = max_len
+        self.length = 0
+        self.k: list[Tensor | None] = [None] * n_layer
+        self.v: list[Tensor | None] = [None] * n_layer
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store k, v (B, nh, T, hs) after the cached ones; return all keys and values (B, nh, S, hs)."""
+        b, nh, t, hs = k.shape
+        end = self.length + t
+        if end > self.max_len:
+            raise ValueError(
+                f"KV cache holds at most {self.max_len} positions; {self.length} cached + {t} new do not fit. "
+                "Call reset() and prefill the last block_size tokens."
+            )
+        if self.k[layer] is None or self.k[layer].shape[0] != b or self.k[layer].dtype != k.dtype:
+            self.k[layer] = k.new_empty(b, nh, self.max_len, hs)
+            self.v[layer] = v.new_empty(b, nh, self.max_len, hs)
+        self.k[layer][:, :, self.length : end] = k
+        self.v[layer][:, :, self.length : end] = v
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+
+    def advance(self, t: int) -> None:
+        self.length += t
+
+    def reset(self) -> None:
+        self.length = 0
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.n_embd = cfg.n_embd
+        self.backend = cfg.attn_backend
+        self.dropout_p = cfg.dropout
+        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)  # q, k, v projections, fused
+        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)  # output projection
+        self.attn_dropout = nn.Dropout(cfg.dropout)
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+
+    def forward(
+        self,
+        x: Tensor,
+        pe: PositionalEncoding,
+        pos: Tensor,
+        bias: Tensor | None = None,
+        kv_cache: KVCache | None = None,
+        layer: int = 0,
+        return_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """x (B, T, C); pos (T,) absolute positions of x; bias (nh, T, S) additive score bias or None.
+
+        Returns y (B, T, C) and, when return_weights, the attention weights (B, nh, T, S).
+        """
+        b, t, c = x.shape
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)  # 3 x (B, T, C)
+        q = q.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        q, k = pe.rotate(q, pos), pe.rotate(k, pos)
+        if kv_cache is not None:
+            k, v = kv_cache.update(layer, k, v)  # (B, nh, S, hs)
+
+        weights = None
+        if return_weights or self.backend == "math":
+            y, weights = math_attention(q, k, v, bias, self.attn_dropout)
+        else:
+            y = fused_attention(q, k, v, bias, self.dropout_p if self.training else 0.0)
+        y = y.transpose(1, 2).contiguous().view(b, t, c)  # re-assemble heads side by side: (B, T, C)
+        y = self.resid_dropout(self.c_proj(y))
+        return y, (weights if return_weights else None)

@@ -1,0 +1,84 @@
+"""Sampling and the decoding loop, with or without a KV cache.
+
+With the cache, each new token costs one forward pass of a single position that reads the cached keys
+and values. Once the context holds block_size tokens it slides: every token's position shifts by one and the
+deeper layers' keys depend on tokens that have left the window, so the cache is rebuilt from the window,
+which is exactly what the uncached path computes. Both paths give the same tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+from .gpt import GPT
+
+
+def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None = None) -> Tensor:
+    """logits (B, V) -> the same with every token outside top-k / the top-p nucleus set to -inf."""
+    if top_k is not None and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[:, [-1]]  # (B, 1); list index keeps the dim
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # drop a token once the tokens ranked above it already hold top_p of the mass; the first always stays
+        drop_sorted = (probs.cumsum(dim=-1) - probs) >= top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def sample_next(
+    logits: Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    greedy: bool = False,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """logits (B, V) of the last position -> next token ids (B, 1)."""
+    if greedy or temperature == 0.0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = filter_logits(logits.float() / temperature, top_k, top_p)
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator)
+
+
+@torch.no_grad()
+def generate_stream(
+    model: GPT,
+    idx: Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    greedy: bool = False,
+    use_cache: bool = True,
+    generator: torch.Generator | None = None,
+) -> Iterator[Tensor]:
+    """Yield the next token ids (B, 1) one step at a time after the prompt idx (B, T), T >= 1."""
+    block = model.config.block_size
+    cache = model.new_kv_cache() if use_cache else None
+    logits = model(idx[:, -block:], kv_cache=cache).logits[:, -1]  # prefill: (B, V)
+    for step in range(max_new_tokens):
+        nxt = sample_next(logits, temperature, top_k, top_p, greedy, generator)  # (B, 1)
+        yield nxt
+        if step == max_new_tokens - 1:
+            break
+        idx = torch.cat((idx, nxt), dim=1)[:, -block:]
+        if cache is None:
+            logits = model(idx).logits[:, -1]
+        elif cache.length < block:
+            logits = model(nxt, kv_cache=cache).logits[:, -1]
+        else:  # the window slides: rebuild the cache from it (see module docstring)
+            cache.reset()
+            logits = model(idx, kv_cache=cache).logits[:, -1]
+
+
+def generate(model: GPT, idx: Tensor, max_new_tokens: int, **kwargs) -> Tensor:
+    """The prompt idx (B, T) followed by max_new_tokens generated tokens: (B, T + max_new_tokens)."""
+    new = list(generate_stream(model, idx, max_new_tokens, **kwargs))
+    return torch.cat([idx, *new], dim=1) if new else idx

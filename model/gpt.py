@@ -1,0 +1,166 @@
+"""The decoder-only GPT: MLP -> Block -> GPT, with GPT-2's names so its weights map by key.
+
+Shapes: B batch, T tokens in this call, S = tokens cached before + T, C n_embd, V vocab_size, nh n_head.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from .attention import CausalSelfAttention, KVCache
+from .config import GPTConfig
+from .positions import LearnedPositions, build_positional_encoding
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward: C -> mlp_ratio*C -> C, GELU (GPT-2's tanh approximation) in between."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.n_embd, cfg.mlp_ratio * cfg.n_embd, bias=cfg.bias)
+        self.c_proj = nn.Linear(cfg.mlp_ratio * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_eps, bias=cfg.bias)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_eps, bias=cfg.bias)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, pe, pos, bias=None, kv_cache=None, layer=0, return_weights=False):
+        a, weights = self.attn(self.ln_1(x), pe, pos, bias, kv_cache, layer, return_weights)
+        x = x + a
+        x = x + self.mlp(self.ln_2(x))
+        return x, weights
+
+
+@dataclass
+class GPTOutput:
+    logits: Tensor  # (B, T, V)
+    loss: Tensor | None = None  # mean next-token cross-entropy in nats, when targets were given
+    attentions: tuple[Tensor, ...] | None = None  # n_layer x (B, nh, T, S), when return_attention
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.config = cfg
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(cfg.vocab_size, cfg.n_embd),
+                wpe=build_positional_encoding(cfg),
+                drop=nn.Dropout(cfg.dropout),
+                h=nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)]),
+                ln_f=nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_eps, bias=cfg.bias),
+            )
+        )
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            # one matrix reads tokens in and scores them out (Press & Wolf 2017); saves V*C parameters
+            self.lm_head.weight = self.transformer.wte.weight
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """GPT-2 initialisation: N(0, 0.02) everywhere, residual projections scaled by 1/sqrt(2 * n_layer).
+
+        Each block adds two residual branches (attention and MLP); scaling their output projections keeps the
+        residual stream's variance from growing with depth.
+        """
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            elif isinstance(module, nn.LayerNorm):
+                module.reset_parameters()
+            elif isinstance(module, LearnedPositions):
+                module.reset_parameters()
+        residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=residual_std)
+
+    def new_kv_cache(self) -> KVCache:
+        return KVCache(self.config.n_layer, self.config.block_size)
+
+    def forward(
+        self,
+        idx: Tensor,
+        targets: Tensor | None = None,
+        *,
+        kv_cache: KVCache | None = None,
+        return_attention: bool = False,
+    ) -> GPTOutput:
+        """Next-token logits at every position.
+
+        idx:      (B, T) token ids; with a kv_cache, the T tokens that follow the cached ones.
+        targets:  (B, T) the token that follows each position (-1 = ignore); gives `loss`.
+        kv_cache: keys/values of earlier tokens, updated in place (see generate.py).
+        return_attention: also return every layer's attention weights (runs the explicit `math` path).
+        """
+        b, t = idx.shape
+        past = kv_cache.length if kv_cache is not None else 0
+        if past + t > self.config.block_size:
+            raise ValueError(
+                f"sequence of {past + t} tokens is longer than block_size={self.config.block_size}; "
+                "crop the input to the last block_size tokens"
+            )
+        pos = torch.arange(past, past + t, device=idx.device)  # (T,) absolute positions
+        pe = self.transformer.wpe
+
+        x = self.transformer.wte(idx)  # (B, T, C)
+        pos_emb = pe.embed(pos)
+        if pos_emb is not None:
+            x = x + pos_emb  # (T, C) broadcast over the batch
+        x = self.transformer.drop(x)
+        # the ALiBi bias is the same in every layer: compute it once
+        bias = pe.score_bias(pos, torch.arange(past + t, device=idx.device))  # (nh, T, S) or None
+
+        attentions = []
+        for i, block in enumerate(self.transformer.h):
+            x, weights = block(x, pe, pos, bias, kv_cache, i, return_attention)
+            attentions.append(weights)
+        if kv_cache is not None:
+            kv_cache.advance(t)
+        logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, V)
+
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        return GPTOutput(logits, loss, tuple(attentions) if return_attention else None)
+
+
+def num_params(model: GPT, non_embedding: bool = True) -> int:
+    """Parameters, each tied matrix once. non_embedding drops the position table (wte counts: it is the lm_head)."""
+    n = sum(p.numel() for p in model.parameters())  # parameters() yields a tied tensor once
+    if non_embedding and isinstance(model.transformer.wpe, LearnedPositions):
+        n -= model.transformer.wpe.weight.numel()
+    return n
+
+
+def flops_per_token(cfg: GPTConfig, n_params: int, seq_len: int | None = None, training: bool = True) -> float:
+    """Matmul FLOPs to process one token, the PaLM (Chowdhery et al. 2022, app. B) count.
+
+    Each parameter takes a multiply and an add per token in the forward pass (2N); attention adds
+    QK^T and AV, 2 * seq_len * C each per layer (4 L C T, counting the masked half as the convention does).
+    The backward pass costs twice the forward, so training is 3x: 6N + 12 L C T.
+    """
+    t = cfg.block_size if seq_len is None else seq_len
+    forward = 2 * n_params + 4 * cfg.n_layer * cfg.n_embd * t
+    return 3 * forward if training else forward

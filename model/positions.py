@@ -1,0 +1,142 @@
+"""Positional encodings behind one interface.
+
+A Transformer's attention is permutation-invariant: without position information "dog bites man" and
+"man bites dog" look the same. Each encoding below injects position at exactly one of three places:
+
+    embed(pos)              -> (T, C) added to the token embeddings       learned, sinusoidal
+    rotate(x, pos)          -> x rotated by position, applied to q and k   rope
+    score_bias(q_pos, k_pos)-> (nh, Tq, Tk) added to the attention scores  alibi
+
+and is a no-op at the other two. `pos` holds absolute token positions, int64 of shape (T,).
+
+Shapes: B batch, T query length, S key length, C n_embd, nh n_head, hs head size = C // nh.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+from .config import GPTConfig
+
+
+class PositionalEncoding(nn.Module):
+    """Base class: adds no position information anywhere ("none" = NoPE)."""
+
+    def embed(self, pos: Tensor) -> Tensor | None:
+        return None
+
+    def rotate(self, x: Tensor, pos: Tensor) -> Tensor:
+        return x
+
+    def score_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+        return None
+
+
+class LearnedPositions(PositionalEncoding):
+    """GPT-2: one trained vector per position, stored as `wpe.weight` (block_size, C)."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(cfg.block_size, cfg.n_embd))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.weight, mean=0.0, std=0.02)
+
+    def embed(self, pos: Tensor) -> Tensor:
+        return self.weight[pos]  # (T, C)
+
+
+def sinusoidal_table(n_positions: int, dim: int) -> Tensor:
+    """Vaswani et al. (2017): PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(p / 10000^(2i/d))."""
+    pos = torch.arange(n_positions, dtype=torch.float64)[:, None]  # (P, 1)
+    two_i = torch.arange(0, dim, 2, dtype=torch.float64)  # (ceil(d/2),)
+    angle = pos / torch.pow(10000.0, two_i / dim)  # (P, ceil(d/2))
+    table = torch.zeros(n_positions, dim, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(angle)
+    table[:, 1::2] = torch.cos(angle[:, : dim // 2])  # an odd d has one fewer cosine column
+    return table.float()
+
+
+class SinusoidalPositions(PositionalEncoding):
+    """Fixed sinusoids added to the token embeddings; nothing to train."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        # non-persistent: derived from the config, so it is neither saved nor expected in checkpoints
+        self.register_buffer("table", sinusoidal_table(cfg.block_size, cfg.n_embd), persistent=False)
+
+    def embed(self, pos: Tensor) -> Tensor:
+        return self.table[pos]  # (T, C)
+
+
+class RotaryPositions(PositionalEncoding):
+    """RoPE (Su et al. 2021): rotate each (i, i + hs/2) channel pair of q and k by angle pos * base^(-2i/hs).
+
+    The dot product of a query rotated by angle a and a key rotated by angle b depends only on a - b, so the
+    attention scores depend on relative position alone. Rotate-half pairing, as in GPT-NeoX and Llama.
+    """
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        hs = cfg.head_size
+        inv_freq = 1.0 / (cfg.rope_base ** (torch.arange(0, hs, 2, dtype=torch.float32) / hs))  # (hs/2,)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def rotate(self, x: Tensor, pos: Tensor) -> Tensor:
+        # x: (B, nh, T, hs); angles computed in float32 whatever the activations' dtype
+        angle = pos.to(torch.float32)[:, None] * self.inv_freq[None, :]  # (T, hs/2)
+        cos = torch.cat((angle.cos(), angle.cos()), dim=-1).to(x.dtype)  # (T, hs)
+        sin = torch.cat((angle.sin(), angle.sin()), dim=-1).to(x.dtype)
+        half = x.size(-1) // 2
+        rotated_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # (B, nh, T, hs)
+        return x * cos + rotated_half * sin
+
+
+def alibi_slopes(n_head: int) -> Tensor:
+    """The head slopes of Press et al. (2022): a geometric sequence starting at 2^(-8/n).
+
+    For a head count that is not a power of two, the paper takes the slopes of the nearest lower power of two
+    and fills the rest with every other slope of the next power of two.
+    """
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if math.log2(n_head).is_integer():
+        slopes = power_of_two(n_head)
+    else:
+        closest = 2 ** math.floor(math.log2(n_head))
+        slopes = power_of_two(closest) + power_of_two(2 * closest)[0::2][: n_head - closest]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+class ALiBiPositions(PositionalEncoding):
+    """ALiBi: no embeddings; each head penalises a key linearly with its distance to the query."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.register_buffer("slopes", alibi_slopes(cfg.n_head), persistent=False)
+
+    def score_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        distance = (k_pos[None, :] - q_pos[:, None]).to(torch.float32)  # (Tq, Tk), <= 0 for visible keys
+        return self.slopes[:, None, None] * distance[None]  # (nh, Tq, Tk)
+
+
+POSITIONAL_ENCODINGS: dict[str, type[PositionalEncoding]] = {
+    "learned": LearnedPositions,
+    "sinusoidal": SinusoidalPositions,
+    "rope": RotaryPositions,
+    "alibi": ALiBiPositions,
+    "none": PositionalEncoding,
+}
+
+
+def build_positional_encoding(cfg: GPTConfig) -> PositionalEncoding:
+    cls = POSITIONAL_ENCODINGS[cfg.pos_encoding]
+    return cls() if cls is PositionalEncoding else cls(cfg)
