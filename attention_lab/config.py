@@ -1,0 +1,126 @@
+"""The run's typed configuration and its Hydra schema.
+
+Hydra stops at the entry point: the dataclasses below are registered as structured-config schemas, so a
+misspelt key in a YAML file or an override fails when the config is composed; `to_config` turns the composed
+DictConfig into these typed objects (running every `__post_init__` check) and nothing below the entry point
+sees a DictConfig.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from data.config import DataConfig
+from model import GPTConfig
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+DEVICES = ("auto", "cpu", "cuda", "mps")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-3  # peak learning rate, reached after warmup
+    min_lr: float = 1e-4  # cosine decay ends here
+    warmup_steps: int = 100
+    decay_steps: Optional[int] = None  # cosine length; None: until train.max_steps
+    weight_decay: float = 0.1  # on matrices only: not on biases, LayerNorm gains or positions
+    beta1: float = 0.9
+    beta2: float = 0.99
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # clip the global gradient norm; 0 disables
+
+    def __post_init__(self) -> None:
+        _positive("optim", self, ("lr", "eps"))
+        _non_negative("optim", self, ("min_lr", "warmup_steps", "weight_decay", "grad_clip"))
+        if self.min_lr > self.lr:
+            raise ValueError(f"optim.min_lr={self.min_lr} must not exceed optim.lr={self.lr}")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"optim.{name}={getattr(self, name)} must be in [0, 1)")
+        if self.decay_steps is not None and self.decay_steps < 1:
+            raise ValueError(f"optim.decay_steps={self.decay_steps} must be None or >= 1")
+
+
+@dataclass
+class TrainConfig:
+    seed: int = 1337
+    device: str = "auto"  # auto: cuda if available, else cpu
+    dtype: str = "auto"  # auto: bfloat16 autocast on a GPU that supports it, float32 otherwise
+    compile: bool = False  # torch.compile the model (GPU; slow to start on CPU)
+    batch_size: int = 16  # sequences per micro-batch per process
+    grad_accum: int = 1  # micro-batches per optimizer step
+    max_steps: int = 2000
+    eval_interval: int = 250  # evaluate, log attention and save a checkpoint every this many steps
+    eval_batches: int = 20  # fixed validation batches per evaluation
+    log_interval: int = 10
+    keep_checkpoints: int = 2  # newest step folders kept besides the best
+    resume: Optional[str] = None  # a run or checkpoint folder; a run folder that has checkpoints resumes itself
+    init_from: Optional[str] = None  # start from weights: a Hugging Face GPT-2 id or folder (e.g. gpt2)
+    sample_tokens: int = 200  # text generated at each evaluation for TensorBoard
+    probe_prompt: str = "ROMEO:\nBut soft, what light through yonder window breaks?"
+    tensorboard: bool = True
+    progress: bool = True  # tqdm progress bar
+    peak_flops: Optional[float] = None  # MFU denominator in FLOP/s; None: measured at start
+    num_threads: Optional[int] = None  # torch CPU threads; None: torch's default
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ValueError(f"train.device={self.device!r} is not one of {', '.join(DEVICES)}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"train.dtype={self.dtype!r} is not one of {', '.join(DTYPES)}")
+        _positive("train", self, ("batch_size", "grad_accum", "max_steps", "eval_interval", "eval_batches",
+                                  "log_interval", "keep_checkpoints"))
+        _non_negative("train", self, ("sample_tokens",))
+        if self.peak_flops is not None and self.peak_flops <= 0:
+            raise ValueError(f"train.peak_flops={self.peak_flops} must be positive FLOP/s, or null to measure it")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"train.num_threads={self.num_threads} must be >= 1 or null")
+
+
+@dataclass
+class Config:
+    model: GPTConfig = field(default_factory=GPTConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    name: str = "run"  # a label for the run, shown in TensorBoard's hparams
+
+
+
+def _positive(section: str, obj: Any, names: tuple[str, ...]) -> None:
+    for name in names:
+        if getattr(obj, name) <= 0:
+            raise ValueError(f"{section}.{name}={getattr(obj, name)} must be positive")
+
+
+def _non_negative(section: str, obj: Any, names: tuple[str, ...]) -> None:
+    for name in names:
+        if getattr(obj, name) < 0:
+            raise ValueError(f"{section}.{name}={getattr(obj, name)} must not be negative")
+
+
+def register_configs() -> None:
+    """Register the schema so configs/config.yaml can name it first in its defaults list."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="schema", node=Config)
+
+
+def to_config(cfg: DictConfig) -> Config:
+    """Composed DictConfig -> typed Config; a bad value raises ValueError naming the field."""
+    return OmegaConf.to_object(cfg)
+
+
+def compose(overrides: list[str] | None = None) -> Config:
+    """Compose configs/ with Hydra overrides outside a Hydra app (tests, notebooks)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return to_config(hydra_compose(config_name="config", overrides=list(overrides or [])))

@@ -1,0 +1,60 @@
+"""torchrun process groups: NCCL on GPUs, gloo on CPUs; a single process needs none of it."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init(device_name: str) -> DistInfo:
+    """Join the process group that torchrun describes in the environment (RANK, WORLD_SIZE, LOCAL_RANK)."""
+    if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return DistInfo()
+    info = DistInfo(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0)), int(os.environ["WORLD_SIZE"]))
+    use_cuda = device_name in ("auto", "cuda") and torch.cuda.is_available()
+    if use_cuda:
+        torch.cuda.set_device(info.local_rank)
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+    return info
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def mean(value: float, info: DistInfo, device: torch.device) -> float:
+    """The mean of a per-process number over all processes (itself when there is one)."""
+    if not info.enabled:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.item() / info.world_size
+
+
+def any_true(flag: bool, info: DistInfo, device: torch.device) -> bool:
+    """True on every process as soon as one process says so (e.g. one of them received Ctrl-C)."""
+    if not info.enabled:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item() > 0)

@@ -1,0 +1,112 @@
+"""Everything a run writes besides checkpoints: console lines, metrics.jsonl, TensorBoard, provenance.
+
+Created on the main process only; other ranks get a RunLogger(enabled=False) whose methods do nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+from .checkpoint import write_json_atomic
+
+PACKAGES = ("torch", "numpy", "datasets", "tokenizers", "hydra-core", "omegaconf", "tensorboard", "safetensors",
+            "transformers")
+
+
+def git_commit(cwd: Path) -> dict:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10).stdout.strip()
+
+    try:
+        return {"commit": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain"))}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+def package_versions() -> dict:
+    versions = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+class RunLogger:
+    def __init__(self, run_dir: Path, enabled: bool = True, tensorboard: bool = True):
+        self.run_dir = Path(run_dir)
+        self.enabled = enabled
+        self.writer = None
+        self._metrics = None
+        if not enabled:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._metrics = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8")
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(log_dir=str(self.run_dir / "tb"))
+
+    def print(self, *args) -> None:
+        if self.enabled:
+            print(*args, flush=True)
+
+    def provenance(self, config, overrides: list[str], extra: dict | None = None) -> None:
+        if not self.enabled:
+            return
+        repo = Path(__file__).resolve().parent.parent
+        write_json_atomic(self.run_dir / "config.json", dataclasses.asdict(config))
+        write_json_atomic(self.run_dir / "provenance.json", {
+            "argv": sys.argv,
+            "overrides": overrides,
+            "git": git_commit(repo),
+            "packages": package_versions(),
+            "platform": platform.platform(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            **(extra or {}),
+        })
+
+    def metrics(self, step: int, values: dict, tb_prefix: str | None = None) -> None:
+        """One line of metrics.jsonl; with tb_prefix, also TensorBoard scalars named prefix/key."""
+        if not self.enabled:
+            return
+        self._metrics.write(json.dumps({"step": step, **values}) + "\n")
+        self._metrics.flush()
+        if self.writer is not None and tb_prefix is not None:
+            for key, value in values.items():
+                if isinstance(value, (int, float)):
+                    self.writer.add_scalar(f"{tb_prefix}/{key}", value, step)
+
+    def text(self, tag: str, text: str, step: int) -> None:
+        if self.writer is not None:
+            # TensorBoard renders text as markdown: indent four spaces so line breaks and spacing survive
+            self.writer.add_text(tag, "    " + text.replace("\n", "\n    "), step)
+
+    def attention(self, weights, labels: list[str], step: int) -> None:
+        if self.writer is not None:
+            from .attention_maps import log_attention_to_tensorboard
+
+            log_attention_to_tensorboard(self.writer, weights, labels, step, "attention")
+
+    def hparams(self, hparams: dict, final_metrics: dict) -> None:
+        if self.writer is not None:
+            clean = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in hparams.items()}
+            self.writer.add_hparams(clean, {f"hparam/{k}": v for k, v in final_metrics.items()}, run_name="hparams")
+
+    def flush(self) -> None:
+        if self.writer is not None:
+            self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        if self._metrics is not None:
+            self._metrics.close()

@@ -1,0 +1,260 @@
+"""Training: the debug preset end to end, exact resume, Ctrl-C, SIGKILL, NaN, bad input, and TensorBoard logs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import train as train_mod
+from attention_lab.checkpoint import CheckpointError, load_checkpoint
+from attention_lab.config import CONFIG_DIR, compose
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def debug_config(cache_dir: Path, *overrides: str):
+    return compose(["experiment=debug", f"data.cache_dir={cache_dir}", *overrides])
+
+
+def read_metrics(run_dir: Path) -> tuple[dict[int, float], dict[int, dict]]:
+    train_losses, evals = {}, {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if "loss" in row:
+            train_losses[row["step"]] = row["loss"]
+        if "val_loss" in row:
+            evals[row["step"]] = row
+    return train_losses, evals
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def debug_run(tmp_path_factory, data_cache):
+    run_dir = tmp_path_factory.mktemp("debug_run")
+    cfg = debug_config(data_cache, "train.log_interval=1")
+    final = train_mod.train(cfg, run_dir)
+    return run_dir, final, cfg
+
+
+def test_debug_run_trains_and_writes_everything(debug_run):
+    run_dir, final, cfg = debug_run
+    assert final["step"] == cfg.train.max_steps, f"run stopped early: {final}"
+    assert math.isfinite(final["val_loss"]) and math.isfinite(final["val_bpb"]), final
+    losses, evals = read_metrics(run_dir)
+    assert sorted(losses) == list(range(1, cfg.train.max_steps + 1)), "one train loss per step expected"
+    first, last = losses[1], losses[cfg.train.max_steps]
+    assert last < first, f"loss did not go down over the debug run: {first:.3f} -> {last:.3f}"
+    assert sorted(evals) == [10, 20], f"evaluations expected at steps 10 and 20, got {sorted(evals)}"
+    for name in ("config.json", "provenance.json"):
+        assert (run_dir / name).is_file(), f"{name} missing from the run directory"
+    prov = json.loads((run_dir / "provenance.json").read_text())
+    assert prov["packages"]["torch"] == torch.__version__.split("+")[0] or prov["packages"]["torch"].startswith(
+        torch.__version__.split("+")[0]), prov["packages"]
+    assert "commit" in prov["git"]
+    ckpt = load_checkpoint(run_dir, "latest")
+    assert ckpt.step == 20 and (ckpt.path / "train_state.pt").is_file()
+    best = load_checkpoint(run_dir, "best")
+    assert best.meta["val_loss"] == pytest.approx(min(e["val_loss"] for e in evals.values()))
+    state = ckpt.train_state()
+    assert set(state) >= {"step", "optimizer", "sampler", "rng", "best_val_loss"}, sorted(state)
+    keys = ckpt.build_model().state_dict().keys()
+    assert not any(k.startswith(("_orig_mod.", "module.")) for k in keys), "wrapper prefixes leaked into weights"
+
+
+def test_tensorboard_has_scalars_text_images_and_hparams(debug_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir, _, cfg = debug_run
+    acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"images": 0, "scalars": 0, "tensors": 0})
+    acc.Reload()
+    scalars = set(acc.Tags()["scalars"])
+    for tag in ("train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "train/mfu",
+                "val/val_loss", "val/val_bpb"):
+        assert tag in scalars, f"scalar {tag} not logged; have {sorted(scalars)}"
+    images = acc.Tags()["images"]
+    for layer in range(cfg.model.n_layer):
+        assert any(f"layer_{layer}" in t or f"layer{layer}" in t for t in images), \
+            f"no attention heatmap for layer {layer}: {images}"
+    texts = [t for t in acc.Tags()["tensors"] if "sample" in t]
+    assert texts, f"no generated text sample in TensorBoard: {acc.Tags()['tensors']}"
+    assert (run_dir / "tb" / "hparams").is_dir(), "hyperparameters with final metrics not logged"
+
+
+def test_resume_reproduces_the_uninterrupted_run(tmp_path, data_cache):
+    common = ["train.log_interval=1", "optim.decay_steps=20", "train.eval_interval=10", "train.sample_tokens=0"]
+    full_dir, split_dir = tmp_path / "full", tmp_path / "split"
+    train_mod.train(debug_config(data_cache, *common, "train.max_steps=20"), full_dir)
+    train_mod.train(debug_config(data_cache, *common, "train.max_steps=10"), split_dir)
+    # re-running in the same directory resumes from its latest checkpoint
+    train_mod.train(debug_config(data_cache, *common, "train.max_steps=20"), split_dir)
+    full, _ = read_metrics(full_dir)
+    split, _ = read_metrics(split_dir)
+    for step in range(11, 21):
+        assert split[step] == full[step], (
+            f"step {step}: resumed run loss {split[step]!r} != uninterrupted {full[step]!r}; "
+            "something the loop depends on (optimizer, RNG, sampler position, schedule) is not saved or restored"
+        )
+
+
+def test_resume_refuses_a_checkpoint_of_another_shape(debug_run, tmp_path, data_cache):
+    run_dir, _, _ = debug_run
+    before = tree_digest(run_dir / "checkpoints")
+    cfg = debug_config(data_cache, "model.n_layer=3", f"train.resume={run_dir}")
+    with pytest.raises(train_mod.TrainingError, match="n_layer"):
+        train_mod.train(cfg, tmp_path / "other")
+    assert tree_digest(run_dir / "checkpoints") == before, "a refused resume modified the checkpoint"
+
+
+def test_resume_from_missing_or_corrupt_checkpoint_is_a_clear_error(tmp_path, data_cache, debug_run):
+    with pytest.raises(CheckpointError, match="no such run"):
+        train_mod.train(debug_config(data_cache, f"train.resume={tmp_path / 'nope'}"), tmp_path / "a")
+    run_dir, _, _ = debug_run
+    broken = tmp_path / "broken"
+    ck = load_checkpoint(run_dir, "latest").path
+    (broken / "checkpoints").mkdir(parents=True)
+    import shutil
+
+    shutil.copytree(ck, broken / "checkpoints" / ck.name)
+    (broken / "checkpoints" / ck.name / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(CheckpointError, match="corrupt"):
+        train_mod.train(debug_config(data_cache, f"train.resume={broken}"), tmp_path / "b")
+
+
+def test_nan_loss_stops_with_a_clear_message_and_keeps_the_checkpoint(tmp_path, data_cache, monkeypatch):
+    run_dir = tmp_path / "nan"
+    real_step = train_mod.train_step
+    calls = {"n": 0}
+
+    def step_then_nan(*args, **kwargs):
+        calls["n"] += 1
+        loss, norm = real_step(*args, **kwargs)
+        return (float("nan"), norm) if calls["n"] == 13 else (loss, norm)
+
+    monkeypatch.setattr(train_mod, "train_step", step_then_nan)
+    with pytest.raises(train_mod.TrainingError, match=r"became nan at step 13.*last good checkpoint"):
+        train_mod.train(debug_config(data_cache, "train.sample_tokens=0"), run_dir)
+    assert load_checkpoint(run_dir, "latest").step == 10, "the last good checkpoint (step 10) must survive"
+
+
+@pytest.mark.parametrize("override, match", [
+    ("model.n_embd=30", "n_embd"),
+    ("model.pos_encoding=sinus", "pos_encoding"),
+    ("optim.lr=-1", "optim.lr"),
+    ("train.batch_size=0", "train.batch_size"),
+])
+def test_invalid_values_fail_at_start_naming_the_field(override, match, data_cache):
+    with pytest.raises(ValueError, match=match):
+        debug_config(data_cache, override)
+
+
+def test_unknown_keys_fail_at_composition(data_cache):
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException, match="n_layers"):
+        debug_config(data_cache, "model.n_layers=6")
+
+
+def test_block_size_larger_than_the_corpus_is_a_clear_error(tmp_path):
+    text = tmp_path / "tiny.txt"
+    text.write_text("to be or not to be, that is the question\n" * 3)
+    cfg = compose(["experiment=debug", "data=text", f"data.files=[{text}]", "data.tokenizer=char",
+                   f"data.cache_dir={tmp_path / 'cache'}", "data.val_fraction=0.5", "model.block_size=512"])
+    with pytest.raises((train_mod.TrainingError, ValueError), match="block_size"):
+        train_mod.train(cfg, tmp_path / "run")
+
+
+def test_every_config_composes():
+    groups = {g: sorted(p.stem for p in (CONFIG_DIR / g).glob("*.yaml"))
+              for g in ("model", "data", "optim", "train", "experiment")}
+    for group, options in groups.items():
+        assert options, f"configs/{group}/ is empty"
+        for option in options:
+            cfg = compose([f"{group}={option}"])
+            assert cfg.model.n_embd % cfg.model.n_head == 0
+
+
+def test_lr_schedule_warms_up_then_decays_to_min():
+    from attention_lab.config import OptimConfig
+
+    oc = OptimConfig(lr=1e-3, min_lr=1e-4, warmup_steps=10)
+    lrs = [train_mod.lr_at(s, oc, 100) for s in range(120)]
+    assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3), lrs[:10]
+    assert all(a <= b for a, b in zip(lrs[:10], lrs[1:10])), "warmup must increase"
+    assert all(a >= b for a, b in zip(lrs[10:100], lrs[11:101])), "cosine must not increase"
+    assert lrs[100] == pytest.approx(1e-4) and lrs[119] == pytest.approx(1e-4)
+
+
+def test_weight_decay_only_on_matrices():
+    from attention_lab.config import OptimConfig
+    from model import GPT, GPTConfig
+
+    model = GPT(GPTConfig(vocab_size=32, block_size=8, n_layer=1, n_head=2, n_embd=16))
+    opt = train_mod.configure_optimizer(model, OptimConfig(weight_decay=0.1), torch.device("cpu"))
+    decayed, plain = opt.param_groups
+    assert decayed["weight_decay"] == 0.1 and plain["weight_decay"] == 0.0
+    assert all(p.dim() == 2 for p in decayed["params"])
+    assert all(p.dim() == 1 for p in plain["params"]) or any(p.shape[0] == 8 for p in plain["params"])
+    n_total = len(list(model.parameters()))
+    assert len(decayed["params"]) + len(plain["params"]) == n_total
+
+
+def _spawn_training(run_dir: Path, cache: Path, *overrides: str) -> subprocess.Popen:
+    cmd = [sys.executable, "train.py", "experiment=debug", f"data.cache_dir={cache}", f"hydra.run.dir={run_dir}",
+           "train.max_steps=100000", "train.eval_interval=5", "train.sample_tokens=0", *overrides]
+    return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def _wait_for_checkpoint(run_dir: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while not (run_dir / "checkpoints" / "latest.json").exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"training exited early:\n{proc.stdout.read()}")
+        assert time.time() < deadline, "no checkpoint written in time"
+        time.sleep(0.2)
+
+
+def test_ctrl_c_saves_and_exits_cleanly(tmp_path, data_cache):
+    run_dir = tmp_path / "sigint"
+    proc = _spawn_training(run_dir, data_cache)
+    _wait_for_checkpoint(run_dir, proc)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, f"exit code {proc.returncode} after Ctrl-C:\n{out}"
+    assert "Traceback" not in out, out
+    assert "stopped at step" in out and "Resume with" in out, out
+    ckpt = load_checkpoint(run_dir, "latest")
+    assert str(ckpt.step) in out.split("stopped at step")[1].split(";")[0], (ckpt.step, out)
+    ckpt.build_model()
+
+
+def test_sigkill_never_leaves_an_unloadable_checkpoint(tmp_path, data_cache):
+    run_dir = tmp_path / "sigkill"
+    proc = _spawn_training(run_dir, data_cache, "train.eval_interval=2")
+    _wait_for_checkpoint(run_dir, proc)
+    time.sleep(1.5)  # checkpoints are written every 2 steps: likely mid-save
+    proc.kill()
+    proc.wait(timeout=30)
+    ckpt = load_checkpoint(run_dir, "latest")
+    ckpt.build_model()
+    ckpt.train_state()
+    # and the run resumes from it
+    cfg = debug_config(data_cache, f"train.max_steps={ckpt.step + 2}", "train.eval_interval=2",
+                       "train.sample_tokens=0")
+    final = train_mod.train(cfg, run_dir)
+    assert final["step"] == ckpt.step + 2

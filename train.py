@@ -1,0 +1,427 @@
+"""Train the GPT with next-token prediction at every position.
+
+    python train.py                                  # the default CPU run on Shakespeare (< 10 minutes)
+    python train.py model.n_layer=6 optim.lr=6e-4    # Hydra overrides
+    python train.py experiment=debug                 # a preset from configs/experiment/
+    torchrun --nproc_per_node 2 train.py ...         # data-parallel over 2 processes (GPUs, or CPUs with gloo)
+
+Each run writes runs/<name>/<time>/: config and provenance, metrics.jsonl, checkpoints/, tb/ (TensorBoard).
+The functions here (build_model, configure_optimizer, lr_at, train_step, evaluate, train) are importable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from attention_lab import distributed
+from attention_lab.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, save_checkpoint
+from attention_lab.config import Config, OptimConfig, register_configs, to_config
+from attention_lab.logger import RunLogger
+from data.batches import BatchSampler, eval_batches
+from data.prepare import PreparedData, prepare_data
+from model import GPT, GPTConfig, flops_per_token, generate, num_params
+
+# the fields that decide the shapes of the weights: a checkpoint must agree on all of them to be resumed
+SHAPE_FIELDS = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", "pos_encoding",
+                "tie_embeddings", "mlp_ratio")
+
+
+class TrainingError(RuntimeError):
+    """A problem the user can fix (bad config for this corpus, checkpoint mismatch, diverged loss)."""
+
+
+# ----------------------------------------------------------------------------------------------------------
+# building blocks
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise TrainingError("train.device=cuda but no CUDA GPU is visible; use train.device=cpu (or auto)")
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise TrainingError("train.device=mps but MPS is not available; use train.device=cpu (or auto)")
+    return torch.device(name)
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    """The autocast dtype: bf16 on GPUs that support it; float32 (no autocast) elsewhere."""
+    if name == "auto":
+        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    return getattr(torch, name)
+
+
+def autocast(device: torch.device, dtype: torch.dtype):
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def build_model(cfg: GPTConfig) -> GPT:
+    return GPT(cfg)
+
+
+def configure_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only: biases, LayerNorm gains and position tables stay undecayed."""
+    params = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    decay = [p for name, p in params.items() if p.dim() >= 2 and not name.endswith("wpe.weight")]
+    no_decay = [p for name, p in params.items() if p.dim() < 2 or name.endswith("wpe.weight")]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                             fused=device.type == "cuda")
+
+
+def lr_at(step: int, cfg: OptimConfig, max_steps: int) -> float:
+    """Linear warmup to cfg.lr over warmup_steps, then cosine decay to min_lr at decay_steps (default max_steps)."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    decay_steps = cfg.decay_steps or max_steps
+    if step >= decay_steps:
+        return cfg.min_lr
+    progress = (step - cfg.warmup_steps) / max(1, decay_steps - cfg.warmup_steps)
+    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - cfg.min_lr)
+
+
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, sampler: BatchSampler, grad_accum: int,
+               device: torch.device, dtype: torch.dtype, grad_clip: float,
+               scaler: torch.amp.GradScaler | None = None) -> tuple[float, float]:
+    """One optimizer step over grad_accum micro-batches -> (mean loss, gradient norm before clipping)."""
+    total = 0.0
+    for micro in range(grad_accum):
+        x, y = sampler.next_batch()
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        # DDP averages gradients across processes on every backward; only the last micro-batch needs it
+        sync = micro == grad_accum - 1 or not isinstance(model, DDP)
+        with (contextlib.nullcontext() if sync else model.no_sync()), autocast(device, dtype):
+            loss = model(x, y).loss / grad_accum
+        (scaler.scale(loss) if scaler else loss).backward()
+        total += loss.item()
+    if scaler:
+        scaler.unscale_(optimizer)
+    norm_limit = grad_clip if grad_clip > 0 else float("inf")
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), norm_limit).item()
+    if scaler:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return total, grad_norm
+
+
+@torch.no_grad()
+def evaluate(model: GPT, batches: list, device: torch.device, dtype: torch.dtype) -> float:
+    """Mean next-token loss (nats per token) over fixed batches."""
+    was_training = model.training
+    model.eval()
+    losses = []
+    for x, y in batches:
+        with autocast(device, dtype):
+            losses.append(model(x.to(device), y.to(device)).loss.item())
+    model.train(was_training)
+    return sum(losses) / len(losses)
+
+
+def bits_per_byte(loss_nats: float, meta: dict) -> float:
+    """Convert nats per token into bits per UTF-8 byte of the validation text, whatever the tokenizer."""
+    return loss_nats * meta["val"]["tokens"] / meta["val"]["text_bytes"] / math.log(2)
+
+
+class StopRequest:
+    """Ctrl-C (SIGINT) or SIGTERM asks the loop to save and stop after the current step; a second Ctrl-C aborts."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread: leave signals alone
+                pass
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\nstop requested: finishing this step and saving a checkpoint (Ctrl-C again to abort)", flush=True)
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the run
+
+
+def check_resumable(saved: GPTConfig, wanted: GPTConfig, where: Path) -> None:
+    diff = [f"{f}: checkpoint {getattr(saved, f)!r}, config {getattr(wanted, f)!r}"
+            for f in SHAPE_FIELDS if getattr(saved, f) != getattr(wanted, f)]
+    if diff:
+        raise TrainingError(
+            f"cannot resume from {where}: the checkpoint's model has another shape ({'; '.join(diff)}). "
+            "Use the same model settings as the checkpoint, or start a fresh run (another hydra.run.dir, "
+            "without train.resume)."
+        )
+
+
+def resolve_model_config(cfg: Config, data: PreparedData) -> GPTConfig:
+    """The model config with the tokenizer's vocabulary size, checked against the corpus."""
+    model_cfg = dataclasses.replace(cfg.model, vocab_size=data.meta["vocab_size"])
+    for split in ("train", "val"):
+        n = data.meta[split]["tokens"]
+        if n < model_cfg.block_size + 1:
+            raise TrainingError(
+                f"the {split} split has {n} tokens, fewer than one context window plus one "
+                f"(model.block_size={model_cfg.block_size}); lower model.block_size or use a larger corpus"
+            )
+    return model_cfg
+
+
+def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dict:
+    """Run the training described by cfg, writing to run_dir. Returns the final metrics."""
+    tc = cfg.train
+    info = distributed.init(tc.device)
+    device = pick_device(tc.device)
+    if info.enabled and device.type == "cuda":
+        device = torch.device("cuda", info.local_rank)
+    dtype = pick_dtype(tc.dtype, device)
+    if tc.num_threads:
+        torch.set_num_threads(tc.num_threads)
+    torch.manual_seed(tc.seed)
+    log = RunLogger(run_dir, enabled=info.is_main, tensorboard=tc.tensorboard)
+    try:
+        return _train(cfg, run_dir, overrides or [], info, device, dtype, log)
+    finally:
+        log.close()
+        distributed.shutdown()
+
+
+def _train(cfg, run_dir, overrides, info, device, dtype, log) -> dict:
+    tc, oc = cfg.train, cfg.optim
+    run_dir = Path(run_dir)
+    ckpt_root = run_dir / "checkpoints"
+
+    # data: one process prepares, the others wait on the cache's lock and then reuse what it wrote
+    data = prepare_data(cfg.data, log=log.print)
+    tokenizer = data.tokenizer
+    model_cfg = resolve_model_config(cfg, data)
+
+    # model and optimizer, fresh or from a checkpoint
+    resume_from = Path(tc.resume) if tc.resume else (run_dir if (ckpt_root / "latest.json").exists() else None)
+    state = None
+    if tc.init_from and resume_from is None:
+        from attention_lab.hf import load_gpt2
+
+        model = load_gpt2(tc.init_from)
+        model_cfg = model.config
+    else:
+        model = build_model(model_cfg)
+    if resume_from is not None:
+        ckpt = load_checkpoint(resume_from, which="latest")
+        check_resumable(ckpt.config, model_cfg, ckpt.path)
+        if ckpt.tokenizer_json != tokenizer.to_str():
+            raise TrainingError(
+                f"cannot resume from {ckpt.path}: it was trained with another tokenizer than the prepared data's "
+                f"({data.dir}). Use the same data settings as that run."
+            )
+        model = ckpt.build_model(device)
+        state = ckpt.train_state()
+        log.print(f"resuming from {ckpt.path} (step {state['step']})")
+    model.to(device).train()
+    raw_model = model  # checkpoints hold the plain module's weights, never the compiled/DDP wrapper's
+    optimizer = configure_optimizer(raw_model, oc, device)
+    scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
+    if tc.compile:
+        if device.type == "cpu":
+            log.print("note: torch.compile on CPU compiles for a minute or more before the first step")
+        model = torch.compile(model)
+    if info.enabled:
+        model = DDP(model, device_ids=[info.local_rank] if device.type == "cuda" else None)
+
+    # data streams: one global random stream, each process reads its own slice of every global batch
+    sampler = BatchSampler(data.tokens("train"), model_cfg.block_size, tc.batch_size, seed=tc.seed,
+                           rank=info.rank, world_size=info.world_size)
+    val_batches = eval_batches(data.tokens("val"), model_cfg.block_size, tc.batch_size, tc.eval_batches)
+    step, best_val, tokens_seen = 0, float("inf"), 0
+    if state is not None:
+        optimizer.load_state_dict(state["optimizer"])
+        sampler.load_state_dict(state["sampler"])
+        torch.set_rng_state(state["rng"]["torch"])
+        if device.type == "cuda" and state["rng"].get("cuda") is not None:
+            torch.cuda.set_rng_state(state["rng"]["cuda"], device)
+        step, best_val, tokens_seen = state["step"], state["best_val_loss"], state["tokens_seen"]
+        if step >= tc.max_steps:
+            log.print(f"{resume_from} already finished {step} of {tc.max_steps} steps; raise train.max_steps to go on")
+
+    n_params = num_params(raw_model)
+    tokens_per_step = tc.batch_size * tc.grad_accum * info.world_size * model_cfg.block_size
+    flops_step = flops_per_token(model_cfg, n_params) * tokens_per_step
+    peak = tc.peak_flops
+    if peak is None:
+        from attention_lab.flops import measure_peak_flops
+
+        peak = measure_peak_flops(device) * info.world_size
+    probe_ids = tokenizer.encode(tc.probe_prompt)[-model_cfg.block_size:] or [tokenizer.eot_id]
+    log.provenance(cfg, overrides, {"data_dir": str(data.dir), "world_size": info.world_size,
+                                    "n_params": n_params, "peak_flops": peak, "device": str(device)})
+    log.print(f"model: {n_params / 1e6:.2f}M parameters (non-embedding), {model_cfg.n_layer} layers x "
+              f"{model_cfg.n_head} heads x {model_cfg.n_embd} wide, {model_cfg.pos_encoding} positions, "
+              f"context {model_cfg.block_size}; device {device}, {str(dtype).removeprefix('torch.')}"
+              + (f", {info.world_size} processes" if info.enabled else ""))
+    log.print(f"data: {data.meta['train']['tokens']:,} train / {data.meta['val']['tokens']:,} val tokens, "
+              f"vocab {model_cfg.vocab_size} ({data.meta['tokenizer']}); {tokens_per_step:,} tokens per step; "
+              f"run dir {run_dir}")
+
+    def save(best: bool, extra: dict) -> Path | None:
+        if not info.is_main:
+            return None
+        train_state = {
+            "step": step, "optimizer": optimizer.state_dict(), "sampler": sampler.state_dict(),
+            "rng": {"torch": torch.get_rng_state(),
+                    "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None},
+            "best_val_loss": best_val, "tokens_seen": tokens_seen,
+        }
+        return save_checkpoint(ckpt_root, step, raw_model, tokenizer.to_str(), extra, train_state, best=best,
+                               keep_last=tc.keep_checkpoints)
+
+    def run_eval() -> dict:
+        nonlocal best_val
+        val_loss = evaluate(raw_model, val_batches, device, dtype)
+        val_loss = distributed.mean(val_loss, info, device)
+        metrics = {"val_loss": val_loss, "val_bpb": bits_per_byte(val_loss, data.meta)}
+        is_best = val_loss < best_val
+        best_val = min(best_val, val_loss)
+        log.metrics(step, metrics, tb_prefix="val")
+        if info.is_main:
+            log_samples(raw_model, tokenizer, probe_ids, tc, step, device, log)
+        return {**metrics, "is_best": is_best}
+
+    last_metrics: dict = {}
+    start_step, t_start = step, time.time()
+    window_t, window_tokens = time.time(), 0
+    progress = None
+    if info.is_main and tc.progress:
+        from tqdm.auto import tqdm
+
+        progress = tqdm(total=tc.max_steps, initial=step, desc="train", dynamic_ncols=True, leave=False)
+    with StopRequest() as stop:
+        while step < tc.max_steps:
+            lr = lr_at(step, oc, tc.max_steps)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            loss, grad_norm = train_step(model, optimizer, sampler, tc.grad_accum, device, dtype, oc.grad_clip,
+                                         scaler)
+            loss = distributed.mean(loss, info, device)
+            if not math.isfinite(loss):
+                where = find_checkpoint(ckpt_root, "latest") if (ckpt_root / "latest.json").exists() else None
+                raise TrainingError(
+                    f"the training loss became {loss} at step {step + 1}; the run stops without saving. "
+                    + (f"The last good checkpoint is {where}. " if where else "")
+                    + "Lower optim.lr, raise optim.warmup_steps, or keep optim.grad_clip on."
+                )
+            step += 1
+            tokens_seen += tokens_per_step
+            window_tokens += tokens_per_step
+            if progress is not None:
+                progress.update(1)
+            if step % tc.log_interval == 0 or step == tc.max_steps:
+                dt = time.time() - window_t
+                tok_s = window_tokens / dt
+                values = {"loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tok_s,
+                          "mfu": flops_step * window_tokens / tokens_per_step / dt / peak}
+                log.metrics(step, values, tb_prefix="train")
+                if progress is not None:
+                    progress.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}", refresh=False)
+                window_t, window_tokens = time.time(), 0
+            stop_now = distributed.any_true(stop.requested, info, device)
+            if step % tc.eval_interval == 0 or step == tc.max_steps:
+                t_eval = time.time()
+                last_metrics = run_eval()
+                line = (f"step {step:>6}: train loss {loss:.4f}, val loss {last_metrics['val_loss']:.4f} nats/token, "
+                        f"{last_metrics['val_bpb']:.3f} bits/byte")
+                log.print(("\n" if progress is not None else "") + line)
+                save(last_metrics["is_best"], {k: v for k, v in last_metrics.items() if k != "is_best"})
+                window_t += time.time() - t_eval  # evaluation time does not count against tokens/s
+            elif stop_now:
+                save(False, {"interrupted": True})
+            if stop_now:
+                log.print(f"stopped at step {step}; checkpoint saved in {ckpt_root}. Resume with: "
+                          f"python train.py {' '.join(overrides)} hydra.run.dir={run_dir}".replace("  ", " "))
+                break
+    if progress is not None:
+        progress.close()
+
+    elapsed = time.time() - t_start
+    final = {"step": step, "val_loss": last_metrics.get("val_loss", float("nan")),
+             "val_bpb": last_metrics.get("val_bpb", float("nan")), "best_val_loss": best_val,
+             "minutes": elapsed / 60, "steps_this_session": step - start_step}
+    if info.is_main and step == tc.max_steps:
+        hp = {f"model.{k}": v for k, v in dataclasses.asdict(model_cfg).items()}
+        hp |= {f"optim.{k}": v for k, v in dataclasses.asdict(oc).items()}
+        hp |= {"train.batch_size": tc.batch_size, "train.max_steps": tc.max_steps, "data.name": cfg.data.name}
+        log.hparams(hp, {"val_loss": final["val_loss"], "val_bpb": final["val_bpb"], "best_val_loss": best_val})
+    log.print(f"done: {step} steps in {elapsed / 60:.1f} min; val loss {final['val_loss']:.4f} nats/token, "
+              f"{final['val_bpb']:.3f} bits/byte (best {best_val:.4f}); checkpoints in {ckpt_root}")
+    return final
+
+
+def log_samples(model: GPT, tokenizer, probe_ids: list[int], tc, step: int, device, log: RunLogger) -> None:
+    """Generated text and the probe prompt's attention maps, for TensorBoard."""
+    if log.writer is None:
+        return
+    from attention_lab.attention_maps import capture_attention
+
+    was_training = model.training
+    model.eval()
+    idx = torch.tensor([probe_ids], device=device)
+    if tc.sample_tokens:
+        gen = torch.Generator(device=device).manual_seed(tc.seed + step)  # leaves the training RNG untouched
+        out = generate(model, idx, tc.sample_tokens, temperature=0.8, top_k=200, generator=gen)
+        log.text("sample", tokenizer.decode(out[0].tolist()), step)
+    weights = capture_attention(model, idx)
+    log.attention(weights, tokenizer.token_strings(probe_ids), step)
+    log.flush()
+    model.train(was_training)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# entry point
+
+register_configs()
+
+
+def _main() -> None:
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+
+    @hydra.main(version_base="1.3", config_path="configs", config_name="config")
+    def main(dcfg) -> None:
+        hc = HydraConfig.get()
+        try:
+            cfg = to_config(dcfg)
+            train(cfg, Path(hc.runtime.output_dir), list(hc.overrides.task))
+        except (TrainingError, CheckpointError, ValueError, FileNotFoundError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+
+    main()
+
+
+if __name__ == "__main__":
+    _main()
