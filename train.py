@@ -197,6 +197,7 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
     """Run the training described by cfg, writing to run_dir. Returns the final metrics."""
     tc = cfg.train
     info = distributed.init(tc.device)
+    run_dir = distributed.same_on_all(str(run_dir), info)  # each rank's Hydra picked a time stamp: use rank 0's
     device = pick_device(tc.device)
     if info.enabled and device.type == "cuda":
         device = torch.device("cuda", info.local_rank)
@@ -206,7 +207,7 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
     torch.manual_seed(tc.seed)
     log = RunLogger(run_dir, enabled=info.is_main, tensorboard=tc.tensorboard)
     try:
-        return _train(cfg, run_dir, overrides or [], info, device, dtype, log)
+        return _train(cfg, Path(run_dir), overrides or [], info, device, dtype, log)
     finally:
         log.close()
         distributed.shutdown()

@@ -58,3 +58,12 @@ def any_true(flag: bool, info: DistInfo, device: torch.device) -> bool:
     t = torch.tensor([1.0 if flag else 0.0], device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item() > 0)
+
+
+def same_on_all(obj, info: DistInfo):
+    """Rank 0's value of a picklable object, on every process."""
+    if not info.enabled:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

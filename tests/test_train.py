@@ -87,8 +87,9 @@ def test_tensorboard_has_scalars_text_images_and_hparams(debug_run):
         assert tag in scalars, f"scalar {tag} not logged; have {sorted(scalars)}"
     images = acc.Tags()["images"]
     for layer in range(cfg.model.n_layer):
-        assert any(f"layer_{layer}" in t or f"layer{layer}" in t for t in images), \
-            f"no attention heatmap for layer {layer}: {images}"
+        tag = f"attention/layer_{layer:02d}"
+        assert tag in images, f"no attention heatmap {tag}: {images}"
+        assert len(acc.Images(tag)) == 2, "one heatmap per evaluation (steps 10 and 20) expected"
     texts = [t for t in acc.Tags()["tensors"] if "sample" in t]
     assert texts, f"no generated text sample in TensorBoard: {acc.Tags()['tensors']}"
     assert (run_dir / "tb" / "hparams").is_dir(), "hyperparameters with final metrics not logged"
@@ -258,3 +259,26 @@ def test_sigkill_never_leaves_an_unloadable_checkpoint(tmp_path, data_cache):
                        "train.sample_tokens=0")
     final = train_mod.train(cfg, run_dir)
     assert final["step"] == ckpt.step + 2
+
+
+def test_two_process_ddp_matches_one_process_with_the_same_global_batch(tmp_path, data_cache):
+    """torchrun with 2 CPU processes (gloo), batch 2 each == 1 process with batch 4: same windows, same losses."""
+    common = ["experiment=debug", f"data.cache_dir={data_cache}", "train.max_steps=6", "train.eval_interval=6",
+              "train.log_interval=1", "train.sample_tokens=0", "train.tensorboard=false", "train.num_threads=1"]
+    single = tmp_path / "single"
+    train_mod.train(compose([*common, "train.batch_size=4"]), single)
+    ddp = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "train.py",
+           *common, "train.batch_size=2", f"hydra.run.dir={ddp}"]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, f"torchrun failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    one, _ = read_metrics(single)
+    two, _ = read_metrics(ddp)
+    assert sorted(two) == sorted(one) == list(range(1, 7)), (sorted(one), sorted(two))
+    for step in one:
+        assert two[step] == pytest.approx(one[step], rel=1e-5, abs=1e-5), (
+            f"step {step}: 2-process loss {two[step]} != 1-process loss {one[step]}; the processes' batches or "
+            "gradient averaging differ from one process with the same global batch"
+        )
+    assert load_checkpoint(ddp, "latest").step == 6, "rank 0 must write the checkpoint"
