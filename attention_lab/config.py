@@ -55,6 +55,7 @@ class TrainConfig:
     batch_size: int = 16  # sequences per micro-batch per process
     grad_accum: int = 1  # micro-batches per optimizer step
     max_steps: int = 2000
+    max_minutes: Optional[float] = None  # wall-clock budget: evaluate, save and stop once it is spent
     eval_interval: int = 250  # evaluate, log attention and save a checkpoint every this many steps
     eval_batches: int = 20  # fixed validation batches per evaluation
     log_interval: int = 10
@@ -78,6 +79,8 @@ class TrainConfig:
         _non_negative("train", self, ("sample_tokens",))
         if self.peak_flops is not None and self.peak_flops <= 0:
             raise ValueError(f"train.peak_flops={self.peak_flops} must be positive FLOP/s, or null to measure it")
+        if self.max_minutes is not None and self.max_minutes <= 0:
+            raise ValueError(f"train.max_minutes={self.max_minutes} must be positive, or null for no time limit")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"train.num_threads={self.num_threads} must be >= 1 or null")
 

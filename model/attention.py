@@ -118,10 +118,8 @@ class CausalSelfAttention(nn.Module):
         Returns y (B, T, C) and, when return_weights, the attention weights (B, nh, T, S).
         """
         b, t, c = x.shape
-        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)  # 3 x (B, T, C)
-        q = q.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        v = v.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        qkv = self.c_attn(x).view(b, t, 3, self.n_head, c // self.n_head)  # (B, T, 3, nh, hs)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, nh, T, hs): heads split from the channels
         q, k = pe.rotate(q, pos), pe.rotate(k, pos)
         if kv_cache is not None:
             k, v = kv_cache.update(layer, k, v)  # (B, nh, S, hs)

@@ -47,7 +47,7 @@ def sample_next(
     return torch.multinomial(probs, num_samples=1, generator=generator)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def generate_stream(
     model: GPT,
     idx: Tensor,
@@ -61,21 +61,28 @@ def generate_stream(
 ) -> Iterator[Tensor]:
     """Yield the next token ids (B, 1) one step at a time after the prompt idx (B, T), T >= 1."""
     block = model.config.block_size
+    b, t = idx.shape
+    # the prompt's last block_size tokens, then each new token written in place (no per-step concatenation)
+    tokens = idx.new_empty(b, min(t, block) + max_new_tokens)
+    n = min(t, block)
+    tokens[:, :n] = idx[:, -block:]
     cache = model.new_kv_cache() if use_cache else None
-    logits = model(idx[:, -block:], kv_cache=cache).logits[:, -1]  # prefill: (B, V)
+    logits = model(tokens[:, :n], kv_cache=cache, last_only=True).logits[:, -1]  # prefill: (B, V)
     for step in range(max_new_tokens):
         nxt = sample_next(logits, temperature, top_k, top_p, greedy, generator)  # (B, 1)
         yield nxt
         if step == max_new_tokens - 1:
             break
-        idx = torch.cat((idx, nxt), dim=1)[:, -block:]
+        tokens[:, n] = nxt[:, 0]
+        n += 1
+        window = tokens[:, max(0, n - block) : n]  # the context: at most the last block_size tokens
         if cache is None:
-            logits = model(idx).logits[:, -1]
+            logits = model(window, last_only=True).logits[:, -1]
         elif cache.length < block:
-            logits = model(nxt, kv_cache=cache).logits[:, -1]
+            logits = model(nxt, kv_cache=cache, last_only=True).logits[:, -1]
         else:  # the window slides: rebuild the cache from it (see module docstring)
             cache.reset()
-            logits = model(idx, kv_cache=cache).logits[:, -1]
+            logits = model(window, kv_cache=cache, last_only=True).logits[:, -1]
 
 
 def generate(model: GPT, idx: Tensor, max_new_tokens: int, **kwargs) -> Tensor:

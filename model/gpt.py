@@ -106,6 +106,7 @@ class GPT(nn.Module):
         *,
         kv_cache: KVCache | None = None,
         return_attention: bool = False,
+        last_only: bool = False,
     ) -> GPTOutput:
         """Next-token logits at every position.
 
@@ -113,6 +114,7 @@ class GPT(nn.Module):
         targets:  (B, T) the token that follows each position (-1 = ignore); gives `loss`.
         kv_cache: keys/values of earlier tokens, updated in place (see generate.py).
         return_attention: also return every layer's attention weights (runs the explicit `math` path).
+        last_only: logits of the last position only, (B, 1, V): all that decoding needs.
         """
         b, t = idx.shape
         past = kv_cache.length if kv_cache is not None else 0
@@ -138,6 +140,8 @@ class GPT(nn.Module):
             attentions.append(weights)
         if kv_cache is not None:
             kv_cache.advance(t)
+        if last_only:
+            x = x[:, [-1], :]  # (B, 1, C); a list index keeps the time dimension
         logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, V)
 
         loss = None

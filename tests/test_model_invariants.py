@@ -15,7 +15,6 @@ import re
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from model import ATTENTION_BACKENDS, GPT, POSITION_ENCODINGS, GPTConfig, flops_per_token, num_params
 

@@ -1,0 +1,233 @@
+"""What every benchmark shares: the machine line, interleaved timing, and tables (markdown and JSON).
+
+This machine is shared and noisy: absolute times drift by tens of percent within a minute, so every
+comparison runs its contenders in the same process, interleaved (A, B, A, B, ...), and reports each one's
+median alongside the median of the per-round ratios. A ratio taken within one round sees the same load on
+both sides, which is why it holds when the absolute numbers do not.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+
+def log(msg: str) -> None:
+    """Progress goes to stderr, so stdout carries nothing but the tables."""
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# device and machine
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda asked for, but torch.cuda.is_available() is False on this machine")
+    return device
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """The compute dtype benchmarks use: fp32 on CPU, bf16 (autocast) on GPU."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work, so a timer stopped afterwards measures it; a no-op on CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def autocast(device: torch.device):
+    """bf16 autocast on GPU; on CPU everything runs in fp32 (a disabled context)."""
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def describe_machine(device: torch.device) -> dict:
+    info = {
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "device": str(device),
+        "dtype": str(default_dtype(device)).replace("torch.", ""),
+        # decides how OpenMP threads wait: with the default spinning, a 2-thread op on 2 cores that another
+        # process shares can run 10-100x slower (see README); PASSIVE makes waiting threads sleep
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
+    }
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    try:
+        import transformers
+
+        info["transformers"] = transformers.__version__
+    except ImportError:
+        info["transformers"] = None
+    return info
+
+
+def machine_line(m: dict) -> str:
+    parts = [
+        f"CPU {m['cpu']} ({m['cpu_count']} cores)",
+        f"{m['torch_threads']} torch threads (OMP_WAIT_POLICY {m['omp_wait_policy']})",
+        f"torch {m['torch']}",
+    ]
+    if m.get("transformers"):
+        parts.append(f"transformers {m['transformers']}")
+    device = m["device"] + (f" ({m['gpu']})" if m.get("gpu") else "")
+    parts.append(f"device {device}, {m['dtype']}")
+    return " · ".join(parts)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# timing
+
+
+def time_calls(fn: Callable[[], object], n: int, device: torch.device, max_s: float = float("inf")) -> float:
+    """Seconds per call over n calls, or over as many as fit in max_s when the calls slow down on the way.
+
+    The bound matters on a shared CPU: a call timed at 0.1 ms during calibration may take 15 ms a moment
+    later (another process holds a core), and n calls fixed from the fast one would then run for minutes.
+    """
+    synchronize(device)
+    t0 = time.perf_counter()
+    done = 0
+    while done < n:
+        fn()
+        done += 1
+        if time.perf_counter() - t0 > max_s:
+            break
+    synchronize(device)
+    return (time.perf_counter() - t0) / done
+
+
+def interleaved(
+    fns: dict[str, Callable[[], object]],
+    device: torch.device,
+    reps: int,
+    warmup: int = 1,
+    min_sample_s: float = 0.0,
+) -> dict[str, list[float]]:
+    """Seconds per call of each fn, `reps` samples each, taken round-robin: A, B, A, B, ...
+
+    Warmup calls are interleaved too. A call faster than `min_sample_s` is repeated inside one sample (the
+    count fixed after warmup, per fn, a sample cut short at 4x min_sample_s) so that timer resolution and
+    one-off hiccups average out.
+    """
+    n_inner = {name: 1 for name in fns}
+    for i in range(warmup):
+        for name, fn in fns.items():
+            dt = time_calls(fn, 1, device)
+            if i == warmup - 1 and min_sample_s > 0:
+                n_inner[name] = max(1, min(1000, round(min_sample_s / max(dt, 1e-9))))
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            times[name].append(time_calls(fn, n_inner[name], device, max_s=4 * min_sample_s or float("inf")))
+    return times
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def paired_ratio(num: list[float], den: list[float]) -> float:
+    """Median over rounds of num[i] / den[i]: with times, den's speedup over num, round by round."""
+    return statistics.median(a / b for a, b in zip(num, den, strict=True))
+
+
+def spread(xs: list[float]) -> float:
+    """(max - min) / median of the samples: how noisy the run was."""
+    return (max(xs) - min(xs)) / statistics.median(xs)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# tables
+
+
+@dataclass
+class Column:
+    key: str
+    label: str
+    fmt: str = "{}"  # a str.format spec applied to the raw value when printing
+
+
+@dataclass
+class Table:
+    """One benchmark's result: raw values in `rows` (for JSON), formatted only when printed."""
+
+    name: str
+    title: str
+    machine: dict
+    columns: list[Column]
+    rows: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # method, settings, targets: printed above the table
+    summary: dict = field(default_factory=dict)  # headline numbers (targets met, fitted exponents, ...)
+
+    def markdown(self) -> str:
+        lines = [f"### {self.title}", "", machine_line(self.machine), ""]
+        lines += [f"- {note}" for note in self.notes]
+        if self.notes:
+            lines.append("")
+        lines.append("| " + " | ".join(c.label for c in self.columns) + " |")
+        lines.append("|" + "|".join("---" if i == 0 else "--:" for i in range(len(self.columns))) + "|")
+        for row in self.rows:
+            lines.append("| " + " | ".join(_cell(row.get(c.key), c.fmt) for c in self.columns) + " |")
+        return "\n".join(lines) + "\n"
+
+    def to_json(self) -> dict:
+        return {
+            "title": self.title,
+            "machine": self.machine,
+            "notes": self.notes,
+            "columns": {c.key: c.label for c in self.columns},
+            "rows": self.rows,
+            "summary": self.summary,
+        }
+
+
+def _cell(value, fmt: str) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return fmt.format(value)
+
+
+@dataclass
+class Context:
+    """What a benchmark needs to know about this run; `peak_flops` is measured once and shared."""
+
+    device: torch.device
+    quick: bool
+    machine: dict
+    peak_flops: float | None = None
+
+    def peak(self) -> float:
+        if self.peak_flops is None:
+            from .peak import measure_peak_flops
+
+            log("measuring the matmul peak (MFU denominator) ...")
+            self.peak_flops = measure_peak_flops(self.device, default_dtype(self.device), quick=self.quick)
+        return self.peak_flops

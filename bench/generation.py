@@ -1,0 +1,115 @@
+"""Greedy decoding tokens/s: ours with and without the KV cache, and Hugging Face `generate` with and without.
+
+One prompt (batch 1) and a block_size that holds prompt + every new token: past block_size our cache is
+rebuilt every step by design (model/generate.py), which would measure that instead of the cache. Both models
+have the same weights (bench/twins.py), so greedy decoding should give the same tokens; the table says
+whether it did (random-init logits are nearly flat, so a 1e-6 difference may flip a near-tie).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from model import GPTConfig
+from model.generate import generate
+
+from .common import Column, Context, Table, interleaved, log, median, paired_ratio, spread
+from .twins import build_hf, build_ours, hf_attention
+
+HF_SPEEDUP_TARGET = 2.0  # ours cached / HF cached, small size
+CACHE_SPEEDUP_TARGET = 5.0  # ours cached / ours uncached, 500 new tokens
+
+FULL = dict(
+    cfg=GPTConfig(vocab_size=4096, block_size=1024, n_layer=4, n_head=4, n_embd=128), prompt=16, new=(200, 500),
+    reps=4,
+)
+QUICK = dict(cfg=GPTConfig(vocab_size=256, block_size=64, n_layer=2, n_head=2, n_embd=32), prompt=4, new=(4, 8), reps=1)
+
+
+def decoders(ours, hf, prompt: torch.Tensor, n_new: int) -> dict:
+    """The four greedy decoders being compared, each a closure returning prompt + n_new tokens (1, T + n_new)."""
+    from transformers import GenerationConfig
+
+    mask = torch.ones_like(prompt)
+
+    def hf_config(use_cache: bool) -> GenerationConfig:
+        # eos None: a random model must not stop early; pad set so transformers does not warn about it
+        return GenerationConfig(
+            max_new_tokens=n_new, do_sample=False, use_cache=use_cache, pad_token_id=0, eos_token_id=None
+        )
+
+    hf_cached, hf_uncached = hf_config(True), hf_config(False)
+    return {
+        "ours_cached": lambda: generate(ours, prompt, n_new, greedy=True, use_cache=True),
+        "ours_uncached": lambda: generate(ours, prompt, n_new, greedy=True, use_cache=False),
+        "hf_cached": lambda: hf.generate(prompt, attention_mask=mask, generation_config=hf_cached),
+        "hf_uncached": lambda: hf.generate(prompt, attention_mask=mask, generation_config=hf_uncached),
+    }
+
+
+def run(ctx: Context) -> Table:
+    setting = QUICK if ctx.quick else FULL
+    cfg, device = setting["cfg"], ctx.device
+    ours = build_ours(cfg, device).eval()
+    hf = build_hf(ours, device).eval()
+    gen = torch.Generator().manual_seed(2)
+    prompt = torch.randint(0, cfg.vocab_size, (1, setting["prompt"]), generator=gen).to(device)
+
+    rows = []
+    for n_new in setting["new"]:
+        assert setting["prompt"] + n_new <= cfg.block_size, "prompt + new tokens must fit in block_size"
+        log(f"generation: {n_new} new tokens ...")
+        fns = decoders(ours, hf, prompt, n_new)
+        outputs = {name: fn() for name, fn in fns.items()}  # doubles as the first warmup round
+        same = all(torch.equal(outputs["ours_cached"], out) for out in outputs.values())
+        times = interleaved(fns, device, reps=setting["reps"], warmup=0)
+        tps = {name: n_new / median(t) for name, t in times.items()}
+        rows.append(
+            {
+                "new_tokens": n_new,
+                **{f"{name}_tok_s": v for name, v in tps.items()},
+                "cached_vs_hf_cached": paired_ratio(times["hf_cached"], times["ours_cached"]),
+                "cached_vs_uncached": paired_ratio(times["ours_uncached"], times["ours_cached"]),
+                "uncached_vs_hf_uncached": paired_ratio(times["hf_uncached"], times["ours_uncached"]),
+                "same_tokens": same,
+                "spread": max(spread(t) for t in times.values()),
+            }
+        )
+    last = rows[-1]
+    summary = {
+        "hf_target_met": all(r["cached_vs_hf_cached"] >= HF_SPEEDUP_TARGET for r in rows),
+        "cache_target_met": last["cached_vs_uncached"] >= CACHE_SPEEDUP_TARGET,
+        "hf_attn_implementation": hf_attention(hf),
+    }
+    return Table(
+        name="generate",
+        title="Greedy generation: ours (KV cache / none) vs Hugging Face generate (cache / none)",
+        machine=ctx.machine,
+        columns=[
+            Column("new_tokens", "new tokens"),
+            Column("ours_cached_tok_s", "ours cache tok/s", "{:,.0f}"),
+            Column("ours_uncached_tok_s", "ours no-cache tok/s", "{:,.0f}"),
+            Column("hf_cached_tok_s", "HF cache tok/s", "{:,.0f}"),
+            Column("hf_uncached_tok_s", "HF no-cache tok/s", "{:,.0f}"),
+            Column("cached_vs_hf_cached", "ours cache / HF cache", "{:.2f}x"),
+            Column("cached_vs_uncached", "ours cache / ours no-cache", "{:.2f}x"),
+            Column("uncached_vs_hf_uncached", "ours no-cache / HF no-cache", "{:.2f}x"),
+            Column("same_tokens", "same tokens"),
+            Column("spread", "spread", "{:.0%}"),
+        ],
+        rows=rows,
+        notes=[
+            f"Model L{cfg.n_layer} H{cfg.n_head} C{cfg.n_embd} V{cfg.vocab_size}, block_size {cfg.block_size}; "
+            f"batch 1, random {setting['prompt']}-token prompt; tok/s = new tokens / wall time of the whole call "
+            "(prefill included).",
+            f"HF: GPT2LMHeadModel.generate(do_sample=False, use_cache=True/False, pad_token_id=0, eos_token_id=None), "
+            f"attn_implementation={hf_attention(hf)!r}; the four calls interleaved, {setting['reps']} rounds after "
+            "one warmup round; ratios are medians of per-round time ratios.",
+            ("--quick: tiny model, the targets below mean nothing here. " if ctx.quick else "")
+            + f"Targets: ours cache / HF cache >= {HF_SPEEDUP_TARGET:.0f}x: "
+            f"{'met' if summary['hf_target_met'] else 'MISSED'}; ours cache / ours no-cache >= "
+            f"{CACHE_SPEEDUP_TARGET:.0f}x at {last['new_tokens']} tokens: "
+            f"{'met' if summary['cache_target_met'] else 'MISSED'}.",
+        ],
+        summary=summary,
+    )

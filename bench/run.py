@@ -1,0 +1,90 @@
+"""Run the benchmarks, print their markdown tables, write them to JSON.
+
+    python -m bench.run                     everything (2-5 minutes on 2 CPU cores, longer when they are busy)
+    python -m bench.run --quick             tiny settings, seconds: checks that every benchmark still runs
+    python -m bench.run --only train,peak   a subset (names: peak, train, generate, attention, data)
+    python -m bench.run --out r.json --md last_run.md
+
+Progress goes to stderr; stdout carries only the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import time
+
+# Before torch loads OpenMP: waiting threads sleep instead of spinning. On a CPU shared with other processes
+# spinning makes every 2-thread op wait for a descheduled thread (10-100x slower matmuls, measured); the
+# machine line of every table shows the policy in force. Export OMP_WAIT_POLICY=ACTIVE to measure spinning.
+# Only if torch is not loaded yet (as under pytest): OpenMP reads the variable once, when it loads.
+if "torch" not in sys.modules:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+
+from .common import Context, describe_machine, log, resolve_device  # noqa: E402
+
+# name -> module with run(ctx) -> Table; in this order, so the training table reuses the measured peak
+BENCHMARKS = {
+    "peak": "bench.peak",
+    "train": "bench.train_step",
+    "generate": "bench.generation",
+    "attention": "bench.attention",
+    "data": "bench.data_prep",
+}
+
+
+def parse_only(value: str) -> list[str]:
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown benchmark {unknown}; choose from {', '.join(BENCHMARKS)}")
+    return names
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny settings (smoke test), seconds per benchmark")
+    parser.add_argument("--only", type=parse_only, default=list(BENCHMARKS), metavar="NAME[,NAME]",
+                        help=f"run only these: {', '.join(BENCHMARKS)}")
+    parser.add_argument("--out", default=os.path.join("bench", "results.json"), help="JSON file to write")
+    parser.add_argument("--md", default=None, help="also write the markdown tables to this file")
+    parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu or cuda")
+    args = parser.parse_args(argv)
+
+    device = resolve_device(args.device)
+    ctx = Context(device=device, quick=args.quick, machine=describe_machine(device))
+    results = {"machine": ctx.machine, "quick": args.quick, "tables": {}}
+    sections = []
+    start = time.perf_counter()
+    for name in BENCHMARKS:
+        if name not in args.only:
+            continue
+        t0 = time.perf_counter()
+        table = importlib.import_module(BENCHMARKS[name]).run(ctx)
+        log(f"{name}: {time.perf_counter() - t0:.1f} s")
+        results["tables"][name] = table.to_json()
+        results["tables"][name]["seconds"] = time.perf_counter() - t0
+        sections.append(table.markdown())
+        print(sections[-1], flush=True)
+    results["seconds"] = time.perf_counter() - start
+
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=2)
+    if args.md:
+        command = "python -m bench.run " + " ".join(argv if argv is not None else sys.argv[1:])
+        stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime())
+        with open(args.md, "w") as f:
+            f.write(f"<!-- `{command.strip()}`, {stamp}, {results['seconds']:.0f} s -->\n\n" + "\n".join(sections))
+    log(f"wrote {args.out}" + (f" and {args.md}" if args.md else "") + f" in {results['seconds']:.0f} s")
+    return results
+
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    main(sys.argv[1:])

@@ -1,0 +1,43 @@
+"""Our GPT and a Hugging Face GPT2LMHeadModel with the same config and the same weights, built locally.
+
+Nothing is downloaded: the Hugging Face model is built from `GPT2Config(**hf_config_from(cfg))`, randomly
+initialised, then given our weights through model/convert.py, so both compute the same function and any
+difference in speed is the implementation's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from model import GPT, GPTConfig
+from model.convert import hf_config_from, state_dict_to_hf
+
+HF_ATTENTION = "sdpa"  # transformers' default for GPT-2 when torch has SDPA; set explicitly so it cannot drift
+
+
+def build_ours(cfg: GPTConfig, device: torch.device, seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(cfg).to(device)
+
+
+def build_hf(ours: GPT, device: torch.device):
+    """transformers.GPT2LMHeadModel with `ours`' weights (dropout 0, attention `HF_ATTENTION`)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = ours.config
+    # GPT-2's token ids 50256 fall outside small vocabularies; no bos/eos keeps transformers from warning
+    hf_cfg = GPT2Config(
+        **hf_config_from(cfg), bos_token_id=None, eos_token_id=None, attn_implementation=HF_ATTENTION
+    )
+    hf = GPT2LMHeadModel(hf_cfg)
+    missing, unexpected = hf.load_state_dict(state_dict_to_hf(ours.state_dict(), cfg), strict=False)
+    # lm_head.weight is tied to wte in both; nothing else may be left out
+    leftover = [k for k in missing if k != "lm_head.weight"] + list(unexpected)
+    if leftover:
+        raise RuntimeError(f"weights did not map onto GPT2LMHeadModel: {leftover}")
+    hf.tie_weights()
+    return hf.to(device)
+
+
+def hf_attention(hf) -> str:
+    return hf.config._attn_implementation

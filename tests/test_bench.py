@@ -1,0 +1,96 @@
+"""Smoke tests of bench/: every benchmark runs at its --quick setting and writes the table it promises.
+
+These check that the scripts still run and report what they should, not how fast anything is: timings on a
+shared CPU are no test. A failure here means a benchmark broke (an API it uses changed, a column was
+renamed); run `python -m bench.run --quick --only NAME` to see it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from bench.common import Column, Table, interleaved, paired_ratio
+from bench.peak import measure_peak_flops
+from bench.run import BENCHMARKS, main
+
+# the row keys each table must carry (what README and the trainer read)
+EXPECTED_ROW_KEYS = {
+    "peak": {"n", "best_gflops", "median_gflops"},
+    "train": {"config", "ours_tok_s", "hf_tok_s", "speedup", "ours_mfu", "hf_mfu", "ours_mfu_paired", "loss_diff"},
+    "generate": {
+        "new_tokens", "ours_cached_tok_s", "ours_uncached_tok_s", "hf_cached_tok_s", "hf_uncached_tok_s",
+        "cached_vs_hf_cached", "cached_vs_uncached", "same_tokens",
+    },
+    "attention": {"T", "math_ms", "sdpa_ms", "speedup", "math_mib", "sdpa_mib"},
+    "data": {"text_mb", "seconds", "mb_s", "tokens_s"},
+}
+
+
+def _data_available() -> bool:
+    try:
+        import data.prepare  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("name", list(BENCHMARKS))
+def test_quick_benchmark_writes_its_table(name, tmp_path, capsys):
+    if name == "data" and not _data_available():
+        pytest.skip("data.prepare is not importable")
+    out = tmp_path / "results.json"
+    main(["--quick", "--only", name, "--out", str(out), "--device", "cpu"])
+
+    results = json.loads(out.read_text())
+    assert results["quick"] is True
+    assert {"cpu", "torch_threads", "torch", "device"} <= set(results["machine"]), results["machine"]
+    assert list(results["tables"]) == [name], f"--only {name} wrote tables {list(results['tables'])}"
+    table = results["tables"][name]
+    assert table["rows"], f"{name}: the table has no rows"
+    missing = EXPECTED_ROW_KEYS[name] - set(table["rows"][0])
+    assert not missing, f"{name}: rows lack {sorted(missing)}; got {sorted(table['rows'][0])}"
+    printed = capsys.readouterr().out
+    assert f"### {table['title']}" in printed, f"{name}: the markdown table was not printed"
+    assert f"CPU {results['machine']['cpu']}" in printed, f"{name}: the machine line is missing above the table"
+
+
+def test_train_table_compares_equal_models():
+    """Both sides of the training comparison compute the same loss from the same weights."""
+    from bench.common import Context, describe_machine
+    from bench.train_step import run
+
+    device = torch.device("cpu")
+    ctx = Context(device=device, quick=True, machine=describe_machine(device), peak_flops=1e9)
+    row = run(ctx).rows[0]
+    assert row["loss_diff"] < 1e-4, f"ours and Hugging Face's loss differ by {row['loss_diff']} at init"
+    assert row["ours_tok_s"] > 0 and row["hf_tok_s"] > 0
+
+
+def test_interleaved_alternates_and_times_every_call():
+    calls = []
+    times = interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, torch.device("cpu"), reps=3,
+                        warmup=1)
+    assert calls == ["a", "b"] * 4, f"expected warmup + 3 rounds of a, b in turn; got {calls}"
+    assert [len(t) for t in times.values()] == [3, 3]
+    assert paired_ratio([2.0, 4.0, 6.0], [1.0, 1.0, 3.0]) == 2.0
+
+
+def test_measure_peak_flops_is_a_positive_rate():
+    peak = measure_peak_flops("cpu", torch.float32, quick=True)
+    assert isinstance(peak, float) and peak > 1e6, f"implausible peak {peak} FLOP/s"
+
+
+def test_table_markdown_formats_values_and_missing_cells():
+    table = Table("t", "Title", {"cpu": "x", "cpu_count": 2, "torch_threads": 2, "torch": "2", "device": "cpu",
+                                 "dtype": "float32", "omp_wait_policy": "default"},
+                  [Column("a", "A", "{:.1f}"), Column("b", "B")], rows=[{"a": 1.25, "b": None}])
+    md = table.markdown()
+    assert "| 1.2 | n/a |" in md, md
+
+
+def test_only_rejects_unknown_names():
+    with pytest.raises(SystemExit):
+        main(["--quick", "--only", "nope"])
