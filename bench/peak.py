@@ -15,14 +15,18 @@ from collections.abc import Callable
 
 import torch
 
+from attention_lab.flops import (
+    CPU_SIZES,
+    GPU_SIZES,
+    QUICK_SIZES,
+    measure_peak_flops,  # noqa: F401 - the trainer's peak, re-exported here
+)
+
 from .common import Column, Context, Table, default_dtype, median, time_calls
 
-# Square sizes: big enough to reach the BLAS's peak, small enough that all of them take ~1-2 s on 2 CPU cores.
+# The trainer's sizes: big enough to reach the BLAS's peak, small enough that all take ~1-2 s on 2 CPU cores.
 # On the 2-core development machine every size from 256 up reaches the same ~190 GFLOP/s when the cores are
 # free and as little as a tenth of it while another process holds one: the best sample is the peak.
-CPU_SIZES = (512, 1024, 2048)
-GPU_SIZES = (4096, 8192)
-QUICK_SIZES = (256,)
 MIN_SAMPLE_S = 0.08  # one timed sample repeats the matmul until it lasts about this long
 QUICK_SAMPLE_S = 0.01
 
@@ -58,19 +62,6 @@ def matmul_rates(
         for _ in range(samples):
             rates[n].append(flops / time_calls(fn, inner, device, max_s=4 * min_s))
     return rates
-
-
-def measure_peak_flops(
-    device: torch.device | str = "cpu", dtype: torch.dtype | None = None, quick: bool = False
-) -> float:
-    """Best FLOP/s over several large square matmuls on `device` in `dtype` (default: fp32 CPU, bf16 GPU).
-
-    Takes about 1.5 s on two CPU cores (well under on a GPU); quick=True uses one small size for tests.
-    """
-    device = torch.device(device)
-    dtype = default_dtype(device) if dtype is None else dtype
-    rates = _rates(device, dtype, quick, samples=5)
-    return max(max(r) for r in rates.values())
 
 
 def _rates(device: torch.device, dtype: torch.dtype, quick: bool, samples: int) -> dict[int, list[float]]:

@@ -56,7 +56,15 @@ PROBE_N = {"cpu": 1024, "cuda": 8192}
 
 
 def make_steps(case: Case, device: torch.device):
-    """Two closures doing one AdamW training step each (ours, Hugging Face's), and the initial |loss diff|."""
+    """Two closures doing one AdamW training step each (ours, Hugging Face's), and the initial |loss diff|.
+
+    Each side trains the way its users train it. Ours: train.configure_optimizer (AdamW, decay on matrices,
+    the fused kernel) and `model(x, y).loss`. Hugging Face: `torch.optim.AdamW(model.parameters())` and
+    `model(input_ids=x, labels=x).loss`, which shifts the labels inside. Both process B x T tokens per step.
+    """
+    from attention_lab.config import OptimConfig
+    from train import configure_optimizer
+
     cfg = case.cfg
     gen = torch.Generator().manual_seed(1)
     x = torch.randint(0, cfg.vocab_size, (case.batch, cfg.block_size), generator=gen).to(device)
@@ -71,15 +79,13 @@ def make_steps(case: Case, device: torch.device):
     def hf_loss():
         with autocast(device):
             # use_cache=False: a training step has no use for a KV cache (the default would build one)
-            logits = hf(input_ids=x, use_cache=False).logits
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
+            return hf(input_ids=x, labels=x, use_cache=False).loss
 
-    with torch.no_grad():
-        loss_diff = abs(ours_loss().item() - hf_loss().item())
+    with torch.no_grad():  # same weights, same function: the logits agree
+        hf_logits = hf(input_ids=x, use_cache=False).logits
+        loss_diff = abs(ours_loss().item() - F.cross_entropy(hf_logits.view(-1, hf_logits.size(-1)), y.view(-1)).item())
 
-    def stepper(model, loss_fn):
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
-
+    def stepper(loss_fn, opt):
         def step() -> None:
             loss_fn().backward()
             opt.step()
@@ -87,7 +93,9 @@ def make_steps(case: Case, device: torch.device):
 
         return step
 
-    return stepper(ours, ours_loss), stepper(hf, hf_loss), loss_diff, hf_attention(hf), num_params(ours)
+    ours_opt = configure_optimizer(ours, OptimConfig(lr=1e-4, weight_decay=0.1), device)
+    hf_opt = torch.optim.AdamW(hf.parameters(), lr=1e-4, weight_decay=0.1)
+    return stepper(ours_loss, ours_opt), stepper(hf_loss, hf_opt), loss_diff, hf_attention(hf), num_params(ours)
 
 
 def run(ctx: Context) -> Table:
@@ -158,8 +166,10 @@ def run(ctx: Context) -> Table:
         ],
         rows=rows,
         notes=[
-            f"Same config and weights on both sides, dropout 0, torch.optim.AdamW defaults (lr 1e-4, wd 0.1); "
-            f"Hugging Face attn_implementation={hf_attn!r}, use_cache=False, loss = F.cross_entropy on its logits.",
+            "Same config and weights on both sides, dropout 0, lr 1e-4, weight decay 0.1; each side trained as its "
+            "users train it: ours with train.configure_optimizer (fused AdamW, decay on matrices) and "
+            f"model(x, y).loss; Hugging Face (attn_implementation={hf_attn!r}, its default) with "
+            "torch.optim.AdamW and model(input_ids=x, labels=x, use_cache=False).loss.",
             "Each round: one step of ours, one of HF, one matmul probe; tok/s from the medians; "
             "ours / HF = median of per-round time ratios; spread = (max - min) / median of a side's samples.",
             f"MFU = flops_per_token (6N + 12LCT) x tok/s / peak {peak / 1e9:.1f} GFLOP/s; "

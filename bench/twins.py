@@ -12,8 +12,6 @@ import torch
 from model import GPT, GPTConfig
 from model.convert import hf_config_from, state_dict_to_hf
 
-HF_ATTENTION = "sdpa"  # transformers' default for GPT-2 when torch has SDPA; set explicitly so it cannot drift
-
 
 def build_ours(cfg: GPTConfig, device: torch.device, seed: int = 0) -> GPT:
     torch.manual_seed(seed)
@@ -21,14 +19,12 @@ def build_ours(cfg: GPTConfig, device: torch.device, seed: int = 0) -> GPT:
 
 
 def build_hf(ours: GPT, device: torch.device):
-    """transformers.GPT2LMHeadModel with `ours`' weights (dropout 0, attention `HF_ATTENTION`)."""
+    """transformers.GPT2LMHeadModel with `ours`' weights (dropout 0, transformers' default attention)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     cfg = ours.config
     # GPT-2's token ids 50256 fall outside small vocabularies; no bos/eos keeps transformers from warning
-    hf_cfg = GPT2Config(
-        **hf_config_from(cfg), bos_token_id=None, eos_token_id=None, attn_implementation=HF_ATTENTION
-    )
+    hf_cfg = GPT2Config(**hf_config_from(cfg), bos_token_id=None, eos_token_id=None)
     hf = GPT2LMHeadModel(hf_cfg)
     missing, unexpected = hf.load_state_dict(state_dict_to_hf(ours.state_dict(), cfg), strict=False)
     # lm_head.weight is tied to wte in both; nothing else may be left out
