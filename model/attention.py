@@ -21,6 +21,11 @@ from .config import GPTConfig
 from .positions import PositionalEncoding
 
 
+def dropout(p: float) -> nn.Module:
+    """nn.Dropout(p), or a plain pass-through when p == 0 (cheaper per call when decoding token by token)."""
+    return nn.Dropout(p) if p > 0 else nn.Identity()
+
+
 def causal_mask(t: int, s: int, device: torch.device) -> Tensor:
     """(T, S) bool, True where query i may see key j: the T queries are the last T of the S positions."""
     return torch.ones(t, s, dtype=torch.bool, device=device).tril(diagonal=s - t)
@@ -100,8 +105,8 @@ class CausalSelfAttention(nn.Module):
         self.dropout_p = cfg.dropout
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)  # q, k, v projections, fused
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)  # output projection
-        self.attn_dropout = nn.Dropout(cfg.dropout)
-        self.resid_dropout = nn.Dropout(cfg.dropout)
+        self.attn_dropout = dropout(cfg.dropout)
+        self.resid_dropout = dropout(cfg.dropout)
 
     def forward(
         self,

@@ -75,14 +75,13 @@ def generate_stream(
             break
         tokens[:, n] = nxt[:, 0]
         n += 1
-        window = tokens[:, max(0, n - block) : n]  # the context: at most the last block_size tokens
-        if cache is None:
-            logits = model(window, last_only=True).logits[:, -1]
-        elif cache.length < block:
+        if cache is not None and cache.length < block:
             logits = model(nxt, kv_cache=cache, last_only=True).logits[:, -1]
-        else:  # the window slides: rebuild the cache from it (see module docstring)
+            continue
+        window = tokens[:, max(0, n - block) : n]  # the context: at most the last block_size tokens
+        if cache is not None:  # the window slides: rebuild the cache from it (see module docstring)
             cache.reset()
-            logits = model(window, kv_cache=cache, last_only=True).logits[:, -1]
+        logits = model(window, kv_cache=cache, last_only=True).logits[:, -1]
 
 
 def generate(model: GPT, idx: Tensor, max_new_tokens: int, **kwargs) -> Tensor:

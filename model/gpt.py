@@ -13,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from .attention import CausalSelfAttention, KVCache
+from .attention import CausalSelfAttention, KVCache, dropout
 from .config import GPTConfig
 from .positions import LearnedPositions, build_positional_encoding
 
@@ -25,7 +25,7 @@ class MLP(nn.Module):
         super().__init__()
         self.c_fc = nn.Linear(cfg.n_embd, cfg.mlp_ratio * cfg.n_embd, bias=cfg.bias)
         self.c_proj = nn.Linear(cfg.mlp_ratio * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = dropout(cfg.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
@@ -63,7 +63,7 @@ class GPT(nn.Module):
             dict(
                 wte=nn.Embedding(cfg.vocab_size, cfg.n_embd),
                 wpe=build_positional_encoding(cfg),
-                drop=nn.Dropout(cfg.dropout),
+                drop=dropout(cfg.dropout),
                 h=nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)]),
                 ln_f=nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_eps, bias=cfg.bias),
             )
@@ -131,8 +131,8 @@ class GPT(nn.Module):
         if pos_emb is not None:
             x = x + pos_emb  # (T, C) broadcast over the batch
         x = self.transformer.drop(x)
-        # the ALiBi bias is the same in every layer: compute it once
-        bias = pe.score_bias(pos, torch.arange(past + t, device=idx.device))  # (nh, T, S) or None
+        # the ALiBi bias is the same in every layer: compute it once, (nh, T, S)
+        bias = pe.score_bias(pos, torch.arange(past + t, device=idx.device)) if pe.has_score_bias else None
 
         attentions = []
         for i, block in enumerate(self.transformer.h):

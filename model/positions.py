@@ -26,6 +26,8 @@ from .config import GPTConfig
 class PositionalEncoding(nn.Module):
     """Base class: adds no position information anywhere ("none" = NoPE)."""
 
+    has_score_bias = False  # lets the model skip building key positions when score_bias returns None
+
     def embed(self, pos: Tensor) -> Tensor | None:
         return None
 
@@ -118,6 +120,8 @@ def alibi_slopes(n_head: int) -> Tensor:
 
 class ALiBiPositions(PositionalEncoding):
     """ALiBi: no embeddings; each head penalises a key linearly with its distance to the query."""
+
+    has_score_bias = True
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
