@@ -41,19 +41,23 @@ def package_versions() -> dict:
 
 
 class RunLogger:
+    """Files are opened on first use, so a run that fails its checks at start leaves no empty logs behind."""
+
     def __init__(self, run_dir: Path, enabled: bool = True, tensorboard: bool = True):
         self.run_dir = Path(run_dir)
         self.enabled = enabled
-        self.writer = None
+        self.use_tensorboard = tensorboard
+        self._writer = None
         self._metrics = None
-        if not enabled:
-            return
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._metrics = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8")
-        if tensorboard:
+
+    @property
+    def writer(self):
+        """The TensorBoard SummaryWriter (None when disabled)."""
+        if self._writer is None and self.enabled and self.use_tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(log_dir=str(self.run_dir / "tb"))
+            self._writer = SummaryWriter(log_dir=str(self.run_dir / "tb"))
+        return self._writer
 
     def print(self, *args) -> None:
         if self.enabled:
@@ -63,6 +67,7 @@ class RunLogger:
         if not self.enabled:
             return
         repo = Path(__file__).resolve().parent.parent
+        self.run_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(self.run_dir / "config.json", dataclasses.asdict(config))
         write_json_atomic(self.run_dir / "provenance.json", {
             "argv": sys.argv,
@@ -78,6 +83,9 @@ class RunLogger:
         """One line of metrics.jsonl; with tb_prefix, also TensorBoard scalars named prefix/key."""
         if not self.enabled:
             return
+        if self._metrics is None:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._metrics = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8")
         self._metrics.write(json.dumps({"step": step, **values}) + "\n")
         self._metrics.flush()
         if self.writer is not None and tb_prefix is not None:
@@ -102,11 +110,11 @@ class RunLogger:
             self.writer.add_hparams(clean, {f"hparam/{k}": v for k, v in final_metrics.items()}, run_name="hparams")
 
     def flush(self) -> None:
-        if self.writer is not None:
-            self.writer.flush()
+        if self._writer is not None:
+            self._writer.flush()
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
+        if self._writer is not None:
+            self._writer.close()
         if self._metrics is not None:
             self._metrics.close()
