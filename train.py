@@ -208,10 +208,23 @@ def _train(cfg, run_dir, overrides, info, device, dtype, log) -> dict:
     tokenizer = data.tokenizer
     model_cfg = resolve_model_config(cfg, data)
 
-    # model and optimizer, fresh or from a checkpoint
+    # the model: from this run's (or train.resume's) latest checkpoint, from GPT-2 weights, or fresh
     resume_from = Path(tc.resume) if tc.resume else (run_dir if (ckpt_root / "latest.json").exists() else None)
     state = None
-    if tc.init_from and resume_from is None:
+    if resume_from is not None:
+        ckpt = load_checkpoint(resume_from, which="latest")
+        if tc.init_from:  # the run began from GPT-2 weights: the checkpoint has that model's shape
+            model_cfg = dataclasses.replace(model_cfg, **{f: getattr(ckpt.config, f) for f in SHAPE_FIELDS})
+        check_resumable(ckpt.config, model_cfg, ckpt.path)
+        if ckpt.tokenizer_json != tokenizer.to_str():
+            raise TrainingError(
+                f"cannot resume from {ckpt.path}: it was trained with another tokenizer than the prepared data's "
+                f"({data.dir}). Use the same data settings as that run."
+            )
+        model = ckpt.build_model(device, model_cfg)  # this run's dropout and backend, the checkpoint's weights
+        state = ckpt.train_state()
+        log.print(f"resuming from {ckpt.path} (step {state['step']})")
+    elif tc.init_from:
         from attention_lab.hf import load_gpt2
 
         model = load_gpt2(tc.init_from)
@@ -224,17 +237,6 @@ def _train(cfg, run_dir, overrides, info, device, dtype, log) -> dict:
         model_cfg = model.config
     else:
         model = build_model(model_cfg)
-    if resume_from is not None:
-        ckpt = load_checkpoint(resume_from, which="latest")
-        check_resumable(ckpt.config, model_cfg, ckpt.path)
-        if ckpt.tokenizer_json != tokenizer.to_str():
-            raise TrainingError(
-                f"cannot resume from {ckpt.path}: it was trained with another tokenizer than the prepared data's "
-                f"({data.dir}). Use the same data settings as that run."
-            )
-        model = ckpt.build_model(device)
-        state = ckpt.train_state()
-        log.print(f"resuming from {ckpt.path} (step {state['step']})")
     model.to(device).train()
     raw_model = model  # checkpoints hold the plain module's weights, never the compiled/DDP wrapper's
     optimizer = configure_optimizer(raw_model, oc, device)

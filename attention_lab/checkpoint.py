@@ -164,9 +164,12 @@ class Checkpoint:
     tokenizer_json: str
     step: int = field(default=0)
 
-    def build_model(self, device: str | torch.device = "cpu") -> GPT:
-        """A GPT with this checkpoint's weights, on `device`, in eval mode."""
-        model = GPT(self.config)
+    def build_model(self, device: str | torch.device = "cpu", config: GPTConfig | None = None) -> GPT:
+        """A GPT with this checkpoint's weights, on `device`, in eval mode.
+
+        config: build from this instead of the checkpoint's own (same shapes; e.g. another dropout).
+        """
+        model = GPT(config or self.config)
         try:
             missing, unexpected = load_model(model, str(self.path / "model.safetensors"), strict=False)
         except (SafetensorError, OSError, RuntimeError) as e:
@@ -175,7 +178,7 @@ class Checkpoint:
                 "another model; use another checkpoint of the run (checkpoints/step_*) or retrain."
             ) from e
         # tied weights are stored once, so lm_head.weight may be reported missing
-        missing = [k for k in missing if not (k == "lm_head.weight" and self.config.tie_embeddings)]
+        missing = [k for k in missing if not (k == "lm_head.weight" and model.config.tie_embeddings)]
         if missing or unexpected:
             raise CheckpointError(
                 f"{self.path} does not fit its model_config.json: missing {missing[:5]}, unexpected {unexpected[:5]}"

@@ -282,3 +282,25 @@ def test_two_process_ddp_matches_one_process_with_the_same_global_batch(tmp_path
             "gradient averaging differ from one process with the same global batch"
         )
     assert load_checkpoint(ddp, "latest").step == 6, "rank 0 must write the checkpoint"
+
+
+def test_init_from_gpt2_weights_starts_from_them_and_resumes(tmp_path, data_cache, debug_run):
+    """train.init_from loads a GPT-2-format folder (here: one exported from a tiny model, no download)."""
+    from attention_lab.hf import export_gpt2
+    from model import GPT, GPTConfig
+
+    _, _, cfg = debug_run
+    vocab = load_checkpoint(debug_run[0], "latest").config.vocab_size  # the char tokenizer's size
+    torch.manual_seed(3)
+    source = GPT(GPTConfig(vocab_size=vocab, block_size=48, n_layer=1, n_head=2, n_embd=16, pos_encoding="learned"))
+    gpt2_dir = export_gpt2(source, tmp_path / "tiny-gpt2")
+    run_dir = tmp_path / "finetune"
+    overrides = [f"train.init_from={gpt2_dir}", "train.max_steps=4", "train.eval_interval=2", "train.sample_tokens=0"]
+    train_mod.train(debug_config(data_cache, *overrides), run_dir)
+    ckpt = load_checkpoint(run_dir, "latest")
+    assert (ckpt.config.n_layer, ckpt.config.n_embd, ckpt.config.block_size) == (1, 16, 48), \
+        f"the run must keep the GPT-2 folder's shape, got {ckpt.config}"
+    # resuming the same run (its config still says the debug model's shape) continues from the checkpoint
+    final = train_mod.train(debug_config(data_cache, *overrides[:-3], "train.max_steps=6", "train.eval_interval=2",
+                                         "train.sample_tokens=0"), run_dir)
+    assert final["step"] == 6
