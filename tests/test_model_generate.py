@@ -66,39 +66,29 @@ def test_cached_sampling_equals_uncached_with_the_same_seed(pos_encoding):
     assert runs[0][:, 5:].unique().numel() > 10, "degenerate samples; the comparison needs varied tokens to mean much"
 
 
+# how the BLOCK tokens reach the cache: a 5-token prefill then one token at a time, or three uneven chunks
+CHUNKINGS = {
+    "prefill then one by one": [(0, 5)] + [(t, t + 1) for t in range(5, BLOCK)],
+    "chunks 6+7+3": [(0, 6), (6, 13), (13, BLOCK)],
+}
+
+
+@pytest.mark.parametrize("chunking", CHUNKINGS)
 @pytest.mark.parametrize("backend", ATTENTION_BACKENDS)
 @pytest.mark.parametrize("pos_encoding", POSITION_ENCODINGS)
-def test_incremental_decoding_logits_equal_a_full_forward(pos_encoding, backend):
+def test_cached_decoding_logits_equal_a_full_forward(pos_encoding, backend, chunking):
     model = build(pos_encoding, backend)
     idx = prompt(t=BLOCK)
     full = model(idx).logits  # (B, T, V)
     cache = model.new_kv_cache()
-    steps = [model(idx[:, :5], kv_cache=cache).logits]  # prefill
-    steps += [model(idx[:, t : t + 1], kv_cache=cache).logits for t in range(5, BLOCK)]  # one token at a time
+    pieces = [model(idx[:, a:b], kv_cache=cache).logits for a, b in CHUNKINGS[chunking]]
     assert cache.length == BLOCK, f"cache length {cache.length} after {BLOCK} tokens"
     torch.testing.assert_close(
-        torch.cat(steps, dim=1),
+        torch.cat(pieces, dim=1),
         full,
         atol=1e-5,
         rtol=1e-4,
-        msg=lambda m: f"{pos_encoding}/{backend}: prefill + one-token steps != one full forward\n{m}",
-    )
-
-
-@pytest.mark.parametrize("backend", ATTENTION_BACKENDS)
-@pytest.mark.parametrize("pos_encoding", POSITION_ENCODINGS)
-def test_chunked_prefill_equals_a_full_forward(pos_encoding, backend):
-    model = build(pos_encoding, backend)
-    idx = prompt(t=BLOCK)
-    full = model(idx).logits
-    cache = model.new_kv_cache()
-    chunks = [model(idx[:, a:b], kv_cache=cache).logits for a, b in ((0, 6), (6, 13), (13, BLOCK))]
-    torch.testing.assert_close(
-        torch.cat(chunks, dim=1),
-        full,
-        atol=1e-5,
-        rtol=1e-4,
-        msg=lambda m: f"{pos_encoding}/{backend}: a cache filled in chunks 6+7+3 != one full forward\n{m}",
+        msg=lambda m: f"{pos_encoding}/{backend}: cache filled as {chunking} != one full forward\n{m}",
     )
 
 
