@@ -119,9 +119,9 @@ def evaluate(model: GPT, batches: list, device: torch.device, dtype: torch.dtype
     return sum(losses) / len(losses)
 
 
-def bits_per_byte(loss_nats: float, meta: dict) -> float:
-    """Convert nats per token into bits per UTF-8 byte of the validation text, whatever the tokenizer."""
-    return loss_nats * meta["val"]["tokens"] / meta["val"]["text_bytes"] / math.log(2)
+def bits_per_byte(loss_nats: float, meta: dict, split: str = "val") -> float:
+    """Convert nats per token into bits per UTF-8 byte of the split's text, whatever the tokenizer."""
+    return loss_nats * meta[split]["tokens"] / meta[split]["text_bytes"] / math.log(2)
 
 
 class StopRequest:
@@ -338,7 +338,7 @@ def _train(cfg, run_dir, overrides, info, device, dtype, log) -> dict:
             if step % tc.log_interval == 0 or step == tc.max_steps:
                 dt = time.time() - window_t
                 tok_s = window_tokens / dt
-                values = {"loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tok_s,
+                values = {"loss": loss, "bpb": bits_per_byte(loss, data.meta, "train"), "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tok_s,
                           "mfu": flops_step * window_tokens / tokens_per_step / dt / peak}
                 log.metrics(step, values, tb_prefix="train")
                 if progress is not None:

@@ -82,7 +82,7 @@ def test_tensorboard_has_scalars_text_images_and_hparams(debug_run):
     acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"images": 0, "scalars": 0, "tensors": 0})
     acc.Reload()
     scalars = set(acc.Tags()["scalars"])
-    for tag in ("train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "train/mfu",
+    for tag in ("train/loss", "train/bpb", "train/lr", "train/grad_norm", "train/tokens_per_s", "train/mfu",
                 "val/val_loss", "val/val_bpb"):
         assert tag in scalars, f"scalar {tag} not logged; have {sorted(scalars)}"
     images = acc.Tags()["images"]
