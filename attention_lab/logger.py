@@ -49,6 +49,7 @@ class RunLogger:
         self.use_tensorboard = tensorboard
         self._writer = None
         self._metrics = None
+        self._console = None
 
     @property
     def writer(self):
@@ -60,8 +61,16 @@ class RunLogger:
         return self._writer
 
     def print(self, *args) -> None:
-        if self.enabled:
-            print(*args, flush=True)
+        """A line on the console, also appended to the run's console.log."""
+        if not self.enabled:
+            return
+        line = " ".join(str(a) for a in args)
+        print(line, flush=True)
+        if self._console is None:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._console = open(self.run_dir / "console.log", "a", encoding="utf-8")
+        self._console.write(line.lstrip("\n") + "\n")
+        self._console.flush()
 
     def provenance(self, config, overrides: list[str], extra: dict | None = None) -> None:
         if not self.enabled:
@@ -116,5 +125,6 @@ class RunLogger:
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
-        if self._metrics is not None:
-            self._metrics.close()
+        for f in (self._metrics, self._console):
+            if f is not None:
+                f.close()

@@ -59,7 +59,7 @@ def test_debug_run_trains_and_writes_everything(debug_run):
     first, last = losses[1], losses[cfg.train.max_steps]
     assert last < first, f"loss did not go down over the debug run: {first:.3f} -> {last:.3f}"
     assert sorted(evals) == [10, 20], f"evaluations expected at steps 10 and 20, got {sorted(evals)}"
-    for name in ("config.json", "provenance.json"):
+    for name in ("config.json", "provenance.json", "console.log"):
         assert (run_dir / name).is_file(), f"{name} missing from the run directory"
     prov = json.loads((run_dir / "provenance.json").read_text())
     assert prov["packages"]["torch"] == torch.__version__.split("+")[0] or prov["packages"]["torch"].startswith(
