@@ -8,6 +8,8 @@ sees a DictConfig.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -107,11 +109,26 @@ def _non_negative(section: str, obj: Any, names: tuple[str, ...]) -> None:
             raise ValueError(f"{section}.{name}={getattr(obj, name)} must not be negative")
 
 
+def main_process_dir(path: str) -> str:
+    """The run directory for the main process; a scratch one for the other torchrun ranks.
+
+    Every rank runs Hydra, and each stamps its run directory with its own clock; the trainer uses rank 0's
+    (attention_lab.distributed.same_on_all), so the others keep their Hydra files out of runs/.
+    """
+    rank = os.environ.get("RANK", "0")
+    if rank == "0":
+        return path
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    return os.path.join(tempfile.gettempdir(), f"attention-lab-{run_id}-rank{rank}")
+
+
 def register_configs() -> None:
     """Register the schema so configs/config.yaml can name it first in its defaults list."""
     from hydra.core.config_store import ConfigStore
 
     ConfigStore.instance().store(name="schema", node=Config)
+    if not OmegaConf.has_resolver("main_process_dir"):
+        OmegaConf.register_new_resolver("main_process_dir", main_process_dir)
 
 
 def to_config(cfg: DictConfig) -> Config:

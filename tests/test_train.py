@@ -267,12 +267,15 @@ def test_two_process_ddp_matches_one_process_with_the_same_global_batch(tmp_path
               "train.log_interval=1", "train.sample_tokens=0", "train.tensorboard=false", "train.num_threads=1"]
     single = tmp_path / "single"
     train_mod.train(compose([*common, "train.batch_size=4"]), single)
-    ddp = tmp_path / "ddp"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "train.py",
-           *common, "train.batch_size=2", f"hydra.run.dir={ddp}"]
-    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
+    # run from tmp_path with Hydra's default run directory: every rank must agree on rank 0's
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(REPO / "train.py"), *common, "train.batch_size=2", "name=ddp"]
+    out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, f"torchrun failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    run_dirs = list((tmp_path / "runs" / "ddp").iterdir())
+    assert len(run_dirs) == 1, f"2 processes must share one run directory, found {run_dirs}"
+    ddp = run_dirs[0]
     one, _ = read_metrics(single)
     two, _ = read_metrics(ddp)
     assert sorted(two) == sorted(one) == list(range(1, 7)), (sorted(one), sorted(two))
