@@ -52,8 +52,9 @@ from attention_lab.attention_maps import (
     head_summary,
     markdown_code,
 )
-from attention_lab.checkpoint import Checkpoint, CheckpointError, latest_run, load_checkpoint, write_json_atomic
+from attention_lab.checkpoint import Checkpoint, CheckpointError, latest_run, load_checkpoint
 from attention_lab.device import autocast, pick_device, pick_dtype
+from attention_lab.files import write_json_atomic
 from data.tokenizer import Tokenizer
 from model import GPT, generate_stream
 

@@ -31,30 +31,14 @@ from safetensors.torch import load_model, save_model
 
 from model import GPT, GPTConfig
 
+from .files import write_json_atomic
+
 FILES = ("model.safetensors", "model_config.json", "tokenizer.json", "meta.json")
 STEP_PREFIX = "step_"
 
 
 class CheckpointError(Exception):
     """A checkpoint is missing, incomplete, corrupt or does not fit: the message says which and what to do."""
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_json_atomic(path: Path, obj) -> None:
-    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 def save_checkpoint(

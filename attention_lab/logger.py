@@ -14,7 +14,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from .checkpoint import write_json_atomic
+from .files import write_json_atomic
 
 PACKAGES = ("torch", "numpy", "datasets", "tokenizers", "hydra-core", "omegaconf", "tensorboard", "safetensors",
             "transformers")

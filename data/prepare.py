@@ -13,14 +13,12 @@ the number of processes. Every file is written to a temp name in the same direct
 with os.replace, so a killed run leaves temp files and no meta.json, never a trusted half-file.
 """
 
-import contextlib
 import functools
 import hashlib
 import json
 import os
 import platform
 import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,6 +30,7 @@ import pyarrow.compute as pc
 import tokenizers
 from filelock import FileLock
 
+from attention_lab.files import atomic_write
 from data.config import DataConfig
 from data.sources import corpus_fingerprint, load_corpus
 from data.tokenizer import EOT, Tokenizer
@@ -169,7 +168,7 @@ def _prepare(cfg: DataConfig, key: str, out: Path, log: Callable[[str], None]) -
             "numpy": np.__version__,
         },
     }
-    with _atomic_write(out / "meta.json", "w") as f:  # last: its presence marks the directory complete
+    with atomic_write(out / "meta.json", "w") as f:  # last: its presence marks the directory complete
         json.dump(meta, f, indent=2)
 
     log(f"data: prepared {out} in {meta['prepare_seconds']:.1f} s ({tok.kind}, vocab {tok.vocab_size}, {dtype.name})")
@@ -234,7 +233,7 @@ def _write_split(
         desc=f"tokenizing {path.stem}",
     )
     tokens = text_bytes = 0
-    with _atomic_write(path, "wb") as f:
+    with atomic_write(path, "wb") as f:
         for table in tokenized.with_format("arrow").iter(batch_size=BATCH):
             flat = pc.list_flatten(table["ids"]).to_numpy()
             f.write(flat.astype(dtype, copy=False).tobytes())
@@ -265,19 +264,3 @@ def _read_valid_meta(directory: Path, key: Optional[str]) -> Optional[dict]:
     except (OSError, ValueError, KeyError, TypeError):  # missing, truncated or foreign files
         return None
     return meta
-
-
-@contextlib.contextmanager
-def _atomic_write(path: Path, mode: str):
-    """Write to a temp file in the same directory, then os.replace it onto `path` (only if the block succeeds)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise

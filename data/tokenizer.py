@@ -11,9 +11,7 @@ A literal "<|endoftext|>" in the input text encodes to the special token, as in 
 """
 
 import json
-import os
 import sys
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Iterable, Optional
@@ -21,6 +19,8 @@ from typing import Iterable, Optional
 import numpy as np
 import tokenizers
 from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
+
+from attention_lab.files import atomic_write
 
 EOT = "<|endoftext|>"
 UNK = "<|unk|>"
@@ -110,14 +110,8 @@ class Tokenizer:
         """Write tokenizer.json atomically: a temp file in the same directory, then os.replace."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(self._tok.to_str())
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        with atomic_write(path) as f:
+            f.write(self._tok.to_str())
 
     # --- using ----------------------------------------------------------------------------------------------------
 
