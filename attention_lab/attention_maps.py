@@ -190,13 +190,6 @@ def figure_to_array(fig: Figure) -> np.ndarray:
     return np.asarray(canvas.buffer_rgba())[..., :3].copy()
 
 
-def save_figure(fig: Figure, path) -> None:
-    """Write a figure as PNG (token glyphs the font lacks are drawn as boxes, silently)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Glyph .* missing from", category=UserWarning)
-        fig.savefig(path, format="png")
-
-
 def _row_mass(w: np.ndarray, mask: np.ndarray, rows: np.ndarray) -> np.ndarray | None:
     """Mean over query rows `rows` of the weight on the keys in mask: (L, nh, T, T) -> (L, nh), or None."""
     if not rows.any():
