@@ -23,6 +23,7 @@ import math
 import signal
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -30,13 +31,14 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from attention_lab import distributed
+from attention_lab.callbacks import Callback, EvalContext, ProbeAttention, TextSample
 from attention_lab.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, save_checkpoint
 from attention_lab.config import Config, OptimConfig, register_configs, to_config
 from attention_lab.device import autocast, pick_device, pick_dtype
 from attention_lab.logger import RunLogger
 from data.batches import BatchSampler, eval_batches
 from data.prepare import PreparedData, prepare_data
-from model import GPT, GPTConfig, flops_per_token, generate, num_params
+from model import GPT, GPTConfig, flops_per_token, num_params
 
 # the fields that decide the shapes of the weights: a checkpoint must agree on all of them to be resumed
 SHAPE_FIELDS = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", "pos_encoding",
@@ -192,54 +194,60 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
     torch.manual_seed(tc.seed)
     log = RunLogger(run_dir, enabled=info.is_main, tensorboard=tc.tensorboard)
     try:
-        return _train(cfg, Path(run_dir), overrides or [], info, device, dtype, log)
+        run = setup_run(cfg, Path(run_dir), overrides or [], info, device, dtype, log)
+        return run_loop(run)
     finally:
         log.close()
         distributed.shutdown()
 
 
-def _train(cfg, run_dir, overrides, info, device, dtype, log) -> dict:
-    tc, oc = cfg.train, cfg.optim
-    run_dir = Path(run_dir)
-    ckpt_root = run_dir / "checkpoints"
+@dataclass
+class Run:
+    """Everything the loop reads and updates: built by setup_run, advanced by run_loop."""
 
+    cfg: Config
+    run_dir: Path
+    overrides: list[str]
+    info: distributed.DistInfo
+    device: torch.device
+    dtype: torch.dtype
+    log: RunLogger
+    data: PreparedData
+    model_cfg: GPTConfig
+    raw_model: GPT  # the plain module: checkpoints and evaluation use it, never the compiled/DDP wrapper
+    model: nn.Module  # what the training step calls (maybe compiled, maybe DDP)
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler | None
+    sampler: BatchSampler
+    val_batches: list
+    callbacks: list[Callback]
+    flops_per_step: float
+    peak_flops: float
+    step: int = 0
+    best_val: float = float("inf")
+    tokens_seen: int = 0
+    last_eval: dict = field(default_factory=dict)  # the latest evaluation's metrics (also from a checkpoint)
+
+    @property
+    def ckpt_root(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+    @property
+    def tokens_per_step(self) -> int:
+        tc = self.cfg.train
+        return tc.batch_size * tc.grad_accum * self.info.world_size * self.model_cfg.block_size
+
+
+def setup_run(cfg: Config, run_dir: Path, overrides: list[str], info, device, dtype, log: RunLogger) -> Run:
+    """Data, model (fresh, resumed or from GPT-2), optimizer, batch streams and callbacks, ready to loop."""
+    tc = cfg.train
     # data: one process prepares, the others wait on the cache's lock and then reuse what it wrote
     data = prepare_data(cfg.data, log=log.print)
-    tokenizer = data.tokenizer
     model_cfg = resolve_model_config(cfg, data)
-
-    # the model: from this run's (or train.resume's) latest checkpoint, from GPT-2 weights, or fresh
-    resume_from = Path(tc.resume) if tc.resume else (run_dir if (ckpt_root / "latest.json").exists() else None)
-    state = None
-    if resume_from is not None:
-        ckpt = load_checkpoint(resume_from, which="latest")
-        if tc.init_from:  # the run began from GPT-2 weights: the checkpoint has that model's shape
-            model_cfg = dataclasses.replace(model_cfg, **{f: getattr(ckpt.config, f) for f in SHAPE_FIELDS})
-        check_resumable(ckpt.config, model_cfg, ckpt.path)
-        if ckpt.tokenizer_json != tokenizer.to_str():
-            raise TrainingError(
-                f"cannot resume from {ckpt.path}: it was trained with another tokenizer than the prepared data's "
-                f"({data.dir}). Use the same data settings as that run."
-            )
-        model = ckpt.build_model(device, model_cfg)  # this run's dropout and backend, the checkpoint's weights
-        state = ckpt.train_state()
-        log.print(f"resuming from {ckpt.path} (step {state['step']})")
-    elif tc.init_from:
-        from attention_lab.hf import load_gpt2
-
-        model = load_gpt2(tc.init_from)
-        if model.config.vocab_size != model_cfg.vocab_size:
-            raise TrainingError(
-                f"train.init_from={tc.init_from} has a {model.config.vocab_size}-token vocabulary but the prepared "
-                f"data's tokenizer has {model_cfg.vocab_size}; use that model's tokenizer: "
-                "data.tokenizer=file data.tokenizer_file=<its tokenizer.json>"
-            )
-        model_cfg = model.config
-    else:
-        model = build_model(model_cfg)
+    model, model_cfg, state = load_model(cfg, model_cfg, data, run_dir, log)
     model.to(device).train()
-    raw_model = model  # checkpoints hold the plain module's weights, never the compiled/DDP wrapper's
-    optimizer = configure_optimizer(raw_model, oc, device)
+    raw_model = model
+    optimizer = configure_optimizer(raw_model, cfg.optim, device)
     scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
     if tc.compile:
         if device.type == "cpu":
@@ -252,153 +260,235 @@ def _train(cfg, run_dir, overrides, info, device, dtype, log) -> dict:
     sampler = BatchSampler(data.tokens("train"), model_cfg.block_size, tc.batch_size, seed=tc.seed,
                            rank=info.rank, world_size=info.world_size)
     val_batches = eval_batches(data.tokens("val"), model_cfg.block_size, tc.batch_size, tc.eval_batches)
-    step, best_val, tokens_seen = 0, float("inf"), 0
-    if state is not None:
-        optimizer.load_state_dict(state["optimizer"])
-        sampler.load_state_dict(state["sampler"])
-        torch.set_rng_state(state["rng"]["torch"])
-        if device.type == "cuda" and state["rng"].get("cuda") is not None:
-            torch.cuda.set_rng_state(state["rng"]["cuda"], device)
-        step, best_val, tokens_seen = state["step"], state["best_val_loss"], state["tokens_seen"]
-        if step >= tc.max_steps:
-            log.print(f"{resume_from} already finished {step} of {tc.max_steps} steps; raise train.max_steps to go on")
-
     n_params = num_params(raw_model)
-    tokens_per_step = tc.batch_size * tc.grad_accum * info.world_size * model_cfg.block_size
-    flops_step = flops_per_token(model_cfg, n_params) * tokens_per_step
     peak = tc.peak_flops
     if peak is None:
         from attention_lab.flops import measure_peak_flops
 
         peak = measure_peak_flops(device) * info.world_size
-    probe_ids = tokenizer.encode(tc.probe_prompt)[-model_cfg.block_size:] or [tokenizer.eot_id]
+    run = Run(cfg, run_dir, overrides, info, device, dtype, log, data, model_cfg, raw_model, model, optimizer,
+              scaler, sampler, val_batches, build_callbacks(cfg, data, model_cfg), 0.0, peak)
+    run.flops_per_step = flops_per_token(model_cfg, n_params) * run.tokens_per_step
+    if state is not None:
+        restore_state(run, state)
     log.provenance(cfg, overrides, {"data_dir": str(data.dir), "world_size": info.world_size,
                                     "n_params": n_params, "peak_flops": peak, "device": str(device)})
-    log.print(f"model: {n_params / 1e6:.2f}M parameters (embeddings counted once, positions not), {model_cfg.n_layer} layers x "
-              f"{model_cfg.n_head} heads x {model_cfg.n_embd} wide, {model_cfg.pos_encoding} positions, "
-              f"context {model_cfg.block_size}; device {device}, {str(dtype).removeprefix('torch.')}"
-              + (f", {info.world_size} processes" if info.enabled else ""))
+    log.print(f"model: {n_params / 1e6:.2f}M parameters (embeddings counted once, positions not), "
+              f"{model_cfg.n_layer} layers x {model_cfg.n_head} heads x {model_cfg.n_embd} wide, "
+              f"{model_cfg.pos_encoding} positions, context {model_cfg.block_size}; device {device}, "
+              f"{str(dtype).removeprefix('torch.')}" + (f", {info.world_size} processes" if info.enabled else ""))
     log.print(f"data: {data.meta['train']['tokens']:,} train / {data.meta['val']['tokens']:,} val tokens, "
-              f"vocab {model_cfg.vocab_size} ({data.meta['tokenizer']}); {tokens_per_step:,} tokens per step; "
+              f"vocab {model_cfg.vocab_size} ({data.meta['tokenizer']}); {run.tokens_per_step:,} tokens per step; "
               f"run dir {run_dir}")
+    return run
 
-    def save(best: bool, extra: dict) -> Path | None:
-        if not info.is_main:
-            return None
-        train_state = {
-            "step": step, "optimizer": optimizer.state_dict(), "sampler": sampler.state_dict(),
-            "rng": {"torch": torch.get_rng_state(),
-                    "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None},
-            "best_val_loss": best_val, "tokens_seen": tokens_seen,
-        }
-        return save_checkpoint(ckpt_root, step, raw_model, tokenizer.to_str(), extra, train_state, best=best,
-                               keep_last=tc.keep_checkpoints)
 
-    def run_eval() -> dict:
-        nonlocal best_val
-        val_loss = evaluate(raw_model, val_batches, device, dtype)
-        val_loss = distributed.mean(val_loss, info, device)
-        metrics = {"val_loss": val_loss, "val_bpb": bits_per_byte(val_loss, data.meta)}
-        is_best = val_loss < best_val
-        best_val = min(best_val, val_loss)
-        log.metrics(step, metrics, tb_prefix="val")
-        if info.is_main:
-            log_samples(raw_model, tokenizer, probe_ids, tc, step, device, log)
-        return {**metrics, "is_best": is_best}
+def load_model(cfg: Config, model_cfg: GPTConfig, data: PreparedData, run_dir: Path, log: RunLogger):
+    """The model from this run's (or train.resume's) latest checkpoint, from GPT-2 weights, or fresh.
 
-    last_metrics: dict = {}
-    start_step, t_start = step, time.time()
-    window_t, window_tokens = time.time(), 0
+    Returns (model, its config, the checkpoint's train state or None).
+    """
+    tc = cfg.train
+    tokenizer = data.tokenizer
+    has_checkpoint = (run_dir / "checkpoints" / "latest.json").exists()
+    resume_from = Path(tc.resume) if tc.resume else (run_dir if has_checkpoint else None)
+    if resume_from is not None:
+        ckpt = load_checkpoint(resume_from, which="latest")
+        if tc.init_from:  # the run began from GPT-2 weights: the checkpoint has that model's shape
+            model_cfg = dataclasses.replace(model_cfg, **{f: getattr(ckpt.config, f) for f in SHAPE_FIELDS})
+        check_resumable(ckpt.config, model_cfg, ckpt.path)
+        if ckpt.tokenizer_json != tokenizer.to_str():
+            raise TrainingError(
+                f"cannot resume from {ckpt.path}: it was trained with another tokenizer than the prepared data's "
+                f"({data.dir}). Use the same data settings as that run."
+            )
+        model = ckpt.build_model("cpu", model_cfg)  # this run's dropout and backend, the checkpoint's weights
+        state = ckpt.train_state() | {"meta": ckpt.meta}
+        log.print(f"resuming from {ckpt.path} (step {state['step']})")
+        return model, model_cfg, state
+    if tc.init_from:
+        from attention_lab.hf import load_gpt2
+
+        model = load_gpt2(tc.init_from)
+        if model.config.vocab_size != model_cfg.vocab_size:
+            raise TrainingError(
+                f"train.init_from={tc.init_from} has a {model.config.vocab_size}-token vocabulary but the prepared "
+                f"data's tokenizer has {model_cfg.vocab_size}; use that model's tokenizer: "
+                "data.tokenizer=file data.tokenizer_file=<its tokenizer.json>"
+            )
+        return model, model.config, None
+    return build_model(model_cfg), model_cfg, None
+
+
+def restore_state(run: Run, state: dict) -> None:
+    """Optimizer, data stream, RNG and counters from a checkpoint's train state: resume is exact."""
+    run.optimizer.load_state_dict(state["optimizer"])
+    run.sampler.load_state_dict(state["sampler"])
+    torch.set_rng_state(state["rng"]["torch"])
+    if run.device.type == "cuda" and state["rng"].get("cuda") is not None:
+        torch.cuda.set_rng_state(state["rng"]["cuda"], run.device)
+    run.step, run.best_val, run.tokens_seen = state["step"], state["best_val_loss"], state["tokens_seen"]
+    run.last_eval = {k: v for k, v in state.get("meta", {}).items() if k in ("val_loss", "val_bpb")}
+
+
+def build_callbacks(cfg: Config, data: PreparedData, model_cfg: GPTConfig) -> list[Callback]:
+    """What runs at every evaluation besides the validation loss (main process only)."""
+    tc = cfg.train
+    tokenizer = data.tokenizer
+    probe_ids = tokenizer.encode(tc.probe_prompt)[-model_cfg.block_size:] or [tokenizer.eot_id]
+    return [TextSample(tokenizer, probe_ids, tc.sample_tokens, tc.seed), ProbeAttention(tokenizer, probe_ids)]
+
+
+def save(run: Run, best: bool, extra: dict) -> Path | None:
+    if not run.info.is_main:
+        return None
+    device = run.device
+    train_state = {
+        "step": run.step, "optimizer": run.optimizer.state_dict(), "sampler": run.sampler.state_dict(),
+        "rng": {"torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None},
+        "best_val_loss": run.best_val, "tokens_seen": run.tokens_seen,
+    }
+    return save_checkpoint(run.ckpt_root, run.step, run.raw_model, run.data.tokenizer.to_str(), extra, train_state,
+                           best=best, keep_last=run.cfg.train.keep_checkpoints)
+
+
+def run_evaluation(run: Run) -> dict:
+    """Validation loss on every process, then the callbacks (main process), then a checkpoint."""
+    val_loss = evaluate(run.raw_model, run.val_batches, run.device, run.dtype)
+    val_loss = distributed.mean(val_loss, run.info, run.device)
+    metrics = {"val_loss": val_loss, "val_bpb": bits_per_byte(val_loss, run.data.meta)}
+    is_best = val_loss < run.best_val
+    run.best_val = min(run.best_val, val_loss)
+    if run.info.is_main:
+        ctx = EvalContext(run.step, run.raw_model, run.device, run.dtype, run.log, run.run_dir, metrics)
+        was_training = run.raw_model.training
+        run.raw_model.eval()
+        with torch.no_grad():
+            for callback in run.callbacks:
+                callback.on_evaluate(ctx)
+        run.raw_model.train(was_training)
+        run.log.flush()
+    run.log.metrics(run.step, metrics, tb_prefix="val")
+    save(run, is_best, dict(metrics))
+    run.last_eval = metrics
+    return metrics
+
+
+def run_loop(run: Run) -> dict:
+    """Step until max_steps, the time budget or a stop request; evaluate and save on the way."""
+    tc = run.cfg.train
+    log, info = run.log, run.info
+    start_step, t_start = run.step, time.time()
+    meter = Throughput(run)
     progress = None
     if info.is_main and tc.progress:
         from tqdm.auto import tqdm
 
-        progress = tqdm(total=tc.max_steps, initial=step, desc="train", dynamic_ncols=True, leave=False)
+        progress = tqdm(total=tc.max_steps, initial=run.step, desc="train", dynamic_ncols=True, leave=False)
+    if run.step >= tc.max_steps:
+        log.print(f"{run.run_dir} already finished {run.step} of {tc.max_steps} steps; nothing to train. "
+                  "Raise train.max_steps to go on.")
     interrupted = False
     with StopRequest() as stop:
-        while step < tc.max_steps:
-            lr = lr_at(step, oc, tc.max_steps)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            loss, grad_norm = train_step(model, optimizer, sampler, tc.grad_accum, device, dtype, oc.grad_clip,
-                                         scaler)
-            loss = distributed.mean(loss, info, device)
-            if not math.isfinite(loss):
-                where = find_checkpoint(ckpt_root, "latest") if (ckpt_root / "latest.json").exists() else None
-                raise TrainingError(
-                    f"the training loss became {loss} at step {step + 1}; the run stops without saving. "
-                    + (f"The last good checkpoint is {where}. " if where else "")
-                    + "Lower optim.lr, raise optim.warmup_steps, or keep optim.grad_clip on."
-                )
-            step += 1
-            tokens_seen += tokens_per_step
-            window_tokens += tokens_per_step
+        while run.step < tc.max_steps:
+            loss, grad_norm, lr = optimizer_step(run)
             if progress is not None:
                 progress.update(1)
-            if step % tc.log_interval == 0 or step == tc.max_steps:
-                dt = time.time() - window_t
-                tok_s = window_tokens / dt
-                values = {"loss": loss, "bpb": bits_per_byte(loss, data.meta, "train"), "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tok_s,
-                          "mfu": flops_step * window_tokens / tokens_per_step / dt / peak}
-                log.metrics(step, values, tb_prefix="train")
+            if run.step % tc.log_interval == 0 or run.step == tc.max_steps:
+                values = meter.read(loss, grad_norm, lr)
+                log.metrics(run.step, values, tb_prefix="train")
                 if progress is not None:
-                    progress.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}", refresh=False)
-                window_t, window_tokens = time.time(), 0
+                    progress.set_postfix(loss=f"{loss:.3f}", tok_s=f"{values['tokens_per_s']:,.0f}", refresh=False)
             # every process must take the same branch below: agree on both flags
             out_of_time = tc.max_minutes is not None and time.time() - t_start > 60 * tc.max_minutes
-            out_of_time = distributed.any_true(out_of_time, info, device)
-            interrupted = distributed.any_true(stop.requested, info, device)
-            if step % tc.eval_interval == 0 or step == tc.max_steps or out_of_time:
-                t_eval = time.time()
-                last_metrics = run_eval()
-                line = (f"step {step:>6}: train loss {loss:.4f}, val loss {last_metrics['val_loss']:.4f} nats/token, "
-                        f"{last_metrics['val_bpb']:.3f} bits/byte")
-                log.print(("\n" if progress is not None else "") + line)
-                save(last_metrics["is_best"], {k: v for k, v in last_metrics.items() if k != "is_best"})
-                window_t += time.time() - t_eval  # evaluation time does not count against tokens/s
+            out_of_time = distributed.any_true(out_of_time, info, run.device)
+            interrupted = distributed.any_true(stop.requested, info, run.device)
+            if run.step % tc.eval_interval == 0 or run.step == tc.max_steps or out_of_time:
+                with meter.paused():  # evaluation time does not count against tokens/s
+                    metrics = run_evaluation(run)
+                log.print(("\n" if progress is not None else "")
+                          + f"step {run.step:>6}: train loss {loss:.4f}, val loss {metrics['val_loss']:.4f} "
+                            f"nats/token, {metrics['val_bpb']:.3f} bits/byte")
             elif interrupted:
-                save(False, {"interrupted": True})
+                save(run, False, {"interrupted": True})
             if out_of_time and not interrupted:
-                log.print(f"time budget of {tc.max_minutes} min spent: stopped at step {step} of {tc.max_steps}")
+                log.print(f"time budget of {tc.max_minutes} min spent: stopped at step {run.step} of {tc.max_steps}")
                 break
             if interrupted:
-                log.print(f"stopped at step {step}; checkpoint saved in {ckpt_root}. Resume with: "
-                          f"python train.py {' '.join(overrides)} hydra.run.dir={run_dir}".replace("  ", " "))
+                log.print(f"stopped at step {run.step}; checkpoint saved in {run.ckpt_root}. Resume with: "
+                          f"python train.py {' '.join(run.overrides)} hydra.run.dir={run.run_dir}".replace("  ", " "))
                 break
     if progress is not None:
         progress.close()
+    return finish(run, start_step, time.time() - t_start, interrupted)
 
-    elapsed = time.time() - t_start
-    final = {"step": step, "val_loss": last_metrics.get("val_loss", float("nan")),
-             "val_bpb": last_metrics.get("val_bpb", float("nan")), "best_val_loss": best_val,
-             "minutes": elapsed / 60, "steps_this_session": step - start_step}
-    if info.is_main and not interrupted and last_metrics:
-        hp = {f"model.{k}": v for k, v in dataclasses.asdict(model_cfg).items()}
-        hp |= {f"optim.{k}": v for k, v in dataclasses.asdict(oc).items()}
-        hp |= {"train.batch_size": tc.batch_size, "train.max_steps": tc.max_steps, "data.name": cfg.data.name}
-        log.hparams(hp, {"val_loss": final["val_loss"], "val_bpb": final["val_bpb"], "best_val_loss": best_val})
-    log.print(f"done: {step} steps in {elapsed / 60:.1f} min; val loss {final['val_loss']:.4f} nats/token, "
-              f"{final['val_bpb']:.3f} bits/byte (best {best_val:.4f}); checkpoints in {ckpt_root}")
+
+def optimizer_step(run: Run) -> tuple[float, float, float]:
+    """Set the learning rate, take one optimizer step, stop on a non-finite loss -> (loss, grad norm, lr)."""
+    tc, oc = run.cfg.train, run.cfg.optim
+    lr = lr_at(run.step, oc, tc.max_steps)
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr
+    loss, grad_norm = train_step(run.model, run.optimizer, run.sampler, tc.grad_accum, run.device, run.dtype,
+                                 oc.grad_clip, run.scaler)
+    loss = distributed.mean(loss, run.info, run.device)
+    if not math.isfinite(loss):
+        where = find_checkpoint(run.ckpt_root, "latest") if (run.ckpt_root / "latest.json").exists() else None
+        raise TrainingError(
+            f"the training loss became {loss} at step {run.step + 1}; the run stops without saving. "
+            + (f"The last good checkpoint is {where}. " if where else "")
+            + "Lower optim.lr, raise optim.warmup_steps, or keep optim.grad_clip on."
+        )
+    run.step += 1
+    run.tokens_seen += run.tokens_per_step
+    return loss, grad_norm, lr
+
+
+class Throughput:
+    """Tokens/s and MFU over the steps since the last read, with evaluation time left out."""
+
+    def __init__(self, run: Run):
+        self.run = run
+        self.t0, self.step0 = time.time(), run.step
+
+    @contextlib.contextmanager
+    def paused(self):
+        t = time.time()
+        yield
+        self.t0 += time.time() - t
+
+    def read(self, loss: float, grad_norm: float, lr: float) -> dict:
+        run = self.run
+        dt = max(time.time() - self.t0, 1e-9)
+        steps = run.step - self.step0
+        self.t0, self.step0 = time.time(), run.step
+        return {"loss": loss, "bpb": bits_per_byte(loss, run.data.meta, "train"), "lr": lr, "grad_norm": grad_norm,
+                "tokens_per_s": steps * run.tokens_per_step / dt, "mfu": steps * run.flops_per_step / dt / run.peak_flops}
+
+
+def finish(run: Run, start_step: int, elapsed: float, interrupted: bool) -> dict:
+    """The final metrics, TensorBoard's hparams entry and the closing console line."""
+    trained = run.step - start_step
+    final = {"step": run.step, "val_loss": run.last_eval.get("val_loss", float("nan")),
+             "val_bpb": run.last_eval.get("val_bpb", float("nan")), "best_val_loss": run.best_val,
+             "minutes": elapsed / 60, "steps_this_session": trained}
+    if run.info.is_main and not interrupted and trained > 0:
+        hp = {f"model.{k}": v for k, v in dataclasses.asdict(run.model_cfg).items()}
+        hp |= {f"optim.{k}": v for k, v in dataclasses.asdict(run.cfg.optim).items()}
+        hp |= {"train.batch_size": run.cfg.train.batch_size, "train.max_steps": run.cfg.train.max_steps,
+               "data.name": run.cfg.data.name}
+        run.log.hparams(hp, {"val_loss": final["val_loss"], "val_bpb": final["val_bpb"], "best_val_loss": run.best_val})
+    if trained == 0:
+        last = (f"; last evaluation: val loss {final['val_loss']:.4f} nats/token, {final['val_bpb']:.3f} bits/byte"
+                if run.last_eval else "")
+        run.log.print(f"done: nothing trained (the run is at step {run.step} of {run.cfg.train.max_steps}){last}; "
+                      f"checkpoints in {run.ckpt_root}")
+    else:
+        run.log.print(f"done: {run.step} steps in {elapsed / 60:.1f} min; val loss {final['val_loss']:.4f} "
+                      f"nats/token, {final['val_bpb']:.3f} bits/byte (best {run.best_val:.4f}); "
+                      f"checkpoints in {run.ckpt_root}")
     return final
-
-
-def log_samples(model: GPT, tokenizer, probe_ids: list[int], tc, step: int, device, log: RunLogger) -> None:
-    """Generated text and the probe prompt's attention maps, for TensorBoard."""
-    if log.writer is None:
-        return
-    from attention_lab.attention_maps import capture_attention
-
-    was_training = model.training
-    model.eval()
-    idx = torch.tensor([probe_ids], device=device)
-    if tc.sample_tokens:
-        gen = torch.Generator(device=device).manual_seed(tc.seed + step)  # leaves the training RNG untouched
-        out = generate(model, idx, tc.sample_tokens, temperature=0.8, top_k=200, generator=gen)
-        log.text("sample", tokenizer.decode(out[0].tolist()), step)
-    weights = capture_attention(model, idx)
-    log.attention(weights, tokenizer.token_strings(probe_ids), step)
-    log.flush()
-    model.train(was_training)
 
 
 # ----------------------------------------------------------------------------------------------------------
