@@ -26,15 +26,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from attention_lab import distributed
-from attention_lab.callbacks import Callback, EvalContext, ProbeAttention, TextSample
+from attention_lab.callbacks import Callback, EvalContext, HeadRoles, ProbeAttention, TextSample
 from attention_lab.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, save_checkpoint
 from attention_lab.config import Config, OptimConfig, register_configs, to_config
 from attention_lab.device import autocast, pick_device, pick_dtype
+from attention_lab.heads import repeated_tokens_probe
 from attention_lab.logger import RunLogger
 from data.batches import BatchSampler, eval_batches
 from data.prepare import PreparedData, prepare_data
@@ -271,6 +273,9 @@ def setup_run(cfg: Config, run_dir: Path, overrides: list[str], info, device, dt
     run.flops_per_step = flops_per_token(model_cfg, n_params) * run.tokens_per_step
     if state is not None:
         restore_state(run, state)
+        for callback in run.callbacks:
+            if hasattr(callback, "resume") and info.is_main:
+                callback.resume(run_dir, run.step)
     log.provenance(cfg, overrides, {"data_dir": str(data.dir), "world_size": info.world_size,
                                     "n_params": n_params, "peak_flops": peak, "device": str(device)})
     log.print(f"model: {n_params / 1e6:.2f}M parameters (embeddings counted once, positions not), "
@@ -336,7 +341,21 @@ def build_callbacks(cfg: Config, data: PreparedData, model_cfg: GPTConfig) -> li
     tc = cfg.train
     tokenizer = data.tokenizer
     probe_ids = tokenizer.encode(tc.probe_prompt)[-model_cfg.block_size:] or [tokenizer.eot_id]
-    return [TextSample(tokenizer, probe_ids, tc.sample_tokens, tc.seed), ProbeAttention(tokenizer, probe_ids)]
+    callbacks = [TextSample(tokenizer, probe_ids, tc.sample_tokens, tc.seed), ProbeAttention(tokenizer, probe_ids)]
+    if tc.head_roles:
+        callbacks.append(head_roles_callback(cfg, data, model_cfg))
+    return callbacks
+
+
+def head_roles_callback(cfg: Config, data: PreparedData, model_cfg: GPTConfig) -> HeadRoles:
+    """Role scores on a repeated-random-tokens probe (tokens the training split holds) and on validation windows."""
+    tc = cfg.train
+    half = model_cfg.block_size // 2  # the probe feeds 2 * half - 1 tokens: both halves fit the context
+    probe = repeated_tokens_probe(np.unique(data.tokens("train")), half, tc.probe_batch, seed=tc.seed)
+    val = eval_batches(data.tokens("val"), model_cfg.block_size, tc.probe_batch, 1)
+    val_x, val_y = next(iter(val))
+    return HeadRoles(probe, val_x, val_y, every=tc.head_roles_every, ablate=tc.head_ablation,
+                     n_layer=model_cfg.n_layer, n_head=model_cfg.n_head)
 
 
 def save(run: Run, best: bool, extra: dict) -> Path | None:

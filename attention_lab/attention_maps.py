@@ -335,3 +335,54 @@ def log_attention_to_tensorboard(
         writer.add_text(tag, markdown_code(format_summary(head_summary(w, token_ids))), step)
         tags.append(tag)
     return tags
+
+
+def role_fingerprint_figure(scores: dict[str, np.ndarray], title: str = "", dpi: int = 72) -> Figure:
+    """One small layers x heads grid per role, each cell coloured by its score and labelled with its value."""
+    roles = list(scores)
+    n_layer, n_head = np.asarray(scores[roles[0]]).shape
+    cell = 0.42
+    side_w, side_h = max(1.6, n_head * cell), max(1.0, n_layer * cell)
+    ncols = min(len(roles), 3)
+    nrows = math.ceil(len(roles) / ncols)
+    width = 0.6 + ncols * (side_w + 0.5)
+    height = (0.5 if title else 0.1) + nrows * (side_h + 0.75)
+    fig = Figure(figsize=(width, height), dpi=dpi)
+    FigureCanvasAgg(fig)
+    for i, role in enumerate(roles):
+        row, col = divmod(i, ncols)
+        left = 0.5 + col * (side_w + 0.5)
+        top = (0.5 if title else 0.1) + 0.35 + row * (side_h + 0.75)
+        ax = fig.add_axes((left / width, 1 - (top + side_h) / height, side_w / width, side_h / height))
+        values = np.asarray(scores[role], dtype=np.float64)
+        ax.imshow(values, cmap="magma", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
+        for (layer, head), v in np.ndenumerate(values):
+            ax.text(head, layer, f"{v:.2f}"[1:] if 0 <= v < 1 else f"{v:.1f}", ha="center", va="center",
+                    fontsize=7, color="white" if v < 0.6 else "black")
+        ax.set_title(role.replace("_", " "), fontsize=9, pad=3)
+        ax.set_xticks(range(n_head), [f"H{h}" for h in range(n_head)], fontsize=7)
+        ax.set_yticks(range(n_layer), [f"L{layer}" for layer in range(n_layer)], fontsize=7)
+        ax.tick_params(length=0, pad=1)
+    if title:
+        fig.suptitle(title, fontsize=10, y=1 - 0.1 / height, va="top")
+    return fig
+
+
+def position_loss_figure(steps: Sequence[int], losses: np.ndarray, title: str = "", dpi: int = 72) -> Figure:
+    """Olsson et al.'s picture: loss (colour) at every context position (x) at every evaluation (y)."""
+    losses = np.asarray(losses, dtype=np.float64)  # (n_evals, T)
+    fig = Figure(figsize=(6.0, max(2.0, 1.2 + 0.18 * len(steps))), dpi=dpi)
+    FigureCanvasAgg(fig)
+    ax = fig.add_axes((0.12, 0.2, 0.72, 0.65))
+    image = ax.imshow(losses, cmap="viridis", aspect="auto", interpolation="nearest",
+                      extent=(-0.5, losses.shape[1] - 0.5, len(steps) - 0.5, -0.5))
+    ax.set_yticks(range(len(steps)), [str(s) for s in steps], fontsize=7)
+    ax.set_ylabel("step", fontsize=8)
+    ax.set_xlabel("position in the context", fontsize=8)
+    ax.tick_params(labelsize=7)
+    cax = fig.add_axes((0.87, 0.2, 0.03, 0.65))
+    fig.colorbar(image, cax=cax).set_label("loss (nats)", fontsize=8)
+    cax.tick_params(labelsize=7)
+    if title:
+        ax.set_title(title, fontsize=9)
+    return fig

@@ -74,3 +74,128 @@ class ProbeAttention(Callback):
                                                       "description": self.description})
         with atomic_write(folder / f"step_{ctx.step:08d}.npy", "wb") as f:
             np.save(f, weights.astype(np.float16))
+
+
+class HeadRoles(Callback):
+    """Per-head role scores, ablation effects and model-level copying curves at every evaluation.
+
+    Writes (main process): TensorBoard scalars `heads/<role>/L<l>H<h>` (one custom-scalars chart per role),
+    `ablation/{probe,val}/L<l>H<h>`, `model/{probe_first_loss,probe_repeat_loss,icl_score}`, the images
+    `heads/fingerprint` and `model/position_loss_map`, and the text `phase_changes`; the same numbers in
+    metrics.jsonl (key "heads"); attention/heads.jsonl and attention/phase_changes.json for the film.
+    """
+
+    def __init__(self, probe: torch.Tensor, val_x: torch.Tensor, val_y: torch.Tensor, *, every: int = 1,
+                 ablate: bool = True, n_layer: int, n_head: int):
+        from .heads import PhaseChangeDetector
+
+        self.probe, self.val_x, self.val_y = probe, val_x, val_y
+        self.every, self.ablate = every, ablate
+        self.n_layer, self.n_head = n_layer, n_head
+        self.detector = PhaseChangeDetector()
+        self.calls = 0
+        self.steps: list[int] = []
+        self.position_losses: list[np.ndarray] = []
+        self.changes: list[dict] = []
+        self.layout_written = False
+
+    def resume(self, run_dir: Path, step: int) -> None:
+        """Replay the evaluations an earlier session of this run recorded (up to `step`), so phase changes are
+        measured against the whole history and each is reported once; drop records past `step` (they came
+        after the checkpoint this run resumes from)."""
+        import json
+
+        path = run_dir / "attention" / "heads.jsonl"
+        if not path.exists():
+            return
+        kept = [r for r in map(json.loads, path.read_text(encoding="utf-8").splitlines()) if r["step"] <= step]
+        with atomic_write(path) as f:
+            f.writelines(json.dumps(r) + "\n" for r in kept)
+        for r in kept:
+            self.calls += self.every  # keeps the every-N cadence aligned with evaluations already done
+            self.steps.append(r["step"])
+            self.position_losses.append(np.asarray(r["position_loss"]))
+            scores = {k: np.asarray(v) for k, v in r["scores"].items()}
+            model = r["model"]
+            self.changes += [c.to_dict() for c in self.detector.update(r["step"], scores, model["probe_first_loss"],
+                                                                      model["probe_repeat_loss"])]
+
+    def on_evaluate(self, ctx: EvalContext) -> None:
+        from .attention_maps import figure_to_array, position_loss_figure, role_fingerprint_figure
+        from .device import autocast
+        from .heads import ROLES, head_name, measure_heads
+
+        self.calls += 1
+        if (self.calls - 1) % self.every:
+            return
+        dev = ctx.device
+        with autocast(dev, ctx.dtype):
+            report = measure_heads(ctx.model, self.probe.to(dev), self.val_x.to(dev), self.val_y.to(dev),
+                                   ablate=self.ablate)
+        self.steps.append(ctx.step)
+        self.position_losses.append(report.position_loss)
+        ctx.metrics.update(report.model_metrics())
+        heads = {role: report.scores[role].round(4).tolist() for role in ROLES}
+        record = {"step": ctx.step, "scores": heads,
+                  "text_scores": {role: report.text_scores[role].round(4).tolist() for role in ROLES},
+                  "model": report.model_metrics(), "position_loss": report.position_loss.round(4).tolist()}
+        if report.ablation_probe is not None:
+            record["ablation"] = {"probe": report.ablation_probe.round(4).tolist(),
+                                  "val": report.ablation_val.round(4).tolist()}
+        changes = self.detector.update(ctx.step, report.scores, report.probe_first_loss, report.probe_repeat_loss)
+        for change in changes:
+            ctx.log.print(f"phase change: {change.message}"
+                          + (f"; repeated-half loss now {report.probe_repeat_loss:.2f} "
+                             f"(first half {report.probe_first_loss:.2f})" if change.head else ""))
+        self.changes += [c.to_dict() for c in changes]
+        record["phase_changes"] = [c.to_dict() for c in changes]
+        ctx.log.metrics(ctx.step, {"heads": record})
+        self._write_files(ctx, record)
+
+        writer = ctx.log.writer
+        if writer is None:
+            return
+        if not self.layout_written:
+            writer.add_custom_scalars(self.layout())
+            self.layout_written = True
+        for role in ROLES:
+            for (layer, head), v in np.ndenumerate(report.scores[role]):
+                writer.add_scalar(f"heads/{role}/{head_name(layer, head)}", float(v), ctx.step)
+        if report.ablation_probe is not None:
+            for name, values in (("probe", report.ablation_probe), ("val", report.ablation_val)):
+                for (layer, head), v in np.ndenumerate(values):
+                    writer.add_scalar(f"ablation/{name}/{head_name(layer, head)}", float(v), ctx.step)
+        for key, v in report.model_metrics().items():
+            writer.add_scalar(f"model/{key}", v, ctx.step)
+        shown = {r: report.scores[r] for r in ("previous_token", "induction", "duplicate_token", "first_token")}
+        if report.ablation_probe is not None:
+            shown["ablation (probe repeat, nats)"] = report.ablation_probe
+        fig = role_fingerprint_figure(shown, f"head roles at step {ctx.step} (repeated-tokens probe)")
+        writer.add_image("heads/fingerprint", figure_to_array(fig), ctx.step, dataformats="HWC")
+        fig = position_loss_figure(self.steps, np.stack(self.position_losses), "validation loss by position")
+        writer.add_image("model/position_loss_map", figure_to_array(fig), ctx.step, dataformats="HWC")
+        if changes:
+            writer.add_text("phase_changes", "\n\n".join(c.message for c in changes), ctx.step)
+
+    def layout(self) -> dict:
+        """TensorBoard custom-scalars layout: one chart per role (a line per head), ablation, model curves."""
+        from .heads import ROLES
+
+        charts = {role: ["Multiline", [f"heads/{role}/.*"]] for role in ROLES}
+        return {
+            "head roles (repeated-tokens probe)": charts,
+            "head ablation (loss change, nats)": {name: ["Multiline", [f"ablation/{name}/.*"]]
+                                                  for name in ("probe", "val")},
+            "copying": {"probe halves": ["Multiline", ["model/probe_first_loss", "model/probe_repeat_loss"]],
+                        "in-context learning score": ["Multiline", ["model/icl_score"]]},
+        }
+
+    def _write_files(self, ctx: EvalContext, record: dict) -> None:
+        import json
+
+        folder = ctx.run_dir / "attention"
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / "heads.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps({k: v for k, v in record.items() if k != "phase_changes"}) + "\n")
+        if record["phase_changes"]:
+            write_json_atomic(folder / "phase_changes.json", self.changes)

@@ -67,6 +67,10 @@ class TrainConfig:
     sample_tokens: int = 200  # text generated at each evaluation for TensorBoard
     probe_prompt: str = "ROMEO:\nBut soft, what light through yonder window breaks?"
     tensorboard: bool = True
+    head_roles: bool = True  # measure every head's role (attention_lab/heads.py) at evaluations
+    head_roles_every: int = 1  # ... at every this-many-th evaluation
+    head_ablation: bool = True  # ... and the loss change when each head alone is zeroed
+    probe_batch: int = 8  # sequences in the repeated-tokens probe and the validation windows it scores
     progress: bool = True  # tqdm progress bar
     peak_flops: Optional[float] = None  # MFU denominator in FLOP/s; None: measured at start
     num_threads: Optional[int] = None  # torch CPU threads; None: torch's default
@@ -77,7 +81,7 @@ class TrainConfig:
         if self.dtype not in DTYPES:
             raise ValueError(f"train.dtype={self.dtype!r} is not one of {', '.join(DTYPES)}")
         _positive("train", self, ("batch_size", "grad_accum", "max_steps", "eval_interval", "eval_batches",
-                                  "log_interval", "keep_checkpoints"))
+                                  "log_interval", "keep_checkpoints", "head_roles_every", "probe_batch"))
         _non_negative("train", self, ("sample_tokens",))
         if self.peak_flops is not None and self.peak_flops <= 0:
             raise ValueError(f"train.peak_flops={self.peak_flops} must be positive FLOP/s, or null to measure it")

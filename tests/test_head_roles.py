@@ -1,0 +1,232 @@
+"""Head-role scores on hand-built patterns, the probe, ablation, the phase-change detector, and the trainer's logs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from attention_lab import heads as H
+from model import GPT, GPTConfig
+
+T = 16
+
+
+def perfect_previous(t: int) -> np.ndarray:
+    a = np.eye(t, k=-1)
+    a[0, 0] = 1.0  # row 0 has only itself to look at
+    return a
+
+
+def perfect_induction(ids: np.ndarray) -> np.ndarray:
+    """Each query attends to the token after the latest earlier copy of itself; rows without one go to key 0."""
+    t = len(ids)
+    a = np.zeros((t, t))
+    for i in range(t):
+        targets = [j for j in range(1, i + 1) if ids[j - 1] == ids[i]]
+        a[i, targets[-1] if targets else 0] = 1.0
+    return a
+
+
+def repeated(half: int, seed: int = 0) -> np.ndarray:
+    return H.repeated_tokens_probe(1000, half, 1, seed=seed)[0].numpy()
+
+
+def test_perfect_previous_token_head_scores_one_on_previous_and_near_zero_on_induction():
+    ids = repeated(T // 2)
+    scores = H.role_scores(perfect_previous(T)[None, None], ids, exclude_first=True)
+    assert scores["previous_token"][0, 0] == pytest.approx(1.0)
+    assert scores["induction"][0, 0] < 0.1, scores["induction"]
+    assert scores["entropy"][0, 0] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_perfect_induction_head_scores_one_on_induction_and_near_zero_on_previous():
+    ids = repeated(T // 2)
+    a = perfect_induction(ids)
+    scores = H.role_scores(a[None, None], ids, exclude_first=True)
+    assert scores["induction"][0, 0] == pytest.approx(1.0)
+    assert scores["previous_token"][0, 0] < 0.1, scores["previous_token"]
+    # without the exclusion, the first half's rows (no earlier copy: parked on key 0) count against it
+    plain = H.role_scores(a[None, None], ids)["induction"][0, 0]
+    assert plain == pytest.approx((T // 2) / T, abs=1e-9)
+
+
+def test_duplicate_token_head_scores_one_on_duplicates():
+    ids = repeated(T // 2)
+    a = np.zeros((T, T))
+    a[: T // 2, 0] = 1.0
+    for i in range(T // 2, T):
+        a[i, i - T // 2] = 1.0  # the earlier copy of the same token
+    scores = H.role_scores(a[None, None], ids, exclude_first=True)
+    assert scores["duplicate_token"][0, 0] == pytest.approx(1.0)
+    assert scores["induction"][0, 0] < 0.1
+
+
+def test_uniform_attention_gets_the_stated_baselines():
+    ids = repeated(T // 2)
+    u = H.uniform_attention(T)
+    scores = H.role_scores(u[None, None], ids)
+    rows = np.arange(1, T)
+    assert scores["previous_token"][0, 0] == pytest.approx(np.sum(1 / (rows + 1)) / T)
+    assert scores["first_token"][0, 0] == pytest.approx(np.mean(1 / (rows + 1)))
+    assert scores["self"][0, 0] == pytest.approx(np.mean(1 / (rows + 1)))
+    assert scores["entropy"][0, 0] == pytest.approx(1.0)
+    assert H.role_scores(H.uniform_attention(128)[None, None], repeated(64))["previous_token"][0, 0] == \
+        pytest.approx(0.0346, abs=5e-4), "the docstring's T=128 baseline"
+
+
+def test_first_token_and_self_masses():
+    sink = np.zeros((T, T))
+    sink[:, 0] = 1.0
+    assert H.first_token_mass(sink) == pytest.approx(1.0)
+    assert H.self_mass(np.eye(T)) == pytest.approx(1.0)
+    assert H.self_mass(sink) == pytest.approx(0.0)
+
+
+def test_scores_do_not_edit_the_callers_pattern():
+    a = H.uniform_attention(T)
+    before = a.copy()
+    H.detection_score(a, H.previous_token_pattern(T), exclude_first=True, exclude_self=True)
+    np.testing.assert_array_equal(a, before)
+
+
+def test_patterns_are_causal_and_match_their_definitions():
+    ids = np.array([5, 7, 5, 7, 9])
+    dup = H.duplicate_token_pattern(ids)
+    ind = H.induction_pattern(ids)
+    assert np.all(np.triu(dup) == 0) and np.all(np.triu(ind, k=1) == 0)
+    assert dup[2, 0] == 1 and dup[3, 1] == 1 and dup.sum() == 2
+    assert ind[2, 1] == 1 and ind[3, 2] == 1 and ind.sum() == 2  # 5 at 2 -> after the 5 at 0 is key 1
+
+
+def test_probe_is_deterministic_repeated_and_drawn_from_the_given_ids():
+    ids = [3, 11, 42, 99]
+    a = H.repeated_tokens_probe(ids, 10, 4, seed=7)
+    b = H.repeated_tokens_probe(ids, 10, 4, seed=7)
+    c = H.repeated_tokens_probe(ids, 10, 4, seed=8)
+    assert a.shape == (4, 20) and a.dtype == torch.long
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert torch.equal(a[:, :10], a[:, 10:])
+    assert set(a.unique().tolist()) <= set(ids)
+
+
+def test_probe_half_losses_split_at_the_repeat():
+    losses = torch.cat([torch.full((2, 9), 5.0), torch.full((2, 10), 1.0)], dim=1)  # half = 10: 9 + 10 predictions
+    assert H.probe_half_losses(losses, 10) == (5.0, 1.0)
+
+
+def tiny_model(**kw) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=50, block_size=16, n_layer=2, n_head=4, n_embd=32, bias=False, **kw)).eval()
+
+
+def test_ablation_changes_exactly_that_heads_contribution():
+    model = tiny_model()
+    x = torch.randint(50, (2, 12))
+    seen = {}
+    proj = model.transformer.h[1].attn.c_proj
+    handle = proj.register_forward_hook(lambda m, args, out: seen.__setitem__("io", (args[0].clone(), out.clone())))
+    model(x)
+    y_in, out = seen["io"]
+    with H.HeadAblation(model, layer=1, head=2):
+        model(x)
+    y_ablated, out_ablated = seen["io"]
+    handle.remove()
+    hs = model.config.head_size
+    lo, hi = 2 * hs, 3 * hs
+    torch.testing.assert_close(y_ablated[..., lo:hi], torch.zeros_like(y_ablated[..., lo:hi]))
+    torch.testing.assert_close(torch.cat([y_ablated[..., :lo], y_ablated[..., hi:]], -1),
+                               torch.cat([y_in[..., :lo], y_in[..., hi:]], -1))
+    contribution = y_in[..., lo:hi] @ proj.weight[:, lo:hi].T  # the head's share of the projection
+    torch.testing.assert_close(out - out_ablated, contribution, atol=1e-5, rtol=1e-4)
+    assert not proj._forward_pre_hooks, "the ablation hook must be removed when the context exits"
+
+
+def test_ablation_effects_are_zero_for_a_head_whose_projection_is_zero():
+    model = tiny_model()
+    hs = model.config.head_size
+    with torch.no_grad():
+        model.transformer.h[0].attn.c_proj.weight[:, hs:2 * hs] = 0  # head 1 of layer 0 contributes nothing
+    x = torch.randint(50, (2, 12))
+    effects = H.ablation_effects(model, x[:, :-1], x[:, 1:])
+    assert effects.shape == (2, 4)
+    assert effects[0, 1] == pytest.approx(0.0, abs=1e-6)
+    assert np.abs(effects).max() > 1e-4, "zeroing real heads should move the loss"
+
+
+def test_measure_heads_returns_every_role_and_curve():
+    model = tiny_model()
+    probe = H.repeated_tokens_probe(50, 8, 3, seed=0)
+    val = torch.randint(50, (3, 17))
+    report = H.measure_heads(model, probe, val[:, :-1], val[:, 1:])
+    assert set(report.scores) == set(H.ROLES)
+    assert all(v.shape == (2, 4) for v in report.scores.values())
+    assert report.ablation_probe.shape == (2, 4) and report.position_loss.shape == (16,)
+    early, late = H.icl_positions(16)
+    expected = report.position_loss[late].mean() - report.position_loss[early].mean()
+    assert report.icl_score == pytest.approx(float(expected))
+
+
+def test_rise_detector_finds_a_jump_not_a_drift():
+    steps = list(range(0, 1000, 100))
+    jump = [0.02, 0.03, 0.05, 0.04, 0.08, 0.55, 0.62, 0.60, 0.61, 0.63]
+    assert H.detect_rise(steps, jump, level=0.3, rise=0.2) == 5
+    drift = np.linspace(0.0, 0.45, 10)  # 0.05 per evaluation: never 0.2 within three evaluations
+    assert H.detect_rise(steps, drift, level=0.3, rise=0.2) is None
+    assert H.detect_rise(steps, [0.5, 0.5, 0.5], level=0.3, rise=0.2) is None, "no 'before' for a flat high series"
+    assert H.detect_fall(steps, [0.1, 0.0, -0.1, -1.2, -2.0], drop=0.5) == 3
+
+
+def test_phase_change_detector_reports_each_change_once_with_its_numbers():
+    det = H.PhaseChangeDetector(roles=("induction",))
+    series = [0.02, 0.05, 0.08, 0.61, 0.7, 0.72]
+    gap = [0.0, -0.02, -0.1, -2.5, -3.0, -3.1]  # repeat minus first-half loss
+    found = []
+    for i, (v, g) in enumerate(zip(series, gap)):
+        scores = {"induction": np.array([[0.01, v]])}
+        found += det.update(100 * i, scores, 6.0, 6.0 + g)
+    assert [(c.step, c.head, c.metric) for c in found] == [(300, "L0H1", "induction"), (300, None, "repeated-half loss")]
+    assert found[0].before == pytest.approx(0.02) and found[0].after == pytest.approx(0.61)
+    assert found[0].message == "step 300: L0H1 induction 0.02 -> 0.61"
+    assert found[1].after == pytest.approx(3.5)
+
+
+def test_trainer_logs_head_roles_to_tensorboard_and_files(tmp_path, data_cache):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    import train as train_mod
+    from attention_lab.config import compose
+
+    cfg = compose(["experiment=debug", f"data.cache_dir={data_cache}"])
+    run_dir = tmp_path / "run"
+    train_mod.train(cfg, run_dir)
+    acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0, "images": 0}).Reload()
+    scalars = set(acc.Tags()["scalars"])
+    n_layer, n_head = cfg.model.n_layer, cfg.model.n_head
+    for role in H.ROLES:
+        for layer in range(n_layer):
+            for head in range(n_head):
+                tag = f"heads/{role}/L{layer}H{head}"
+                assert tag in scalars, f"{tag} missing from TensorBoard"
+                assert [e.step for e in acc.Scalars(tag)] == [10, 20]
+    assert {"ablation/probe/L0H0", "ablation/val/L1H1", "model/probe_repeat_loss", "model/icl_score"} <= scalars
+    assert {"heads/fingerprint", "model/position_loss_map"} <= set(acc.Tags()["images"])
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    head_rows = [r for r in lines if "heads" in r]
+    assert [r["step"] for r in head_rows] == [10, 20]
+    assert np.asarray(head_rows[0]["heads"]["scores"]["induction"]).shape == (n_layer, n_head)
+    records = [json.loads(line) for line in (run_dir / "attention" / "heads.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [10, 20]
+    assert len(records[-1]["position_loss"]) == cfg.model.block_size
+
+
+def test_head_roles_switch_off(tmp_path, data_cache):
+    import train as train_mod
+    from attention_lab.config import compose
+
+    cfg = compose(["experiment=debug", f"data.cache_dir={data_cache}", "train.head_roles=false"])
+    train_mod.train(cfg, tmp_path / "run")
+    assert not (tmp_path / "run" / "attention" / "heads.jsonl").exists()
+    assert all("heads" not in json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
