@@ -96,8 +96,19 @@ class KVCache:
         self.length = 0
 
 
+class QKNorm(nn.Module):
+    """Parameter-free RMS norm over the head channels: each q and k row gets RMS 1 (norm sqrt(hs)).
+
+    Bounds every score |q.k| / sqrt(hs) by sqrt(hs), so no logit can grow without limit (QK-norm, Henry et al.
+    2020; modded-nanogpt). Applied before RoPE, which preserves norms.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.rms_norm(x, (x.size(-1),))
+
+
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: GPTConfig, layer: int = 0):
         super().__init__()
         self.n_head = cfg.n_head
         self.n_embd = cfg.n_embd
@@ -107,6 +118,10 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)  # output projection
         self.attn_dropout = dropout(cfg.dropout)
         self.resid_dropout = dropout(cfg.dropout)
+        self.qk_norm = QKNorm() if cfg.qk_norm else nn.Identity()
+        # value residual (Zhou et al. 2024, "ResFormer"): v <- lambda v + (1 - lambda) v_first, where v_first is
+        # the first block's value of the same token; one learned lambda per block after the first
+        self.value_lambda = nn.Parameter(torch.tensor(0.5)) if cfg.value_residual and layer > 0 else None
 
     def forward(
         self,
@@ -117,15 +132,22 @@ class CausalSelfAttention(nn.Module):
         kv_cache: KVCache | None = None,
         layer: int = 0,
         return_weights: bool = False,
-    ) -> tuple[Tensor, Tensor | None]:
-        """x (B, T, C); pos (T,) absolute positions of x; bias (nh, T, S) additive score bias or None.
+        v_first: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor | None, Tensor]:
+        """x (B, T, C); pos (T,) absolute positions of x; bias (nh, T, S) additive score bias or None;
+        v_first (B, nh, T, hs) the first block's values of these tokens (used with value_residual).
 
-        Returns y (B, T, C) and, when return_weights, the attention weights (B, nh, T, S).
+        Returns y (B, T, C), the attention weights (B, nh, T, S) when return_weights (else None), and this
+        block's values of the new tokens before any mixing, (B, nh, T, hs).
         """
         b, t, c = x.shape
         qkv = self.c_attn(x).view(b, t, 3, self.n_head, c // self.n_head)  # (B, T, 3, nh, hs)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, nh, T, hs): heads split from the channels
+        q, k = self.qk_norm(q), self.qk_norm(k)
         q, k = pe.rotate(q, pos), pe.rotate(k, pos)
+        v_own = v
+        if self.value_lambda is not None and v_first is not None:
+            v = self.value_lambda * v + (1.0 - self.value_lambda) * v_first
         if kv_cache is not None:
             k, v = kv_cache.update(layer, k, v)  # (B, nh, S, hs)
 
@@ -136,4 +158,4 @@ class CausalSelfAttention(nn.Module):
             y = fused_attention(q, k, v, bias, self.dropout_p if self.training else 0.0)
         y = y.transpose(1, 2).contiguous().view(b, t, c)  # re-assemble heads side by side: (B, T, C)
         y = self.resid_dropout(self.c_proj(y))
-        return y, (weights if return_weights else None)
+        return y, (weights if return_weights else None), v_own

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 POSITION_ENCODINGS = ("learned", "sinusoidal", "rope", "alibi", "none")
 ATTENTION_BACKENDS = ("math", "sdpa")
+MLP_ACTIVATIONS = ("gelu", "relu2")
 
 
 @dataclass
@@ -27,6 +28,12 @@ class GPTConfig:
     mlp_ratio: int = 4
     rope_base: float = 10000.0
     layer_norm_eps: float = 1e-5
+    # recipe options (modded-nanogpt's list); each default is GPT-2's behaviour
+    qk_norm: bool = False  # RMS-normalise q and k over the head channels (no parameters), before RoPE
+    mlp_act: str = "gelu"  # "gelu" (GPT-2's tanh approximation) or "relu2" (relu(x)^2)
+    logit_softcap: float = 0.0  # > 0: logits = c * tanh(logits / c), bounded in (-c, c); 0 = off
+    zero_init_proj: bool = False  # attention and MLP output projections (c_proj) start at zero
+    value_residual: bool = False  # blocks after the first mix in the first block's values (learned weight)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "mlp_ratio"):
@@ -55,6 +62,13 @@ class GPTConfig:
             )
         if self.rope_base <= 0:
             raise ValueError(f"GPTConfig.rope_base must be positive, got {self.rope_base!r}")
+        if self.mlp_act not in MLP_ACTIVATIONS:
+            raise ValueError(f"GPTConfig.mlp_act must be one of {', '.join(MLP_ACTIVATIONS)}; got {self.mlp_act!r}")
+        if isinstance(self.logit_softcap, bool) or not self.logit_softcap >= 0:
+            raise ValueError(f"GPTConfig.logit_softcap must be >= 0 (0 turns it off), got {self.logit_softcap!r}")
+        for name in ("qk_norm", "zero_init_proj", "value_residual"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"GPTConfig.{name} must be true or false, got {getattr(self, name)!r}")
         if self.layer_norm_eps <= 0:
             raise ValueError(f"GPTConfig.layer_norm_eps must be positive, got {self.layer_norm_eps!r}")
 

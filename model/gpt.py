@@ -18,34 +18,71 @@ from .config import GPTConfig
 from .positions import LearnedPositions, build_positional_encoding
 
 
+class GELU(nn.Module):
+    """GPT-2's activation: GELU with the tanh approximation."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.gelu(x, approximate="tanh")
+
+
+class ReLU2(nn.Module):
+    """relu(x)^2 (So et al. 2021, "Primer"): sparse like ReLU, smooth at 0, cheaper than GELU."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.relu(x).square()
+
+
+MLP_ACTIVATIONS: dict[str, type[nn.Module]] = {"gelu": GELU, "relu2": ReLU2}
+
+
 class MLP(nn.Module):
-    """Position-wise feed-forward: C -> mlp_ratio*C -> C, GELU (GPT-2's tanh approximation) in between."""
+    """Position-wise feed-forward: C -> mlp_ratio*C -> C, the activation (cfg.mlp_act) in between."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.c_fc = nn.Linear(cfg.n_embd, cfg.mlp_ratio * cfg.n_embd, bias=cfg.bias)
+        self.act = MLP_ACTIVATIONS[cfg.mlp_act]()
         self.c_proj = nn.Linear(cfg.mlp_ratio * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.dropout = dropout(cfg.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
+        return self.dropout(self.c_proj(self.act(self.c_fc(x))))
 
 
 class Block(nn.Module):
     """Pre-LayerNorm block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
 
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: GPTConfig, layer: int = 0):
         super().__init__()
         self.ln_1 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_eps, bias=cfg.bias)
-        self.attn = CausalSelfAttention(cfg)
+        self.attn = CausalSelfAttention(cfg, layer)
         self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_eps, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, pe, pos, bias=None, kv_cache=None, layer=0, return_weights=False):
-        a, weights = self.attn(self.ln_1(x), pe, pos, bias, kv_cache, layer, return_weights)
+    def forward(self, x, pe, pos, bias=None, kv_cache=None, layer=0, return_weights=False, v_first=None):
+        """-> x (B, T, C), attention weights or None, this block's values (B, nh, T, hs) (see attention.py)."""
+        a, weights, v = self.attn(self.ln_1(x), pe, pos, bias, kv_cache, layer, return_weights, v_first)
         x = x + a
         x = x + self.mlp(self.ln_2(x))
-        return x, weights
+        return x, weights, v
+
+
+class LogitSoftcap(nn.Module):
+    """logits -> c * tanh(logits / c): smooth, about the identity for |logits| << c, bounded in (-c, c).
+
+    Keeps the output logits from growing without limit (Gemma 2; modded-nanogpt). Computed in float32, so the
+    loss sees the capped logits at full precision under bf16 autocast too.
+    """
+
+    def __init__(self, cap: float):
+        super().__init__()
+        self.cap = cap
+
+    def forward(self, logits: Tensor) -> Tensor:
+        return self.cap * torch.tanh(logits.float() / self.cap)
+
+    def extra_repr(self) -> str:
+        return f"cap={self.cap}"
 
 
 @dataclass
@@ -64,11 +101,12 @@ class GPT(nn.Module):
                 wte=nn.Embedding(cfg.vocab_size, cfg.n_embd),
                 wpe=build_positional_encoding(cfg),
                 drop=dropout(cfg.dropout),
-                h=nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)]),
+                h=nn.ModuleList([Block(cfg, i) for i in range(cfg.n_layer)]),
                 ln_f=nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_eps, bias=cfg.bias),
             )
         )
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.softcap = LogitSoftcap(cfg.logit_softcap) if cfg.logit_softcap > 0 else nn.Identity()
         if cfg.tie_embeddings:
             # one matrix reads tokens in and scores them out (Press & Wolf 2017); saves V*C parameters
             self.lm_head.weight = self.transformer.wte.weight
@@ -78,7 +116,8 @@ class GPT(nn.Module):
         """GPT-2 initialisation: N(0, 0.02) everywhere, residual projections scaled by 1/sqrt(2 * n_layer).
 
         Each block adds two residual branches (attention and MLP); scaling their output projections keeps the
-        residual stream's variance from growing with depth.
+        residual stream's variance from growing with depth. With zero_init_proj they start at exactly zero
+        instead: every block begins as the identity, and the branches grow from there (modded-nanogpt).
         """
         for module in self.modules():
             if isinstance(module, nn.Linear):
@@ -94,7 +133,12 @@ class GPT(nn.Module):
         residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
-                nn.init.normal_(p, mean=0.0, std=residual_std)
+                if self.config.zero_init_proj:
+                    nn.init.zeros_(p)
+                else:
+                    nn.init.normal_(p, mean=0.0, std=residual_std)
+            elif name.endswith("value_lambda"):
+                nn.init.constant_(p, 0.5)  # an even mix of the block's own and the first block's values
 
     def new_kv_cache(self) -> KVCache:
         return KVCache(self.config.n_layer, self.config.block_size)
@@ -135,14 +179,17 @@ class GPT(nn.Module):
         bias = pe.score_bias(pos, torch.arange(past + t, device=idx.device)) if pe.has_score_bias else None
 
         attentions = []
+        v_first = None  # the first block's values, for value_residual
         for i, block in enumerate(self.transformer.h):
-            x, weights = block(x, pe, pos, bias, kv_cache, i, return_attention)
+            x, weights, v = block(x, pe, pos, bias, kv_cache, i, return_attention, v_first)
             attentions.append(weights)
+            if i == 0:
+                v_first = v
         if kv_cache is not None:
             kv_cache.advance(t)
         if last_only:
             x = x[:, [-1], :]  # (B, 1, C); a list index keeps the time dimension
-        logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, V)
+        logits = self.softcap(self.lm_head(self.transformer.ln_f(x)))  # (B, T, V)
 
         loss = None
         if targets is not None:
