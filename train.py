@@ -260,7 +260,7 @@ def setup_run(cfg: Config, run_dir: Path, overrides: list[str], info, device, dt
 
     # data streams: one global random stream, each process reads its own slice of every global batch
     sampler = BatchSampler(data.tokens("train"), model_cfg.block_size, tc.batch_size, seed=tc.seed,
-                           rank=info.rank, world_size=info.world_size)
+                           rank=info.rank, world_size=info.world_size, repeat_frac=tc.repeat_frac)
     val_batches = eval_batches(data.tokens("val"), model_cfg.block_size, tc.batch_size, tc.eval_batches)
     n_params = num_params(raw_model)
     peak = tc.peak_flops
@@ -352,10 +352,11 @@ def head_roles_callback(cfg: Config, data: PreparedData, model_cfg: GPTConfig) -
     tc = cfg.train
     half = model_cfg.block_size // 2  # the probe feeds 2 * half - 1 tokens: both halves fit the context
     probe = repeated_tokens_probe(np.unique(data.tokens("train")), half, tc.probe_batch, seed=tc.seed)
-    val = eval_batches(data.tokens("val"), model_cfg.block_size, tc.probe_batch, 1)
+    val = eval_batches(data.tokens("val"), model_cfg.block_size, 8 * tc.probe_batch, 1)  # loss by position: 8x
     val_x, val_y = next(iter(val))
-    return HeadRoles(probe, val_x, val_y, every=tc.head_roles_every, ablate=tc.head_ablation,
-                     n_layer=model_cfg.n_layer, n_head=model_cfg.n_head)
+    # a phase change may take a tenth of the run to complete: look that far back (at least 3 evaluations)
+    lookback = max(3, round(0.1 * tc.max_steps / (tc.eval_interval * tc.head_roles_every)))
+    return HeadRoles(probe, val_x, val_y, every=tc.head_roles_every, ablate=tc.head_ablation, lookback=lookback)
 
 
 def save(run: Run, best: bool, extra: dict) -> Path | None:

@@ -86,13 +86,12 @@ class HeadRoles(Callback):
     """
 
     def __init__(self, probe: torch.Tensor, val_x: torch.Tensor, val_y: torch.Tensor, *, every: int = 1,
-                 ablate: bool = True, n_layer: int, n_head: int):
+                 ablate: bool = True, lookback: int = 3):
         from .heads import PhaseChangeDetector
 
         self.probe, self.val_x, self.val_y = probe, val_x, val_y
         self.every, self.ablate = every, ablate
-        self.n_layer, self.n_head = n_layer, n_head
-        self.detector = PhaseChangeDetector()
+        self.detector = PhaseChangeDetector(lookback=lookback)
         self.calls = 0
         self.steps: list[int] = []
         self.position_losses: list[np.ndarray] = []

@@ -56,6 +56,7 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model (GPU; slow to start on CPU)
     batch_size: int = 16  # sequences per micro-batch per process
     grad_accum: int = 1  # micro-batches per optimizer step
+    repeat_frac: float = 0.0  # share of training windows that hold a passage twice (induction curriculum)
     max_steps: int = 2000
     max_minutes: Optional[float] = None  # wall-clock budget: evaluate, save and stop once it is spent
     eval_interval: int = 250  # evaluate, log attention and save a checkpoint every this many steps
@@ -87,6 +88,8 @@ class TrainConfig:
             raise ValueError(f"train.peak_flops={self.peak_flops} must be positive FLOP/s, or null to measure it")
         if self.max_minutes is not None and self.max_minutes <= 0:
             raise ValueError(f"train.max_minutes={self.max_minutes} must be positive, or null for no time limit")
+        if not 0.0 <= self.repeat_frac <= 1.0:
+            raise ValueError(f"train.repeat_frac={self.repeat_frac} must be in [0, 1] (a share of training windows)")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"train.num_threads={self.num_threads} must be >= 1 or null")
 

@@ -12,7 +12,11 @@ Role scores (the "mul" form of TransformerLens's `detect_head`): for a role's de
 
 i.e. the share of all attention mass that lands where the role says it should. Options drop parts of A first
 (on a copy, never the caller's array): `exclude_first` zeroes key 0 (the "attention sink" most heads park
-mass on), `exclude_self` zeroes the diagonal.
+mass on), `exclude_self` zeroes the diagonal, and `target_rows_only` keeps only the query rows for which D
+has a target at all. The trainer scores duplicate-token and induction heads with target_rows_only: on the
+probe (random tokens, then the same tokens again) the first half's rows have nothing to copy, so over all
+rows even a perfect induction head would score only about 0.5; over the repeat's rows it scores 1. This is
+the "induction stripe" mean of the TransformerLens tutorials, in detect_head's form.
 
     previous_token   D[i, j] = 1 if j == i - 1
     duplicate_token  D[i, j] = 1 if j < i and ids[j] == ids[i]           (an earlier copy of the query's token)
@@ -72,10 +76,15 @@ def induction_pattern(ids: Sequence[int]) -> np.ndarray:
     return np.tril(d)  # only keys the query can see
 
 
-def detection_score(a: np.ndarray, d: np.ndarray, *, exclude_first: bool = False,
-                    exclude_self: bool = False) -> np.ndarray:
-    """sum(A * D) / sum(A) over the last two axes: a (..., T, T), d (T, T) or broadcastable -> (...)."""
+def detection_score(a: np.ndarray, d: np.ndarray, *, exclude_first: bool = False, exclude_self: bool = False,
+                    target_rows_only: bool = False) -> np.ndarray:
+    """sum(A * D) / sum(A) over the last two axes: a (..., T, T), d (T, T) -> (...).
+
+    With target_rows_only, only query rows where d has a target count (0 where no row has one).
+    """
     a = np.array(a, dtype=np.float64)  # a copy: the exclusions below must not edit the caller's pattern
+    if target_rows_only:
+        a[..., ~np.asarray(d).any(-1), :] = 0.0
     if exclude_first:
         a[..., :, 0] = 0.0
     if exclude_self:
@@ -103,11 +112,13 @@ def normalised_entropy(a: np.ndarray) -> np.ndarray:
     return (h / np.log(np.arange(2, t + 1))).mean(-1)
 
 
-def role_scores(attn: np.ndarray, ids: np.ndarray, *, exclude_first: bool = False,
-                exclude_self: bool = False) -> dict[str, np.ndarray]:
+def role_scores(attn: np.ndarray, ids: np.ndarray, *, exclude_first: bool = False, exclude_self: bool = False,
+                target_rows_only: bool = True) -> dict[str, np.ndarray]:
     """Every role's score per head, averaged over the batch: attn (B, L, nh, T, T), ids (B, T) -> role: (L, nh).
 
-    exclude_first / exclude_self apply to the three detection-pattern scores, as in TransformerLens.
+    exclude_first / exclude_self apply to the three detection-pattern scores, as in TransformerLens;
+    target_rows_only to the duplicate-token and induction scores (previous_token has a target in every row
+    but the first).
     """
     attn = np.asarray(attn, dtype=np.float64)
     ids = np.asarray(ids)
@@ -120,8 +131,9 @@ def role_scores(attn: np.ndarray, ids: np.ndarray, *, exclude_first: bool = Fals
     out = {role: np.zeros((n_layer, n_head)) for role in ROLES}
     for a, seq in zip(attn, ids):
         out["previous_token"] += detection_score(a, previous_token_pattern(t), **opts)
-        out["duplicate_token"] += detection_score(a, duplicate_token_pattern(seq), **opts)
-        out["induction"] += detection_score(a, induction_pattern(seq), **opts)
+        out["duplicate_token"] += detection_score(a, duplicate_token_pattern(seq), **opts,
+                                                  target_rows_only=target_rows_only)
+        out["induction"] += detection_score(a, induction_pattern(seq), **opts, target_rows_only=target_rows_only)
         out["first_token"] += first_token_mass(a)
         out["self"] += self_mass(a)
         out["entropy"] += normalised_entropy(a)
@@ -257,8 +269,9 @@ def measure_heads(model, probe: torch.Tensor, val_x: torch.Tensor, val_y: torch.
                   ablate: bool = True) -> HeadReport:
     """Role scores, half losses, position losses and (optionally) per-head ablation for one model state.
 
-    probe (B, 2*half) from repeated_tokens_probe; val_x, val_y (B, T) validation windows. The model should be
-    in eval mode; autocast is the caller's choice.
+    probe (B, 2*half) from repeated_tokens_probe; val_x, val_y (N, T) validation windows (N >= B): the first B
+    give role scores and ablation, all N the loss by position. The model should be in eval mode; autocast is
+    the caller's choice.
     """
     half = probe.size(1) // 2
     px, py = probe[:, :-1], probe[:, 1:]
@@ -268,18 +281,20 @@ def measure_heads(model, probe: torch.Tensor, val_x: torch.Tensor, val_y: torch.
     token_losses = F.cross_entropy(out.logits.float().flatten(0, 1), py.flatten(), reduction="none").view_as(py)
     first, repeat = probe_half_losses(token_losses, half)
 
-    vout = model(val_x, return_attention=True)
+    n = probe.size(0)  # attention maps and ablation on as many validation windows as probe rows
+    vout = model(val_x[:n], return_attention=True)
     vattn = torch.stack(vout.attentions, dim=1).float().cpu().numpy()
-    text_scores = role_scores(vattn, val_x.cpu().numpy())
-    vlosses = F.cross_entropy(vout.logits.float().flatten(0, 1), val_y.flatten(), reduction="none").view_as(val_y)
-    position_loss = vlosses.mean(0).cpu().numpy()
+    text_scores = role_scores(vattn, val_x[:n].cpu().numpy())
+    # the loss by position on every window given: a smoother curve than n windows would draw
+    position_loss = torch.cat([per_token_losses(model, x, y) for x, y in zip(val_x.split(n), val_y.split(n))])
+    position_loss = position_loss.mean(0).cpu().numpy()
 
     ab_probe = ab_val = None
     if ablate:
         repeat_mask = torch.zeros_like(py, dtype=torch.bool)
         repeat_mask[:, half - 1 :] = True
         ab_probe = ablation_effects(model, px, py, repeat_mask)
-        ab_val = ablation_effects(model, val_x, val_y)
+        ab_val = ablation_effects(model, val_x[:n], val_y[:n])
     return HeadReport(scores, text_scores, ab_probe, ab_val, first, repeat, position_loss, icl_score(position_loss))
 
 

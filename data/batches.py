@@ -23,7 +23,7 @@ class BatchSampler:
     """
 
     def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int, rank: int = 0,
-                 world_size: int = 1):
+                 world_size: int = 1, repeat_frac: float = 0.0, repeat_random: bool = False):
         check_length(tokens, block_size)
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size} must be >= 1")
@@ -35,6 +35,12 @@ class BatchSampler:
         self.seed = seed
         self.rank = rank
         self.world_size = world_size
+        if not 0.0 <= repeat_frac <= 1.0:
+            raise ValueError(f"repeat_frac={repeat_frac} must be in [0, 1]")
+        self.repeat_frac = repeat_frac
+        self.repeat_random = repeat_random
+        # random passages draw from the token ids the corpus holds (a prepared vocabulary may have unused ids)
+        self.vocab = torch.from_numpy(np.unique(np.asarray(tokens)).astype(np.int64)) if repeat_random else None
         self.generator = torch.Generator().manual_seed(seed)
         self.batches_drawn = 0
 
@@ -42,9 +48,23 @@ class BatchSampler:
         """The next (x, y), each (B, T) int64 on the CPU."""
         n_starts = len(self.tokens) - self.block_size  # the last window's y ends on the last token
         starts = torch.randint(n_starts, (self.world_size * self.batch_size,), generator=self.generator)
-        mine = starts[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
+        rows = slice(self.rank * self.batch_size, (self.rank + 1) * self.batch_size)
         self.batches_drawn += 1
-        return windows(self.tokens, mine.numpy(), self.block_size)
+        if self.repeat_frac == 0:  # draws nothing more: the stream of a plain run stays as it always was
+            return windows(self.tokens, starts[rows].numpy(), self.block_size)
+        n = self.world_size * self.batch_size
+        repeat = torch.rand(n, generator=self.generator) < self.repeat_frac
+        lengths = torch.randint(4, (self.block_size + 1) // 2 + 1, (n,), generator=self.generator)
+        lengths = np.where(repeat[rows].numpy(), lengths[rows].numpy(), 0)
+        x, y = repeated_windows(self.tokens, starts[rows].numpy(), self.block_size, lengths)
+        if self.repeat_random:  # the passage and its repeat are random tokens; the text after them stays natural
+            noise = self.vocab[torch.randint(len(self.vocab), (n, self.block_size + 1), generator=self.generator)]
+            noise = noise[rows]
+            for i, h in enumerate(lengths):
+                if h:
+                    seq = torch.cat([noise[i, :h], noise[i, :h], torch.cat([x[i], y[i, -1:]])[2 * h:]])
+                    x[i], y[i] = seq[:-1], seq[1:]
+        return x, y
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         while True:
@@ -113,6 +133,24 @@ def windows(tokens: np.ndarray, starts: np.ndarray, block_size: int) -> tuple[to
     """Rows tokens[s : s + T + 1] for each start s -> x = first T, y = last T, both (B, T) int64."""
     rows = np.asarray(tokens[starts[:, None] + np.arange(block_size + 1)])  # (B, T+1), reads only these
     x = torch.from_numpy(rows[:, :-1].astype(np.int64))  # astype copies: contiguous, so y.view(-1) works
+    y = torch.from_numpy(rows[:, 1:].astype(np.int64))
+    return x, y
+
+
+def repeated_windows(tokens: np.ndarray, starts: np.ndarray, block_size: int,
+                     lengths: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """Like `windows`, but a row with length h > 0 reads h tokens from its start, then starts over: it holds a
+    passage twice, the second time continuing past it, so the text after the repeat is natural again.
+
+    The repeat begins h tokens after the passage did, with h drawn per row, so no fixed attention offset
+    predicts it: only looking up what followed the earlier occurrence of the current token (an induction head)
+    does. An induction curriculum (Olsson et al. 2022 found such heads form where in-context copying pays).
+    """
+    offsets = np.arange(block_size + 1)[None, :]  # (1, T+1)
+    h = np.asarray(lengths)[:, None]  # (B, 1)
+    offsets = np.where((h > 0) & (offsets >= h), offsets - h, offsets)
+    rows = np.asarray(tokens[starts[:, None] + offsets])  # (B, T+1)
+    x = torch.from_numpy(rows[:, :-1].astype(np.int64))
     y = torch.from_numpy(rows[:, 1:].astype(np.int64))
     return x, y
 

@@ -48,9 +48,12 @@ def test_perfect_induction_head_scores_one_on_induction_and_near_zero_on_previou
     scores = H.role_scores(a[None, None], ids, exclude_first=True)
     assert scores["induction"][0, 0] == pytest.approx(1.0)
     assert scores["previous_token"][0, 0] < 0.1, scores["previous_token"]
-    # without the exclusion, the first half's rows (no earlier copy: parked on key 0) count against it
-    plain = H.role_scores(a[None, None], ids)["induction"][0, 0]
+    # the same over target rows only, without excluding key 0: the first half's rows have no target
+    assert H.role_scores(a[None, None], ids)["induction"][0, 0] == pytest.approx(1.0)
+    # over all rows and without the exclusion, the first half (parked on key 0) counts against it
+    plain = H.role_scores(a[None, None], ids, target_rows_only=False)["induction"][0, 0]
     assert plain == pytest.approx((T // 2) / T, abs=1e-9)
+    assert H.detection_score(a, np.zeros((T, T)), target_rows_only=True) == 0.0, "no target anywhere: 0"
 
 
 def test_duplicate_token_head_scores_one_on_duplicates():
