@@ -19,9 +19,7 @@ of one. If a pointer is missing or names a directory that is gone, the newest co
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,7 +29,7 @@ from safetensors.torch import load_model, save_model
 
 from model import GPT, GPTConfig
 
-from .files import write_json_atomic
+from .files import describe_disk, is_disk_full, make_temp_dir, publish_dir, write_json_atomic
 
 FILES = ("model.safetensors", "model_config.json", "tokenizer.json", "meta.json")
 STEP_PREFIX = "step_"
@@ -39,6 +37,10 @@ STEP_PREFIX = "step_"
 
 class CheckpointError(Exception):
     """A checkpoint is missing, incomplete, corrupt or does not fit: the message says which and what to do."""
+
+
+class DiskFullError(CheckpointError):
+    """The disk filled up while a checkpoint was saved: the half-written one is gone, earlier ones are intact."""
 
 
 def save_checkpoint(
@@ -60,7 +62,7 @@ def save_checkpoint(
     root.mkdir(parents=True, exist_ok=True)
     name = f"{STEP_PREFIX}{step:08d}"
     final = root / name
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{name}.", suffix=".tmp"))
+    tmp = make_temp_dir(root, prefix=f".{name}.")  # the umask's folder mode, not mkdtemp's private 0700
     try:
         save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "model_config.json").write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
@@ -70,16 +72,37 @@ def save_checkpoint(
         (tmp / "meta.json").write_text(json.dumps({"step": step, **meta}, indent=2, sort_keys=True) + "\n")
         if final.exists():  # re-saving the same step (e.g. Ctrl-C right after a periodic save)
             shutil.rmtree(final)
-        os.replace(tmp, final)
-    except BaseException:
+        publish_dir(tmp, final)  # files synced, renamed, the rename synced: durable across a power loss
+    except BaseException as e:
+        full = is_disk_full(e, tmp)  # asked before the partial files are removed and free their space
         shutil.rmtree(tmp, ignore_errors=True)
+        if full:
+            raise DiskFullError(disk_full_message(root, step)) from e
         raise
     pointer = {"dir": name, "step": step, **{k: v for k, v in meta.items() if k in ("val_loss", "val_bpb")}}
-    write_json_atomic(root / "latest.json", pointer)
-    if best:
-        write_json_atomic(root / "best.json", pointer)
+    try:
+        write_json_atomic(root / "latest.json", pointer)
+        if best:
+            write_json_atomic(root / "best.json", pointer)
+    except OSError as e:
+        if is_disk_full(e, root):
+            raise DiskFullError(disk_full_message(root, step)) from e
+        raise
     _prune(root, keep_last)
     return final
+
+
+def disk_full_message(root: Path, step: int) -> str:
+    """What a trainer prints when checkpoint `step` did not fit: which disk, which folder, where to resume."""
+    try:
+        last = find_checkpoint(root, "latest")
+        resume = (f"The last complete checkpoint is {last}: free some space (old runs, or keep fewer checkpoints "
+                  f"with train.keep_checkpoints) and resume from it with the same command plus "
+                  f"hydra.run.dir={root.parent}.")
+    except CheckpointError:
+        resume = ("No checkpoint of this run is complete yet: free some space (old runs) and start it again.")
+    return (f"the disk is full: checkpoint step {step} did not fit into {root} on {describe_disk(root)}. "
+            f"Nothing half-written was kept. {resume}")
 
 
 def _read_pointer(root: Path, which: str) -> str | None:

@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 import tokenizers
 from filelock import FileLock
 
-from attention_lab.files import atomic_write
+from attention_lab.files import atomic_write, fsync_dir
 from data.config import DataConfig
 from data.sources import corpus_fingerprint, load_corpus
 from data.tokenizer import EOT, Tokenizer
@@ -170,6 +170,7 @@ def _prepare(cfg: DataConfig, key: str, out: Path, log: Callable[[str], None]) -
     }
     with atomic_write(out / "meta.json", "w") as f:  # last: its presence marks the directory complete
         json.dump(meta, f, indent=2)
+    fsync_dir(out.parent)  # the folder's own entry: durable across a power loss once this returns
 
     log(f"data: prepared {out} in {meta['prepare_seconds']:.1f} s ({tok.kind}, vocab {tok.vocab_size}, {dtype.name})")
     for split in ("train", "val"):
