@@ -179,15 +179,51 @@ def _load_hub(cfg: DataConfig) -> Corpus:
     return Corpus(train=train, val=val, val_names=None)
 
 
+class DatasetUnavailable(FileNotFoundError):
+    """data.path names no local dataset and the hub could not provide it: the message says what to check."""
+
+
+def _hub_offline() -> bool:
+    env = os.environ.get("HF_HUB_OFFLINE", os.environ.get("HF_DATASETS_OFFLINE", ""))
+    return env.strip().upper() in ("1", "ON", "YES", "TRUE") or bool(getattr(datasets.config, "HF_HUB_OFFLINE", False))
+
+
+def unavailable_message(cfg: DataConfig, error: BaseException) -> str:
+    """One paragraph for a dataset that could not be loaded: what was tried and what to check."""
+    what = f"data.path={cfg.path!r}" + (f" (data.config_name={cfg.config_name!r})" if cfg.config_name else "")
+    if cfg.revision:
+        what += f" at data.revision={cfg.revision!r}"
+    reason = " ".join(f"{type(error).__name__}: {error}".split())  # one line, whatever the library printed
+    if len(reason) > 300:
+        reason = reason[:297] + "..."
+    checks = ["the spelling (a hub id is owner/name, e.g. roneneldan/TinyStories; data.config_name and "
+              "data.revision must exist there)"]
+    if _hub_offline():
+        checks.append("HF_HUB_OFFLINE is set, so only datasets already in the local cache load: unset it (or set "
+                      "it to 0) to download")
+    else:
+        checks.append("the network connection to huggingface.co (behind a proxy: HTTPS_PROXY), or that "
+                      "HF_HUB_OFFLINE=1 with a cached copy is what you want")
+    checks.append("or a local path: a folder of data files, or data=text data.files='[path/*.txt]' for plain text")
+    return (f"could not load the dataset {what}: it is not a local folder, and the Hugging Face hub did not provide "
+            f"it ({reason}). Check " + "; ".join(checks) + ".")
+
+
 def _load_split(cfg: DataConfig, data_files: Optional[dict], split: str, max_docs: Optional[int]) -> datasets.Dataset:
-    ds = datasets.load_dataset(
-        cfg.path,
-        name=cfg.config_name,
-        data_files=data_files,
-        split=split,
-        revision=cfg.revision,
-        streaming=cfg.streaming,
-    )
+    try:
+        ds = datasets.load_dataset(
+            cfg.path,
+            name=cfg.config_name,
+            data_files=data_files,
+            split=split,
+            revision=cfg.revision,
+            streaming=cfg.streaming,
+        )
+    except OSError as e:
+        # not found, offline, unreachable, gated (all OSErrors): the library's message sits under a long traceback
+        if data_files or os.path.exists(cfg.path):
+            raise  # local files: their own FileNotFoundError already names the file
+        raise DatasetUnavailable(unavailable_message(cfg, e)) from e
     where = f"{cfg.path}{'/' + cfg.config_name if cfg.config_name else ''} split {split!r}"
     columns = ds.column_names
     if columns is None:  # a streamed dataset may not know its features before the first row
