@@ -38,6 +38,7 @@ from attention_lab.config import Config, OptimConfig, register_configs, to_confi
 from attention_lab.device import autocast, pick_device, pick_dtype
 from attention_lab.heads import repeated_tokens_probe
 from attention_lab.logger import RunLogger
+from attention_lab.runlock import RunLock, RunLocked
 from data.batches import BatchSampler, eval_batches
 from data.prepare import PreparedData, prepare_data
 from model import GPT, GPTConfig, flops_per_token, num_params
@@ -196,8 +197,10 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
     torch.manual_seed(tc.seed)
     log = RunLogger(run_dir, enabled=info.is_main, tensorboard=tc.tensorboard)
     try:
-        run = setup_run(cfg, Path(run_dir), overrides or [], info, device, dtype, log)
-        return run_loop(run)
+        # one trainer per run folder (the main process holds it for all); RunLocked names the holder's pid
+        with RunLock(run_dir) if info.is_main else contextlib.nullcontext():
+            run = setup_run(cfg, Path(run_dir), overrides or [], info, device, dtype, log)
+            return run_loop(run)
     finally:
         log.close()
         distributed.shutdown()
@@ -527,7 +530,7 @@ def _main() -> None:
         try:
             cfg = to_config(dcfg)
             train(cfg, Path(hc.runtime.output_dir), list(hc.overrides.task))
-        except (TrainingError, CheckpointError, ValueError, FileNotFoundError) as e:
+        except (TrainingError, CheckpointError, RunLocked, ValueError, FileNotFoundError) as e:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
 
