@@ -10,7 +10,7 @@ over the final window of the sequence (its last block_size tokens):
     attention.npy           float32 (n_layer, n_head, T, T): every layer's and head's attention weights
     tokens.json             {"text", "token_ids", "tokens", ...} for those T tokens
     layer_00.png, ...       one grid of heads per layer (attention_lab.attention_maps.attention_figure)
-    summary.json / .txt     where each head mostly attends (attention_lab.attention_maps.head_summary)
+    summary.json / .txt     each head's measured role scores and ablation effect (attention_lab.heads)
 
 The output folder defaults to <run>/samples/<YYYYmmdd-HHMMSS>/. The same heatmaps, the text and the summary
 also go to TensorBoard under <run>/tb/samples/<YYYYmmdd-HHMMSS>/, so `tensorboard --logdir <run>` shows them
@@ -44,17 +44,15 @@ import numpy as np
 import torch
 
 from attention_lab.attention_maps import (
-    PATTERN_HELP,
     attention_figure,
     capture_attention,
     figure_to_array,
-    format_summary,
-    head_summary,
     markdown_code,
 )
 from attention_lab.checkpoint import Checkpoint, CheckpointError, latest_run, load_checkpoint
 from attention_lab.device import autocast, pick_device, pick_dtype
 from attention_lab.files import write_json_atomic
+from attention_lab.heads import ROLE_HELP, ablation_effects, format_head_table, head_rows, role_scores
 from data.tokenizer import Tokenizer
 from model import GPT, generate_stream
 
@@ -292,8 +290,13 @@ def dump_attention(
     weights = capture_attention(model, window)  # (L, nh, T, T)
     labels = tokenizer.token_strings(window)
     text = tokenizer.decode(window)
-    rows = head_summary(weights, window)
-    table = format_summary(rows)
+    scores = role_scores(weights, np.asarray(window))  # role -> (L, nh), measured on this text
+    ablation = None
+    if len(window) > 1:  # the loss change on this text's own next tokens when each head alone is zeroed
+        idx = torch.tensor([window], device=next(model.parameters()).device)
+        ablation = ablation_effects(model, idx[:, :-1], idx[:, 1:])
+    rows = head_rows(scores, ablation)
+    table = format_head_table(rows)
 
     files = [out_dir / "attention.npy", out_dir / "tokens.json", out_dir / "summary.json", out_dir / "summary.txt"]
     np.save(files[0], weights.astype(np.float32))
@@ -304,7 +307,8 @@ def dump_attention(
         "start": len(ids) - len(window),  # position of the first of these tokens in the whole sequence
         "shape": "attention.npy is (n_layer, n_head, T, T): [layer, head, query, key]",
     })
-    write_json_atomic(files[2], {"heads": rows, "patterns": PATTERN_HELP})
+    write_json_atomic(files[2], {"heads": rows, "roles": ROLE_HELP,
+                                 "ablation": "loss change in nats/token on this text when the head is zeroed"})
     files[3].write_text(table + "\n", encoding="utf-8")
 
     for layer in range(weights.shape[0]):
@@ -318,7 +322,8 @@ def dump_attention(
     if writer is not None:
         writer.add_text(f"{tag_prefix}text", markdown_code(text), step)
         writer.add_text(f"{tag_prefix}head_summary", markdown_code(table), step)
-    return {"weights": weights, "token_ids": window, "tokens": labels, "text": text, "summary": rows, "files": files}
+    return {"weights": weights, "token_ids": window, "tokens": labels, "text": text, "summary": rows, "table": table,
+            "scores": scores, "ablation": ablation, "files": files}
 
 
 def unique_name(parents: Sequence[Path], stamp: str) -> str:
@@ -416,7 +421,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 title=f"{run_name} step {loaded.ckpt.step}" + (f", sample {i}" if several else ""),
             )
             say(f"\nattention heads{f' (sample {i})' if several else ''}, last {len(result['token_ids'])} tokens:")
-            say(format_summary(result["summary"]))
+            say(result["table"])
     say(f"\nattention maps: {out_dir}\ntensorboard:    tensorboard --logdir {loaded.run_dir}  (samples under {tb_dir})")
     return 0
 

@@ -1,4 +1,4 @@
-"""Attention maps: capture them from a model, draw them, summarise what each head does, log them.
+"""Attention maps: capture them from a model, draw them, log them (what each head does: attention_lab/heads.py).
 
 Shapes: L n_layer, nh n_head, T tokens (at most block_size), H x W image pixels.
 
@@ -19,19 +19,6 @@ from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
-
-# head_summary's categories: which key(s) each query row is scored on
-PATTERNS = ("previous", "first", "self", "copy", "induction")
-PATTERN_HELP = {
-    "previous": "the token just before the query (t-1)",
-    "first": "the first token of the window (position 0: BOS / attention sink)",
-    "self": "the query token itself (the diagonal)",
-    "copy": "earlier occurrences of the query's own token id (not at 0, t-1, t)",
-    "induction": "the token after an earlier occurrence of the query's token id (not at 0, t-1, t)",
-    "local": "no single target, but most mass within the last few tokens",
-    "broad": "spread out: no target and no local window holds most of the mass",
-}
-
 
 def _plain_module(model: torch.nn.Module) -> torch.nn.Module:
     """Unwrap torch.compile (`_orig_mod`) and DDP (`module`): capture runs the plain module, eagerly."""
@@ -190,118 +177,6 @@ def figure_to_array(fig: Figure) -> np.ndarray:
     return np.asarray(canvas.buffer_rgba())[..., :3].copy()
 
 
-def _row_mass(w: np.ndarray, mask: np.ndarray, rows: np.ndarray) -> np.ndarray | None:
-    """Mean over query rows `rows` of the weight on the keys in mask: (L, nh, T, T) -> (L, nh), or None."""
-    if not rows.any():
-        return None
-    mass = (w * mask).sum(-1)  # (L, nh, T)
-    return mass[..., rows].mean(-1)
-
-
-def head_summary(
-    weights: np.ndarray,
-    token_ids: Sequence[int],
-    *,
-    threshold: float = 0.4,
-    local_window: int = 4,
-) -> list[dict]:
-    """Where each head mostly attends, one dict per (layer, head).
-
-    weights (L, nh, T, T) as from capture_attention; token_ids: the T tokens (a longer list is cropped to
-    its last T, as capture_attention crops). For each head the mean attention mass is measured on
-    previous (t-1), first (0), self (t), copy and induction targets (see PATTERN_HELP). Positional masses
-    average over query rows t >= 2, where 0, t-1 and t are three different keys; copy/induction average over
-    the rows that have such a target (None when none has). A head is labelled with its largest mass if that
-    reaches `threshold`; otherwise "local" when the last `local_window` keys hold at least half the mass
-    (and at least twice what uniform attention would put there), else "broad". `entropy` is the mean
-    attention entropy per query row (rows t >= 1) in nats; `entropy_uniform` is the same for uniform
-    attention, its maximum.
-    """
-    w = np.asarray(weights, dtype=np.float64)
-    if w.ndim != 4 or w.shape[-1] != w.shape[-2]:
-        raise ValueError(f"head_summary needs weights of shape (n_layer, n_head, T, T), got {w.shape}")
-    n_layer, n_head, t, _ = w.shape
-    ids = np.asarray(list(token_ids), dtype=np.int64)
-    if ids.size < t:
-        raise ValueError(f"head_summary got {ids.size} token ids for {t} attention positions")
-    ids = ids[-t:]
-
-    q = np.arange(t)[:, None]  # query positions (T, 1)
-    k = np.arange(t)[None, :]  # key positions (1, T)
-    earlier = (k >= 1) & (k <= q - 2)  # keys that are none of 0, t-1, t
-    masks = {
-        "previous": k == q - 1,
-        "first": (k == 0) & (q >= 1),
-        "self": k == q,
-        "copy": earlier & (ids[None, :] == ids[:, None]),
-        "induction": earlier & (np.concatenate(([-1], ids[:-1]))[None, :] == ids[:, None]),
-    }
-    local = (k <= q) & (k > q - local_window)
-    positional_rows = np.arange(t) >= (2 if t >= 3 else 1)
-    masses = {
-        name: _row_mass(w, m, positional_rows if name in ("previous", "first", "self") else m.any(-1))
-        for name, m in masks.items()
-    }
-    local_mass = _row_mass(w, local, positional_rows)
-    keys_seen = np.arange(t) + 1  # row t sees t + 1 keys
-    uniform_local = (np.minimum(local_window, keys_seen) / keys_seen)[positional_rows].mean() if t > 1 else 1.0
-
-    entropy_rows = np.arange(t) >= 1
-    plogp = np.where(w > 0, w * np.log(np.where(w > 0, w, 1.0)), 0.0)
-    row_entropy = -plogp.sum(-1)  # (L, nh, T)
-    entropy = row_entropy[..., entropy_rows].mean(-1) if entropy_rows.any() else np.zeros((n_layer, n_head))
-    entropy_uniform = float(np.log(np.arange(t) + 1)[entropy_rows].mean()) if entropy_rows.any() else 0.0
-
-    rows = []
-    for layer in range(n_layer):
-        for head in range(n_head):
-            scores = {n: (None if m is None else float(m[layer, head])) for n, m in masses.items()}
-            loc = None if local_mass is None else float(local_mass[layer, head])
-            known = {n: s for n, s in scores.items() if s is not None}
-            best = max(known, key=known.get) if known else None
-            if best is not None and known[best] >= threshold:
-                pattern, score = best, known[best]
-            elif loc is not None and loc >= 0.5 and loc >= 2 * uniform_local:
-                pattern, score = "local", loc
-            else:
-                pattern, score = "broad", (known[best] if best else 0.0)
-            rows.append(
-                {
-                    "layer": layer,
-                    "head": head,
-                    "pattern": pattern,
-                    "score": round(score, 4),
-                    **{n: (None if s is None else round(s, 4)) for n, s in scores.items()},
-                    "local": None if loc is None else round(loc, 4),
-                    "entropy": round(float(entropy[layer, head]), 4),
-                    "entropy_uniform": round(entropy_uniform, 4),
-                }
-            )
-    return rows
-
-
-def format_summary(rows: Sequence[dict]) -> str:
-    """head_summary rows -> a fixed-width table (one line per head) with a one-line legend."""
-
-    def cell(v) -> str:
-        return "    -" if v is None else f"{v:5.2f}"
-
-    columns = ("prev", "first", "self", "copy", "induc", "local")
-    header = f"{'layer':>5} {'head':>4}  {'pattern':<10} " + " ".join(f"{c:>5}" for c in columns) + f" {'entropy':>7}"
-    lines = [header]
-    for r in rows:
-        lines.append(
-            f"{r['layer']:>5} {r['head']:>4}  {r['pattern']:<10} {cell(r['previous'])} {cell(r['first'])} "
-            f"{cell(r['self'])} {cell(r['copy'])} {cell(r['induction'])} {cell(r['local'])} {r['entropy']:7.3f}"
-        )
-    if rows:
-        lines.append(
-            "columns: mean attention mass on each target (- = no such target in this text); "
-            f"entropy in nats (uniform attention: {rows[0]['entropy_uniform']:.3f})"
-        )
-    return "\n".join(lines)
-
-
 def markdown_code(text: str) -> str:
     """Text shown verbatim by TensorBoard's markdown text plugin (an indented code block)."""
     return "\n".join("    " + line for line in text.split("\n"))
@@ -320,8 +195,9 @@ def log_attention_to_tensorboard(
 ) -> list[str]:
     """Add one heatmap image per layer to a SummaryWriter: tags `<tag_prefix>/layer_00`, ...
 
-    weights (L, nh, T, T); labels: the T token strings. With token_ids, also add the head_summary table as
-    text under `<tag_prefix>/head_summary`. Returns the tags written; the caller flushes/closes the writer.
+    weights (L, nh, T, T); labels: the T token strings. With token_ids, also add the measured head-role table
+    (attention_lab/heads.py) as text under `<tag_prefix>/head_summary`. Returns the tags written; the caller
+    flushes/closes the writer.
     """
     w = np.asarray(weights)
     tags = []
@@ -332,7 +208,10 @@ def log_attention_to_tensorboard(
         tags.append(tag)
     if token_ids is not None:
         tag = f"{tag_prefix}/head_summary"
-        writer.add_text(tag, markdown_code(format_summary(head_summary(w, token_ids))), step)
+        from .heads import format_head_table, head_rows, role_scores
+
+        table = format_head_table(head_rows(role_scores(w, np.asarray(list(token_ids))[-w.shape[-1]:])))
+        writer.add_text(tag, markdown_code(table), step)
         tags.append(tag)
     return tags
 

@@ -409,3 +409,43 @@ def describe_heads(scores: dict[str, np.ndarray], threshold: float = 0.3,
                 lines.append((value, f"{head_name(layer, head)} {best} {value:.2f}{extra}"))
     return [text for _, text in sorted(lines, key=lambda p: -p[0])]
 
+
+
+TABLE_ROLES = ("previous_token", "duplicate_token", "induction", "first_token", "self")
+
+
+def head_label(scores: dict[str, np.ndarray], layer: int, head: int, threshold: float = 0.4) -> str:
+    """The head's strongest measured role if it reaches `threshold`, else "mixed"."""
+    best = max(TABLE_ROLES, key=lambda r: scores[r][layer, head])
+    return best if scores[best][layer, head] >= threshold else "mixed"
+
+
+def head_rows(scores: dict[str, np.ndarray], ablation: np.ndarray | None = None) -> list[dict]:
+    """One dict per head: its label, every role score and (optionally) the ablation effect, rounded."""
+    n_layer, n_head = scores["previous_token"].shape
+    rows = []
+    for layer in range(n_layer):
+        for head in range(n_head):
+            row = {"layer": layer, "head": head, "role": head_label(scores, layer, head)}
+            row |= {role: round(float(scores[role][layer, head]), 4) for role in ROLES}
+            if ablation is not None:
+                row["ablation"] = round(float(ablation[layer, head]), 4)
+            rows.append(row)
+    return rows
+
+
+def format_head_table(rows: Sequence[dict]) -> str:
+    """head_rows -> a fixed-width table with a legend line."""
+    cols = (("prev", "previous_token"), ("dup", "duplicate_token"), ("induc", "induction"), ("first", "first_token"),
+            ("self", "self"), ("entr", "entropy"))
+    has_ablation = bool(rows) and "ablation" in rows[0]
+    header = f"{'head':>5}  {'role':<15}" + "".join(f"{c:>7}" for c, _ in cols) + ("  ablation" if has_ablation else "")
+    lines = [header]
+    for r in rows:
+        line = f"{head_name(r['layer'], r['head']):>5}  {r['role']:<15}" + "".join(f"{r[k]:7.2f}" for _, k in cols)
+        if has_ablation:
+            line += f"  {r['ablation']:+8.3f}"
+        lines.append(line)
+    lines.append("scores: share of attention on each role's target (attention_lab/heads.py); entr: entropy, 1 = uniform"
+                 + ("; ablation: loss change (nats/token) on this text when the head is zeroed" if has_ablation else ""))
+    return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""attention_lab.attention_maps: capture, figures, the per-head summary, TensorBoard logging."""
+"""attention_lab.attention_maps: capture, figures, TensorBoard logging; the measured head table on hand-made heads."""
 
 from __future__ import annotations
 
@@ -12,11 +12,10 @@ from attention_lab.attention_maps import (
     attention_figure,
     capture_attention,
     figure_to_array,
-    format_summary,
-    head_summary,
     log_attention_to_tensorboard,
     pool_max,
 )
+from attention_lab.heads import format_head_table, head_rows, role_scores
 from model import GPT, GPTConfig
 
 T = 20
@@ -123,36 +122,23 @@ def test_capture_attention_runs_in_eval_fp32_and_restores_training_mode():
 # summary
 
 
-def test_head_summary_classifies_hand_made_heads():
+def test_measured_roles_label_hand_made_heads():
     base = [5, 9, 2, 7, 3, 8, 1, 6, 4, 11]
     ids = base + base  # a repeated sequence: copy and induction targets exist in its second half
     weights, expected = synthetic_heads(ids)
-    rows = head_summary(weights, ids)
+    rows = head_rows(role_scores(weights, np.array(ids)))
     assert len(rows) == len(expected), f"one row per head expected, got {len(rows)}"
-    got = [r["pattern"] for r in rows]
-    assert got == expected, f"head patterns: got {got}, want {expected}"
+    names = {"previous": "previous_token", "first": "first_token", "self": "self", "broad": "mixed",
+             "local": "mixed", "copy": "duplicate_token", "induction": "induction"}
+    got = [r["role"] for r in rows]
+    assert got == [names[e] for e in expected], f"head roles: got {got}, want {expected}"
     by_name = dict(zip(expected, rows))
-    prev = by_name["previous"]
-    assert prev["previous"] == pytest.approx(1.0) and prev["entropy"] == pytest.approx(0.0), \
-        f"a one-hot previous-token head has mass 1 on t-1 and entropy 0: {prev}"
-    assert by_name["first"]["first"] == pytest.approx(1.0), f"first-token head: {by_name['first']}"
-    assert by_name["broad"]["entropy"] == pytest.approx(by_name["broad"]["entropy_uniform"], abs=1e-4), \
-        "uniform attention has the maximal (uniform) entropy"
+    assert by_name["previous"]["previous_token"] == pytest.approx(1.0) and by_name["previous"]["entropy"] == \
+        pytest.approx(0.0), f"a one-hot previous-token head: {by_name['previous']}"
+    assert by_name["broad"]["entropy"] == pytest.approx(1.0), "uniform attention has normalised entropy 1"
     assert by_name["induction"]["induction"] == pytest.approx(1.0), f"induction head: {by_name['induction']}"
-
-
-def test_head_summary_without_repeats_reports_no_copy_target_and_formats():
-    ids = list(range(12))  # no token repeats: copy and induction are undefined
-    weights, _ = synthetic_heads(ids)
-    rows = head_summary(weights[:, :2], ids)
-    assert [r["pattern"] for r in rows] == ["previous", "first"], f"got {[r['pattern'] for r in rows]}"
-    assert rows[0]["copy"] is None and rows[0]["induction"] is None, f"no repeats, no copy target: {rows[0]}"
-    table = format_summary(rows)
-    lines = table.splitlines()
-    assert len(lines) == 4, f"header + one line per head + legend expected:\n{table}"
-    assert "previous" in lines[1] and "first" in lines[2] and "nats" in lines[-1], table
-    with pytest.raises(ValueError, match="token ids"):
-        head_summary(weights, ids[:5])
+    table = format_head_table(rows)
+    assert len(table.splitlines()) == len(rows) + 2, f"header + one line per head + legend:\n{table}"
 
 
 # ----------------------------------------------------------------------------------------------------------

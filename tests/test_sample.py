@@ -166,8 +166,10 @@ def test_dumped_pngs_and_summary(dumped):
     summary = json.loads((dumped / "summary.json").read_text())
     heads = summary["heads"]
     assert [(h["layer"], h["head"]) for h in heads] == [(0, 0), (0, 1), (1, 0), (1, 1)], heads
-    assert all(h["pattern"] in summary["patterns"] for h in heads), f"unknown pattern names: {heads}"
-    assert all(0 <= h["entropy"] <= h["entropy_uniform"] + 1e-6 for h in heads), heads
+    assert all(h["role"] in summary["roles"] or h["role"] == "mixed" for h in heads), f"unknown roles: {heads}"
+    assert all(0 <= h["entropy"] <= 1 + 1e-6 for h in heads), heads
+    assert all(isinstance(h["ablation"], float) for h in heads), f"every head's ablation effect: {heads}"
+    assert len({h["ablation"] for h in heads}) > 1, f"zeroing different heads should change the loss differently: {heads}"
     assert len((dumped / "summary.txt").read_text().splitlines()) == 6, "header, 4 heads, legend"
 
 
