@@ -223,6 +223,14 @@ def test_trainer_logs_head_roles_to_tensorboard_and_files(tmp_path, data_cache):
     records = [json.loads(line) for line in (run_dir / "attention" / "heads.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [10, 20]
     assert len(records[-1]["position_loss"]) == cfg.model.block_size
+    # the read-back script sees the same series in the event files
+    from attention_lab import tb_report
+
+    events = tb_report.read_events(run_dir)
+    assert set(events["roles"]) == set(H.ROLES) and len(events["roles"]["induction"]) == n_layer * n_head
+    rows = tb_report.timeline(events)
+    assert [r["step"] for r in rows] == [10, 20] and "val_bpb" in rows[-1]
+    assert tb_report.main([str(run_dir)]) == 0
 
 
 def test_head_roles_switch_off(tmp_path, data_cache):
