@@ -1,28 +1,152 @@
-"""Map weights and configs between this GPT and Hugging Face's GPT-2 (no file I/O here).
+"""Map this GPT to and from Hugging Face transformers architectures: configs and state dicts (no file I/O here).
 
-Our names are GPT-2's, so keys match one for one. Two differences:
-  * GPT-2 stores its projections as Conv1D, weight (in, out); nn.Linear stores (out, in): transpose.
-  * Hub checkpoints of the original GPT-2 lack the "transformer." prefix ("h.0.attn.c_attn.weight").
+    learned | sinusoidal | none positions  ->  GPT2LMHeadModel     (model_type "gpt2")
+    rope positions                         ->  GPTNeoXForCausalLM  (model_type "gpt_neox")
+    anything neither expresses exactly     ->  our own code shipped in the export (model_type "attention_lab",
+                                               loaded with trust_remote_code=True; attention_lab/remote_code/)
+
+`plan_export(cfg)` picks the target and says why; every GPTConfig field must be listed in FIELD_ROLES, so a new
+model option makes the exporter refuse until someone decides how it maps, instead of being silently dropped.
+
+GPT-2: our names are GPT-2's, so keys match one for one, with two differences:
+  * GPT-2 keeps its projections as Conv1D, weight (in, out); nn.Linear stores (out, in): transpose.
+  * GPT-2 always has a position table and biases: a sinusoidal table or zeros as `wpe`, zeros for absent biases.
+Hub checkpoints of the original GPT-2 also lack the "transformer." prefix ("h.0.attn.c_attn.weight").
+
+GPT-NeoX (pre-LayerNorm with use_parallel_residual=False is our block; rotate-half RoPE is ours):
+  * its fused query_key_value rows are grouped per head, [q_h0 k_h0 v_h0 | q_h1 k_h1 v_h1 | ...], ours are
+    [q | k | v] (each C rows, heads inside): regroup.
+  * rotary over the whole head (partial_rotary_factor 1.0; NeoX's default is 0.25), rope_theta = rope_base.
+  * LayerNorms and the MLP always have biases there: zeros when bias=False (attention_bias follows bias).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
+import torch
 from torch import Tensor
 
 from .config import GPTConfig
+from .positions import sinusoidal_table
+
+HINT_KEY = "attention_lab"  # every exported config.json carries the GPTConfig it came from under this key
+
+# How each GPTConfig field reaches the exported model. plan_export refuses a config with a field not listed here.
+FIELD_ROLES = {
+    "vocab_size": "size",
+    "block_size": "size (GPT-2 n_positions, GPT-NeoX max_position_embeddings)",
+    "n_layer": "size",
+    "n_head": "size",
+    "n_embd": "size",
+    "mlp_ratio": "size (n_inner / intermediate_size)",
+    "layer_norm_eps": "mapped",
+    "tie_embeddings": "mapped (tie_word_embeddings)",
+    "dropout": "mapped (every dropout probability; training only)",
+    "bias": "mapped (zeros where the architecture always has biases)",
+    "mlp_act": "mapped (gelu -> gelu_pytorch_tanh, relu2 -> relu2)",
+    "pos_encoding": "chooses the architecture",
+    "rope_base": "mapped (GPT-NeoX rope_theta)",
+    "attn_backend": "not exported: both backends compute the same function",
+    "zero_init_proj": "not exported: initialisation only",
+    "qk_norm": "remote code when true",
+    "logit_softcap": "remote code when > 0",
+    "value_residual": "remote code when true",
+}
+NATIVE_ACTIVATIONS = {"gelu": "gelu_pytorch_tanh", "relu2": "relu2"}  # transformers' ACT2FN names, same kernels
+# transformers activations that compute our tanh GELU (gelu_new and gelu_fast: the same formula written out)
+TANH_GELUS = ("gelu_pytorch_tanh", "gelu_new", "gelu_fast", "gelu_python_tanh")
+GPT2_POSITIONS = ("learned", "sinusoidal", "none")
+
+
+@dataclass
+class ExportPlan:
+    target: str  # "gpt2", "gpt_neox" or "remote"
+    reasons: list[str]  # why not native (remote only)
+
+    @property
+    def architecture(self) -> str:
+        return {"gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM", "remote": "AttentionLabForCausalLM"}[
+            self.target
+        ]
+
+
+def unmapped_fields(cfg: GPTConfig) -> list[str]:
+    return [f.name for f in dataclasses.fields(cfg) if f.name not in FIELD_ROLES]
+
+
+def native_blockers(cfg: GPTConfig) -> list[str]:
+    """Why no transformers architecture computes this model exactly (empty: GPT-2 or GPT-NeoX does)."""
+    reasons = []
+    if cfg.pos_encoding == "alibi":
+        reasons.append(
+            "pos_encoding='alibi': transformers' ALiBi models do not fit (MptForCausalLM has the same slopes, but "
+            "its MLP uses the exact erf GELU where ours uses the tanh approximation, it has no biases and a fixed "
+            "MLP ratio of 4; BLOOM adds a LayerNorm on the embeddings)"
+        )
+    if cfg.qk_norm:
+        reasons.append("qk_norm=True: GPT-2 and GPT-NeoX do not normalise queries and keys")
+    if cfg.logit_softcap > 0:
+        reasons.append(f"logit_softcap={cfg.logit_softcap}: GPT-2 and GPT-NeoX do not soft-cap their logits")
+    if cfg.value_residual:
+        reasons.append("value_residual=True: GPT-2 and GPT-NeoX do not mix the first block's values into later ones")
+    if cfg.mlp_act not in NATIVE_ACTIVATIONS:
+        reasons.append(f"mlp_act={cfg.mlp_act!r} has no transformers activation known to compute it exactly")
+    return reasons
+
+
+def plan_export(cfg: GPTConfig, remote_code: bool = False) -> ExportPlan:
+    """The architecture `cfg` exports to; ValueError for a config field the exporter does not know yet."""
+    unknown = unmapped_fields(cfg)
+    if unknown:
+        raise ValueError(
+            f"cannot export: GPTConfig field(s) {', '.join(unknown)} are unknown to the exporter, so it cannot tell "
+            "whether the exported model would compute the same function. Add each to FIELD_ROLES in "
+            "model/convert.py (and to the remote code in attention_lab/remote_code/ if it changes the math)."
+        )
+    reasons = native_blockers(cfg)
+    if remote_code and not reasons:
+        reasons = ["remote code was asked for"]
+    if reasons:
+        return ExportPlan("remote", reasons)
+    return ExportPlan("gpt2" if cfg.pos_encoding in GPT2_POSITIONS else "gpt_neox", [])
+
+
+def hint_from(cfg: GPTConfig) -> dict:
+    return cfg.to_dict()
+
+
+def _check_target(cfg: GPTConfig, target: str) -> None:
+    plan = plan_export(cfg)
+    if plan.target != target:
+        why = "; ".join(plan.reasons) if plan.reasons else f"pos_encoding={cfg.pos_encoding!r} maps to {plan.target}"
+        raise ValueError(f"cannot export to {target}: {why}")
+
+
+# --------------------------------------------------------------------------------------------------------- GPT-2
 
 # the four projections that GPT-2 keeps as Conv1D
 TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 # GPT-2's non-learned buffers in older transformers versions: the causal mask, nothing to load
 IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
+BIASED = ("ln_1", "ln_2", "attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # per block, each has .bias
+
+
+def _activation_from_hf(name: str, where: str) -> str:
+    if name in TANH_GELUS:
+        return "gelu"
+    if name == "relu2":
+        return "relu2"
+    raise ValueError(
+        f"{where}={name!r} is not supported; this model has the tanh GELU ({', '.join(TANH_GELUS)}) or relu2"
+    )
 
 
 def config_from_hf(hf: dict) -> GPTConfig:
-    """GPT2Config.to_dict() -> GPTConfig, refusing GPT-2 variants this model does not implement."""
-    activation = hf.get("activation_function", "gelu_new")
-    if activation not in ("gelu_new", "gelu_pytorch_tanh"):
-        raise ValueError(f"GPT-2 activation_function={activation!r} is not supported; only the tanh GELU (gelu_new)")
-    for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
+    """GPT2Config.to_dict() -> GPTConfig (learned positions, biases), refusing GPT-2 variants we do not implement."""
+    activation = _activation_from_hf(hf.get("activation_function", "gelu_new"), "GPT-2 activation_function")
+    for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention"):
         if hf.get(flag):
             raise ValueError(f"GPT-2 config sets {flag}=True, which this model does not implement")
     if hf.get("scale_attn_weights", True) is False:
@@ -43,17 +167,13 @@ def config_from_hf(hf: dict) -> GPTConfig:
         tie_embeddings=hf.get("tie_word_embeddings", True),
         mlp_ratio=n_inner // n_embd,
         layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+        mlp_act=activation,
     )
 
 
 def check_exportable(cfg: GPTConfig) -> None:
-    wrong = []
-    if cfg.pos_encoding != "learned":
-        wrong.append(f"pos_encoding={cfg.pos_encoding!r} (GPT-2 has learned positions)")
-    if not cfg.bias:
-        wrong.append("bias=False (GPT-2 has biases)")
-    if wrong:
-        raise ValueError("cannot export to GPT-2: " + "; ".join(wrong))
+    """ValueError unless GPT2LMHeadModel computes this model exactly."""
+    _check_target(cfg, "gpt2")
 
 
 def hf_config_from(cfg: GPTConfig) -> dict:
@@ -68,7 +188,7 @@ def hf_config_from(cfg: GPTConfig) -> dict:
         n_layer=cfg.n_layer,
         n_head=cfg.n_head,
         n_inner=cfg.mlp_ratio * cfg.n_embd,
-        activation_function="gelu_new",
+        activation_function=NATIVE_ACTIVATIONS[cfg.mlp_act],
         resid_pdrop=cfg.dropout,
         embd_pdrop=cfg.dropout,
         attn_pdrop=cfg.dropout,
@@ -77,27 +197,264 @@ def hf_config_from(cfg: GPTConfig) -> dict:
     )
 
 
+def state_dict_to_hf(sd: dict[str, Tensor], cfg: GPTConfig) -> dict[str, Tensor]:
+    """Our state dict -> a GPT2LMHeadModel state dict (fresh contiguous tensors, no shared storage)."""
+    check_exportable(cfg)
+    out = {
+        key: (value.t() if key.endswith(TRANSPOSED) else value).detach().clone().contiguous()
+        for key, value in sd.items()
+    }
+    like = out["transformer.wte.weight"]
+    if cfg.pos_encoding == "sinusoidal":  # a fixed table: GPT-2's wpe holds it, frozen by nothing but intent
+        out["transformer.wpe.weight"] = sinusoidal_table(cfg.block_size, cfg.n_embd).to(like.dtype)
+    elif cfg.pos_encoding == "none":
+        out["transformer.wpe.weight"] = like.new_zeros(cfg.block_size, cfg.n_embd)
+    if not cfg.bias:
+        for i in range(cfg.n_layer):
+            for name in BIASED:
+                width = 3 * cfg.n_embd if name == "attn.c_attn" else cfg.n_embd
+                width = cfg.mlp_ratio * cfg.n_embd if name == "mlp.c_fc" else width
+                out[f"transformer.h.{i}.{name}.bias"] = like.new_zeros(width)
+        out["transformer.ln_f.bias"] = like.new_zeros(cfg.n_embd)
+    return out
+
+
+def gpt2_key(key: str) -> str:
+    return key if key.startswith(("transformer.", "lm_head.")) else "transformer." + key
+
+
 def state_dict_from_hf(hf_sd: dict[str, Tensor], cfg: GPTConfig) -> dict[str, Tensor]:
-    """A GPT2LMHeadModel / GPT2Model state dict -> ours (keys and shapes checked by load_state_dict)."""
+    """A GPT2LMHeadModel / GPT2Model state dict -> ours (keys and shapes checked by load_state_dict).
+
+    For cfg.pos_encoding other than "learned" the position table is dropped and for bias=False the biases:
+    `gpt2_variant` decides those only where the table and the biases are exactly what the export wrote.
+    """
     out = {}
     for key, value in hf_sd.items():
         if key.endswith(IGNORED_SUFFIXES):
             continue
-        if not key.startswith(("transformer.", "lm_head.")):
-            key = "transformer." + key
+        key = gpt2_key(key)
         out[key] = value.t().contiguous() if key.endswith(TRANSPOSED) else value
+    if cfg.pos_encoding != "learned":
+        out.pop("transformer.wpe.weight", None)
+    if not cfg.bias:
+        for key in [k for k in out if k.endswith(".bias")]:
+            del out[key]
+    return _with_head(out, cfg, "GPT-2")
+
+
+def gpt2_variant(hf_sd: dict[str, Tensor], base: GPTConfig, hint: dict | None) -> GPTConfig:
+    """The GPTConfig of an exported GPT-2 folder: `base` (from config.json) with the hint's positions and biases
+    where the weights agree exactly (a sinusoidal or zero table, zero biases), and its training-only fields."""
+    hint = _checked_hint(hint)
+    if not hint:
+        return base
+    sd = {gpt2_key(k): v for k, v in hf_sd.items()}
+    changes = _training_fields(hint)
+    wpe = sd.get("transformer.wpe.weight")
+    if wpe is not None and hint.get("pos_encoding") == "sinusoidal":
+        if torch.equal(wpe.float(), sinusoidal_table(base.block_size, base.n_embd).to(wpe.dtype).float()):
+            changes["pos_encoding"] = "sinusoidal"
+    elif wpe is not None and hint.get("pos_encoding") == "none" and not wpe.any():
+        changes["pos_encoding"] = "none"
+    if hint.get("bias") is False and _all_zero(v for k, v in sd.items() if k.endswith(".bias")
+                                              and not k.endswith(IGNORED_SUFFIXES)):
+        changes["bias"] = False
+    return dataclasses.replace(base, **changes)
+
+
+# ------------------------------------------------------------------------------------------------------ GPT-NeoX
+
+# ours (inside transformer.h.{i}.) -> theirs (inside gpt_neox.layers.{i}.)
+NEOX_BLOCK = {
+    "ln_1": "input_layernorm",
+    "ln_2": "post_attention_layernorm",
+    "attn.c_attn": "attention.query_key_value",
+    "attn.c_proj": "attention.dense",
+    "mlp.c_fc": "mlp.dense_h_to_4h",
+    "mlp.c_proj": "mlp.dense_4h_to_h",
+}
+NEOX_TOP = {"transformer.wte": "gpt_neox.embed_in", "transformer.ln_f": "gpt_neox.final_layer_norm"}
+# the head: "embed_out" is what transformers 4.x names it and 5.x still reads (renamed to lm_head on load)
+NEOX_HEAD = "embed_out.weight"
+
+
+def qkv_to_per_head(t: Tensor, n_head: int) -> Tensor:
+    """Our c_attn rows [q | k | v] (3C, ...) -> GPT-NeoX's [q_h0 k_h0 v_h0 | q_h1 k_h1 v_h1 | ...]."""
+    rest = t.shape[1:]
+    hs = t.shape[0] // (3 * n_head)
+    return t.reshape(3, n_head, hs, *rest).transpose(0, 1).reshape(3 * n_head * hs, *rest)
+
+
+def qkv_from_per_head(t: Tensor, n_head: int) -> Tensor:
+    """GPT-NeoX's per-head [q_h k_h v_h] rows -> our [q | k | v]."""
+    rest = t.shape[1:]
+    hs = t.shape[0] // (3 * n_head)
+    return t.reshape(n_head, 3, hs, *rest).transpose(0, 1).reshape(3 * n_head * hs, *rest)
+
+
+def neox_config_from(cfg: GPTConfig) -> dict:
+    """GPTConfig -> transformers.GPTNeoXConfig keyword arguments / config.json (transformers 4.x and 5.x names)."""
+    _check_target(cfg, "gpt_neox")
+    rope = {"rope_type": "default", "rope_theta": cfg.rope_base, "partial_rotary_factor": 1.0}
+    return dict(
+        model_type="gpt_neox",
+        architectures=["GPTNeoXForCausalLM"],
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.n_embd,
+        num_hidden_layers=cfg.n_layer,
+        num_attention_heads=cfg.n_head,
+        intermediate_size=cfg.mlp_ratio * cfg.n_embd,
+        hidden_act=NATIVE_ACTIVATIONS[cfg.mlp_act],
+        max_position_embeddings=cfg.block_size,
+        layer_norm_eps=cfg.layer_norm_eps,
+        use_parallel_residual=False,  # ours is x + attn(ln_1(x)), then + mlp(ln_2(.)): sequential
+        attention_bias=cfg.bias,
+        tie_word_embeddings=cfg.tie_embeddings,
+        hidden_dropout=cfg.dropout,
+        attention_dropout=cfg.dropout,
+        rope_parameters=rope,  # transformers 5.x
+        rotary_pct=1.0,  # transformers 4.x names of the same two numbers
+        rotary_emb_base=cfg.rope_base,
+    )
+
+
+def config_from_neox(hf: dict) -> GPTConfig:
+    """GPTNeoXConfig.to_dict() -> GPTConfig, refusing GPT-NeoX variants this model does not implement."""
+    if hf.get("use_parallel_residual", True):
+        raise ValueError(
+            "GPT-NeoX config has use_parallel_residual=True (attention and MLP read the same input, as in Pythia); "
+            "this model applies them one after the other (use_parallel_residual=False)"
+        )
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    fraction = rope.get("partial_rotary_factor", hf.get("rotary_pct", 0.25))
+    if fraction != 1.0:
+        raise ValueError(f"GPT-NeoX rotary fraction {fraction}: this model rotates the whole head (1.0)")
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        raise ValueError(f"GPT-NeoX rope_type={rope.get('rope_type', rope.get('type'))!r}: only plain RoPE is implemented")
+    theta = rope.get("rope_theta", hf.get("rotary_emb_base", hf.get("rope_theta", 10000.0)))
+    hidden, heads = hf["hidden_size"], hf["num_attention_heads"]
+    if hf.get("head_dim") not in (None, hidden // heads):
+        raise ValueError(f"GPT-NeoX head_dim={hf['head_dim']} differs from hidden_size / num_attention_heads")
+    inner = hf["intermediate_size"]
+    if inner % hidden:
+        raise ValueError(f"GPT-NeoX intermediate_size={inner} is not a multiple of hidden_size={hidden}")
+    return GPTConfig(
+        vocab_size=hf["vocab_size"],
+        block_size=hf["max_position_embeddings"],
+        n_layer=hf["num_hidden_layers"],
+        n_head=heads,
+        n_embd=hidden,
+        dropout=0.0,
+        bias=True,
+        pos_encoding="rope",
+        tie_embeddings=hf.get("tie_word_embeddings", False),
+        mlp_ratio=inner // hidden,
+        rope_base=float(theta),
+        layer_norm_eps=hf.get("layer_norm_eps", 1e-5),
+        mlp_act=_activation_from_hf(hf.get("hidden_act", "gelu"), "GPT-NeoX hidden_act"),
+    )
+
+
+def state_dict_to_neox(sd: dict[str, Tensor], cfg: GPTConfig) -> dict[str, Tensor]:
+    """Our state dict -> a GPTNeoXForCausalLM state dict (the head under NEOX_HEAD; drop it when tied)."""
+    _check_target(cfg, "gpt_neox")
+    out: dict[str, Tensor] = {}
+    like = sd["transformer.wte.weight"]
+    for key, value in sd.items():
+        value = value.detach().clone().contiguous()
+        if key == "lm_head.weight":
+            out[NEOX_HEAD] = value
+            continue
+        prefix, _, param = key.rpartition(".")
+        if prefix in NEOX_TOP:
+            out[f"{NEOX_TOP[prefix]}.{param}"] = value
+            continue
+        _, _, i, inner = prefix.split(".", 3)  # transformer.h.{i}.{inner}
+        if inner == "attn.c_attn":
+            value = qkv_to_per_head(value, cfg.n_head)
+        out[f"gpt_neox.layers.{i}.{NEOX_BLOCK[inner]}.{param}"] = value
+    if not cfg.bias:  # LayerNorms and the MLP always have biases in GPT-NeoX; attention_bias=False drops the rest
+        hidden = like.new_zeros(cfg.n_embd)
+        for i in range(cfg.n_layer):
+            for inner in ("input_layernorm", "post_attention_layernorm", "mlp.dense_4h_to_h"):
+                out[f"gpt_neox.layers.{i}.{inner}.bias"] = hidden.clone()
+            out[f"gpt_neox.layers.{i}.mlp.dense_h_to_4h.bias"] = like.new_zeros(cfg.mlp_ratio * cfg.n_embd)
+        out["gpt_neox.final_layer_norm.bias"] = hidden.clone()
+    return out
+
+
+def state_dict_from_neox(hf_sd: dict[str, Tensor], cfg: GPTConfig) -> dict[str, Tensor]:
+    """A GPTNeoXForCausalLM state dict -> ours. Absent attention biases (attention_bias=False) become zeros when
+    cfg.bias; with bias=False every bias is dropped (`neox_variant` says when they are all zero)."""
+    block = {v: k for k, v in NEOX_BLOCK.items()}
+    top = {v: k for k, v in NEOX_TOP.items()}
+    out: dict[str, Tensor] = {}
+    for key, value in hf_sd.items():
+        if key in (NEOX_HEAD, "lm_head.weight"):
+            out["lm_head.weight"] = value
+            continue
+        if key.endswith((".attention.bias", ".attention.masked_bias", ".rotary_emb.inv_freq")):
+            continue  # buffers of older transformers versions
+        prefix, _, param = key.rpartition(".")
+        if prefix in top:
+            out[f"{top[prefix]}.{param}"] = value
+            continue
+        parts = prefix.split(".", 3)  # gpt_neox.layers.{i}.{inner}
+        if len(parts) != 4 or parts[:2] != ["gpt_neox", "layers"] or parts[3] not in block:
+            raise ValueError(f"GPT-NeoX weight {key!r} has no place in this model")
+        inner = block[parts[3]]
+        if inner == "attn.c_attn":
+            value = qkv_from_per_head(value, cfg.n_head)
+        out[f"transformer.h.{parts[2]}.{inner}.{param}"] = value
+    if cfg.bias:
+        like = out["transformer.wte.weight"]
+        for i in range(cfg.n_layer):
+            for inner, width in (("attn.c_attn", 3 * cfg.n_embd), ("attn.c_proj", cfg.n_embd)):
+                out.setdefault(f"transformer.h.{i}.{inner}.bias", like.new_zeros(width))
+    else:
+        for key in [k for k in out if k.endswith(".bias")]:
+            del out[key]
+    return _with_head(out, cfg, "GPT-NeoX")
+
+
+def neox_variant(hf_sd: dict[str, Tensor], base: GPTConfig, hint: dict | None) -> GPTConfig:
+    """The GPTConfig of an exported GPT-NeoX folder: bias=False where the hint says so and every bias is zero."""
+    hint = _checked_hint(hint)
+    if not hint:
+        return base
+    changes = _training_fields(hint)
+    buffers = (".attention.bias", ".attention.masked_bias")  # causal masks of older transformers versions
+    if hint.get("bias") is False and _all_zero(v for k, v in hf_sd.items()
+                                              if k.endswith(".bias") and not k.endswith(buffers)):
+        changes["bias"] = False
+    return dataclasses.replace(base, **changes)
+
+
+# ------------------------------------------------------------------------------------------------------- helpers
+
+
+def _with_head(out: dict[str, Tensor], cfg: GPTConfig, what: str) -> dict[str, Tensor]:
     if "lm_head.weight" not in out:
         if not cfg.tie_embeddings:
-            raise ValueError("GPT-2 state dict has no lm_head.weight and the config does not tie embeddings")
+            raise ValueError(f"{what} state dict has no output head and the config does not tie embeddings")
         out["lm_head.weight"] = out["transformer.wte.weight"]
     return out
 
 
-def state_dict_to_hf(sd: dict[str, Tensor], cfg: GPTConfig) -> dict[str, Tensor]:
-    """Our state dict -> a GPT2LMHeadModel state dict (fresh contiguous tensors, no shared storage)."""
-    check_exportable(cfg)
-    return {
-        key: (value.t() if key.endswith(TRANSPOSED) else value).detach().clone().contiguous()
-        for key, value in sd.items()
-    }
+def _all_zero(tensors) -> bool:
+    return all(not t.any() for t in tensors)
 
+
+def _checked_hint(hint: dict | None) -> dict | None:
+    if hint is None:
+        return None
+    if not isinstance(hint, dict):
+        raise ValueError(f"config.json's {HINT_KEY!r} entry should be a GPTConfig dict, got {type(hint).__name__}")
+    GPTConfig.from_dict(hint)  # unknown fields (an export by a newer attention-lab) are refused here, by name
+    return hint
+
+
+def _training_fields(hint: dict) -> dict:
+    """Fields that do not change the function at inference (backend, initialisation, dropout): from the hint."""
+    return {k: hint[k] for k in ("attn_backend", "zero_init_proj", "dropout") if k in hint}

@@ -24,6 +24,7 @@ from safetensors import safe_open  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
 from attention_lab.hf import export_gpt2, load_gpt2  # noqa: E402
+from data.tokenizer import Tokenizer  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from model.convert import config_from_hf, state_dict_from_hf  # noqa: E402
 
@@ -139,14 +140,21 @@ def test_unsupported_gpt2_variants_are_refused():
 # ------------------------------------------------------------------------------------------------ ours -> HF
 
 
+def char_tokenizer_json() -> str:
+    """A char-level tokenizer with fewer tokens than the tiny models' vocabulary."""
+    return Tokenizer.train_char([["to be, or not to be: that is the question.\n"]]).to_str()
+
+
 @pytest.mark.parametrize("tie", [True, False])
 def test_export_loads_in_transformers(tmp_path, tie):
     ours = our_model(tie)
-    out = export_gpt2(ours, tmp_path / "export", tokenizer_json='{"version": "1.0"}')
+    out = export_gpt2(ours, tmp_path / "export", tokenizer_json=char_tokenizer_json())
     assert out == tmp_path / "export"
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"], (
+    expected = ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    assert sorted(p.name for p in out.iterdir()) == expected, (
         f"unexpected files (a leftover temp dir?): {sorted(p.name for p in out.iterdir())}"
     )
+    assert not [p for p in tmp_path.iterdir() if p.name != "export"], "a temporary folder was left beside the export"
     with safe_open(out / "model.safetensors", "pt") as f:
         assert f.metadata() == {"format": "pt"}, f"safetensors metadata {f.metadata()}"
         assert ("lm_head.weight" in f.keys()) is not tie, "a tied head is stored once, as transformer.wte.weight"
@@ -177,7 +185,9 @@ def test_export_overwrites_an_existing_export(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "overrides, named", [({"pos_encoding": "rope"}, "pos_encoding='rope'"), ({"bias": False}, "bias=False")]
+    "overrides, named",
+    [({"pos_encoding": "rope"}, "pos_encoding='rope'"), ({"pos_encoding": "alibi"}, "pos_encoding='alibi'"),
+     ({"qk_norm": True}, "qk_norm=True")],
 )
 def test_export_of_a_non_gpt2_model_raises_before_writing(tmp_path, overrides, named):
     with pytest.raises(ValueError, match=f"cannot export to GPT-2: .*{named}"):

@@ -1,0 +1,320 @@
+"""attention-lab's GPT for transformers: AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).
+
+A standalone copy of the math in attention-lab's model/ package (positions.py, attention.py, gpt.py), written
+against torch and transformers only, with the same parameter names, so its weights load unchanged. The exporter
+ships it for the models no transformers architecture computes exactly; attention-lab's tests hold its logits and
+greedy generations equal to the original's for every positional encoding and model option.
+
+Shapes: B batch, T new tokens, S = cached + T keys, C n_embd, nh n_head, hs = C // nh.
+
+Blocks are pre-LayerNorm: x + attn(ln_1(x)), then x + mlp(ln_2(x)). Options (config fields):
+    pos_encoding    learned | sinusoidal (added to the token embeddings) | rope (q, k rotated, rotate-half pairs) |
+                    alibi (a per-head linear penalty on the scores by distance) | none
+    qk_norm         q and k RMS-normalised over the head channels (no parameters), before RoPE
+    mlp_act         gelu (tanh approximation) | relu2 (relu(x)^2)
+    logit_softcap   c > 0: logits = c * tanh(logits / c), in float32
+    value_residual  blocks after the first use lambda * v + (1 - lambda) * v_first (lambda learned per block)
+Positions are token indices from the start of the sequence (as GPT-2's), also with left padding; sequences
+longer than block_size are refused, as attention-lab's model refuses them.
+"""
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from .configuration_attention_lab import AttentionLabConfig
+
+try:  # transformers >= 4.36
+    from transformers.cache_utils import Cache, DynamicCache
+except ImportError:  # pragma: no cover - older transformers: no cache, every step recomputes the context
+    Cache, DynamicCache = None, None
+
+
+# ------------------------------------------------------------------------------------------------------ positions
+
+
+def sinusoidal_table(n_positions, dim):
+    """Vaswani et al. (2017): PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(p / 10000^(2i/d))."""
+    pos = torch.arange(n_positions, dtype=torch.float64)[:, None]
+    two_i = torch.arange(0, dim, 2, dtype=torch.float64)
+    angle = pos / torch.pow(10000.0, two_i / dim)
+    table = torch.zeros(n_positions, dim, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(angle)
+    table[:, 1::2] = torch.cos(angle[:, : dim // 2])
+    return table.float()
+
+
+def alibi_slopes(n_head):
+    """Press et al. (2022): 2^(-8/n) to the powers 1..n; other head counts borrow from the next power of two."""
+
+    def power_of_two(n):
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if math.log2(n_head).is_integer():
+        slopes = power_of_two(n_head)
+    else:
+        closest = 2 ** math.floor(math.log2(n_head))
+        slopes = power_of_two(closest) + power_of_two(2 * closest)[0::2][: n_head - closest]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+def rope_inv_freq(head_size, base):
+    return 1.0 / (base ** (torch.arange(0, head_size, 2, dtype=torch.float32) / head_size))
+
+
+class Positions(nn.Module):
+    """Where position enters: embed (learned, sinusoidal), rotate (rope) or score_bias (alibi); "none": nowhere."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.kind = config.pos_encoding
+        self.block_size, self.n_embd, self.n_head = config.block_size, config.n_embd, config.n_head
+        self.head_size, self.rope_base = config.n_embd // config.n_head, config.rope_base
+        if self.kind == "learned":
+            self.weight = nn.Parameter(torch.zeros(config.block_size, config.n_embd))
+        elif self.kind == "sinusoidal":
+            self.register_buffer("table", sinusoidal_table(self.block_size, self.n_embd), persistent=False)
+        elif self.kind == "rope":
+            self.register_buffer("inv_freq", rope_inv_freq(self.head_size, self.rope_base), persistent=False)
+        elif self.kind == "alibi":
+            self.register_buffer("slopes", alibi_slopes(self.n_head), persistent=False)
+
+    @torch.no_grad()
+    def reset_buffers(self):
+        """Recompute the fixed tables (transformers may build the model on the meta device, then materialise it)."""
+        if self.kind == "sinusoidal":
+            self.table.copy_(sinusoidal_table(self.block_size, self.n_embd))
+        elif self.kind == "rope":
+            self.inv_freq.copy_(rope_inv_freq(self.head_size, self.rope_base))
+        elif self.kind == "alibi":
+            self.slopes.copy_(alibi_slopes(self.n_head))
+
+    def embed(self, pos):
+        if self.kind == "learned":
+            return self.weight[pos]  # (T, C)
+        if self.kind == "sinusoidal":
+            return self.table[pos]
+        return None
+
+    def rotate(self, x, pos):
+        """x (B, nh, T, hs) rotated by angle pos * base^(-2i/hs) in each (i, i + hs/2) channel pair."""
+        if self.kind != "rope":
+            return x
+        angle = pos.to(torch.float32)[:, None] * self.inv_freq[None, :]  # (T, hs/2)
+        cos = torch.cat((angle.cos(), angle.cos()), dim=-1).to(x.dtype)
+        sin = torch.cat((angle.sin(), angle.sin()), dim=-1).to(x.dtype)
+        half = x.size(-1) // 2
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+    def score_bias(self, q_pos, k_pos):
+        """(nh, T, S) ALiBi penalty slope * (k - q), or None."""
+        if self.kind != "alibi":
+            return None
+        distance = (k_pos[None, :] - q_pos[:, None]).to(torch.float32)
+        return self.slopes[:, None, None] * distance[None]
+
+
+# ------------------------------------------------------------------------------------------------------ the model
+
+
+def dropout(p):
+    return nn.Dropout(p) if p > 0 else nn.Identity()
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config, layer):
+        super().__init__()
+        self.n_head = config.n_head
+        self.dropout_p = config.dropout
+        self.qk_norm = config.qk_norm
+        self.layer = layer
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # [q | k | v] rows
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.resid_dropout = dropout(config.dropout)
+        self.value_lambda = nn.Parameter(torch.tensor(0.5)) if config.value_residual and layer > 0 else None
+
+    def forward(self, x, positions, pos, mask, cache, v_first):
+        """x (B, T, C); mask (B or 1, nh or 1, T, S) additive -> y (B, T, C), own values (B, nh, T, hs)."""
+        b, t, c = x.shape
+        q, k, v = self.c_attn(x).view(b, t, 3, self.n_head, c // self.n_head).permute(2, 0, 3, 1, 4).unbind(0)
+        if self.qk_norm:
+            q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
+        q, k = positions.rotate(q, pos), positions.rotate(k, pos)
+        v_own = v
+        if self.value_lambda is not None and v_first is not None:
+            v = self.value_lambda * v + (1.0 - self.value_lambda) * v_first
+        if cache is not None:
+            k, v = cache.update(k, v, self.layer)  # (B, nh, S, hs)
+        p = self.dropout_p if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), dropout_p=p)  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(b, t, c)
+        return self.resid_dropout(self.c_proj(y)), v_own
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, config.mlp_ratio * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.mlp_ratio * config.n_embd, config.n_embd, bias=config.bias)
+        self.act = config.mlp_act
+        self.dropout = dropout(config.dropout)
+
+    def forward(self, x):
+        h = self.c_fc(x)
+        h = F.gelu(h, approximate="tanh") if self.act == "gelu" else F.relu(h).square()
+        return self.dropout(self.c_proj(h))
+
+
+class Block(nn.Module):
+    def __init__(self, config, layer):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
+        self.attn = CausalSelfAttention(config, layer)
+        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x, positions, pos, mask, cache, v_first):
+        a, v = self.attn(self.ln_1(x), positions, pos, mask, cache, v_first)
+        x = x + a
+        return x + self.mlp(self.ln_2(x)), v
+
+
+class AttentionLabPreTrainedModel(PreTrainedModel):
+    config_class = AttentionLabConfig
+    base_model_prefix = "transformer"
+    _no_split_modules = ["Block"]
+    _supports_cache_class = True
+    _supports_static_cache = False
+
+    def _init_weights(self, module):
+        """attention-lab's initialisation (GPT-2's); the fixed position tables are recomputed."""
+        std = 0.02
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, Positions):
+            if module.kind == "learned":
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+            module.reset_buffers()
+        elif isinstance(module, CausalSelfAttention) and module.value_lambda is not None:
+            nn.init.constant_(module.value_lambda, 0.5)
+
+
+class AttentionLabForCausalLM(AttentionLabPreTrainedModel, GenerationMixin):
+    _tied_weights_keys = {"lm_head.weight": "transformer.wte.weight"}
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.vocab_size, config.n_embd),
+                wpe=Positions(config),
+                drop=dropout(config.dropout),
+                h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
+                ln_f=nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias),
+            )
+        )
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.transformer.wte
+
+    def set_input_embeddings(self, value):
+        self.transformer.wte = value
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, value):
+        self.lm_head = value
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        past_key_values=None,
+        labels=None,
+        use_cache=None,
+        return_dict=None,
+        logits_to_keep=0,
+        **kwargs,
+    ):
+        """input_ids (B, T): the tokens after the cached ones; attention_mask (B, S): 1 for tokens, 0 for padding;
+        labels (B, T): the input ids (shifted inside; -100 ignored) -> loss."""
+        cfg = self.config
+        b, t = input_ids.shape
+        use_cache = getattr(cfg, "use_cache", True) if use_cache is None else use_cache
+        if use_cache and past_key_values is None and DynamicCache is not None:
+            past_key_values = DynamicCache()
+        cache = past_key_values if (Cache is not None and isinstance(past_key_values, Cache)) else None
+        past = cache.get_seq_length() if cache is not None else 0
+        if past + t > cfg.block_size:
+            raise ValueError(
+                f"sequence of {past + t} tokens is longer than block_size={cfg.block_size}; this model was trained "
+                "on at most block_size tokens: crop the input (or ask for fewer new tokens)"
+            )
+        device = input_ids.device
+        pos = torch.arange(past, past + t, device=device)  # (T,)
+        k_pos = torch.arange(past + t, device=device)  # (S,)
+        positions = self.transformer.wpe
+
+        # additive mask (B or 1, nh or 1, T, S): causal, padding, ALiBi; the minimum, not -inf, keeps rows of
+        # padding positions (nothing visible) finite
+        allowed = torch.ones(t, past + t, dtype=torch.bool, device=device).tril(diagonal=past)[None, None]
+        if attention_mask is not None:
+            allowed = allowed & attention_mask[:, None, None, : past + t].bool()
+        bias = positions.score_bias(pos, k_pos)
+        mask = torch.zeros((), device=device) if bias is None else bias[None]
+        mask = mask.masked_fill(~allowed, torch.finfo(torch.float32).min)
+
+        x = self.transformer.wte(input_ids)  # (B, T, C)
+        emb = positions.embed(pos)
+        if emb is not None:
+            x = x + emb
+        x = self.transformer.drop(x)
+        v_first = None
+        for i, block in enumerate(self.transformer.h):
+            x, v = block(x, positions, pos, mask, cache, v_first)
+            if i == 0:
+                v_first = v
+        x = self.transformer.ln_f(x)
+        if logits_to_keep:
+            x = x[:, -logits_to_keep:, :]
+        logits = self.lm_head(x)
+        if cfg.logit_softcap > 0:
+            logits = cfg.logit_softcap * torch.tanh(logits.float() / cfg.logit_softcap)
+
+        loss = None
+        if labels is not None:
+            shifted = logits[:, :-1, :].float()
+            loss = F.cross_entropy(shifted.reshape(-1, shifted.size(-1)), labels[:, 1:].reshape(-1), ignore_index=-100)
+        out = CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=past_key_values if use_cache else None)
+        if return_dict is False:
+            return out.to_tuple()
+        return out
+
+    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None, **kwargs):
+        """Only the tokens the cache has not seen yet; without a cache, the whole sequence."""
+        cache = past_key_values if (Cache is not None and isinstance(past_key_values, Cache)) else None
+        if cache is not None and cache.get_seq_length() > 0:
+            input_ids = input_ids[:, cache.get_seq_length() :]
+        return {
+            "input_ids": input_ids,
+            "past_key_values": past_key_values,
+            "attention_mask": attention_mask,
+            "use_cache": kwargs.get("use_cache", True),
+            "logits_to_keep": 1,
+        }
