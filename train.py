@@ -34,10 +34,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from attention_lab import distributed
 from attention_lab.callbacks import Callback, EvalContext, HeadRoles, ProbeAttention, TextSample
 from attention_lab.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, save_checkpoint
-from attention_lab.config import Config, OptimConfig, register_configs, to_config
+from attention_lab.config import Config, register_configs, to_config
 from attention_lab.device import autocast, pick_device, pick_dtype
 from attention_lab.heads import repeated_tokens_probe
 from attention_lab.logger import RunLogger
+from attention_lab.optim import Optimizers, configure_optimizer, lr_at, lr_multiplier
 from attention_lab.runlock import RunLock, RunLocked
 from data.batches import BatchSampler, eval_batches
 from data.prepare import PreparedData, prepare_data
@@ -60,30 +61,6 @@ def build_model(cfg: GPTConfig) -> GPT:
     return GPT(cfg)
 
 
-def configure_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only: biases, LayerNorm gains and position tables stay undecayed.
-
-    The fused kernel (one pass over all parameters, CPU and CUDA) is about 5% of a small model's step faster.
-    """
-    params = {name: p for name, p in model.named_parameters() if p.requires_grad}
-    decay = [p for name, p in params.items() if p.dim() >= 2 and not name.endswith("wpe.weight")]
-    no_decay = [p for name, p in params.items() if p.dim() < 2 or name.endswith("wpe.weight")]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-                             fused=device.type in ("cpu", "cuda"))
-
-
-def lr_at(step: int, cfg: OptimConfig, max_steps: int) -> float:
-    """Linear warmup to cfg.lr over warmup_steps, then cosine decay to min_lr at decay_steps (default max_steps)."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    decay_steps = cfg.decay_steps or max_steps
-    if step >= decay_steps:
-        return cfg.min_lr
-    progress = (step - cfg.warmup_steps) / max(1, decay_steps - cfg.warmup_steps)
-    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - cfg.min_lr)
-
-
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, sampler: BatchSampler, grad_accum: int,
                device: torch.device, dtype: torch.dtype, grad_clip: float,
                scaler: torch.amp.GradScaler | None = None) -> tuple[float, float]:
@@ -98,12 +75,15 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, sampler: Batc
             loss = model(x, y).loss / grad_accum
         (scaler.scale(loss) if scaler else loss).backward()
         total += loss.item()
+    optimizers = getattr(optimizer, "optimizers", [optimizer])  # attention_lab.optim.Optimizers holds one or two
     if scaler:
-        scaler.unscale_(optimizer)
+        for opt in optimizers:
+            scaler.unscale_(opt)
     norm_limit = grad_clip if grad_clip > 0 else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), norm_limit).item()
     if scaler:
-        scaler.step(optimizer)
+        for opt in optimizers:
+            scaler.step(opt)
         scaler.update()
     else:
         optimizer.step()
@@ -221,7 +201,7 @@ class Run:
     model_cfg: GPTConfig
     raw_model: GPT  # the plain module: checkpoints and evaluation use it, never the compiled/DDP wrapper
     model: nn.Module  # what the training step calls (maybe compiled, maybe DDP)
-    optimizer: torch.optim.Optimizer
+    optimizer: Optimizers
     scaler: torch.amp.GradScaler | None
     sampler: BatchSampler
     val_batches: list
@@ -232,6 +212,7 @@ class Run:
     best_val: float = float("inf")
     tokens_seen: int = 0
     last_eval: dict = field(default_factory=dict)  # the latest evaluation's metrics (also from a checkpoint)
+    session_start: float = field(default_factory=time.time)  # when this process's loop began (time budget)
 
     @property
     def ckpt_root(self) -> Path:
@@ -403,6 +384,7 @@ def run_loop(run: Run) -> dict:
     tc = run.cfg.train
     log, info = run.log, run.info
     start_step, t_start = run.step, time.time()
+    run.session_start = t_start
     meter = Throughput(run)
     progress = None
     if info.is_main and tc.progress:
@@ -450,9 +432,9 @@ def run_loop(run: Run) -> dict:
 def optimizer_step(run: Run) -> tuple[float, float, float]:
     """Set the learning rate, take one optimizer step, stop on a non-finite loss -> (loss, grad norm, lr)."""
     tc, oc = run.cfg.train, run.cfg.optim
-    lr = lr_at(run.step, oc, tc.max_steps)
-    for group in run.optimizer.param_groups:
-        group["lr"] = lr
+    at = schedule_position(run)
+    run.optimizer.set_lr_multiplier(lr_multiplier(at, oc, tc.max_steps))
+    lr = lr_at(at, oc, tc.max_steps)  # AdamW's; Muon's follows the same multiplier
     loss, grad_norm = train_step(run.model, run.optimizer, run.sampler, tc.grad_accum, run.device, run.dtype,
                                  oc.grad_clip, run.scaler)
     loss = distributed.mean(loss, run.info, run.device)
@@ -466,6 +448,18 @@ def optimizer_step(run: Run) -> tuple[float, float, float]:
     run.step += 1
     run.tokens_seen += run.tokens_per_step
     return loss, grad_norm, lr
+
+
+def schedule_position(run: Run) -> int:
+    """The step the learning-rate schedule is at: the step itself, or, with a time budget (train.max_minutes),
+    the share of the budget spent times max_steps when that is further along. So a machine slower than the
+    budget assumed still reaches the end of the schedule (the decay that makes the final loss) when its time
+    is up, instead of stopping half-way at a high learning rate. The clock is this session's."""
+    tc = run.cfg.train
+    if tc.max_minutes is None:
+        return run.step
+    spent = (time.time() - run.session_start) / (60 * tc.max_minutes)
+    return max(run.step, int(spent * tc.max_steps))
 
 
 class Throughput:

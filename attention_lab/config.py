@@ -24,12 +24,21 @@ DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
+OPTIMIZERS = ("adamw", "muon")
+SCHEDULES = ("cosine", "wsd")
+
+
 @dataclass
 class OptimConfig:
-    lr: float = 1e-3  # peak learning rate, reached after warmup
-    min_lr: float = 1e-4  # cosine decay ends here
+    name: str = "adamw"  # adamw, or muon: Muon for the blocks' matrices, AdamW for the rest (attention_lab/optim.py)
+    lr: float = 1e-3  # AdamW's peak learning rate, reached after warmup
+    min_lr: float = 1e-4  # the schedule ends here (Muon's ends at the same fraction of muon_lr)
+    muon_lr: float = 0.02  # Muon's peak learning rate (name=muon)
+    muon_momentum: float = 0.95
+    schedule: str = "cosine"  # cosine, or wsd: warmup, constant, then linear decay over decay_frac of the run
+    decay_frac: float = 0.5  # wsd: the share of the run spent decaying
     warmup_steps: int = 100
-    decay_steps: Optional[int] = None  # cosine length; None: until train.max_steps
+    decay_steps: Optional[int] = None  # where the schedule reaches min_lr; None: at train.max_steps
     weight_decay: float = 0.1  # on matrices only: not on biases, LayerNorm gains or positions
     beta1: float = 0.9
     beta2: float = 0.99
@@ -37,7 +46,15 @@ class OptimConfig:
     grad_clip: float = 1.0  # clip the global gradient norm; 0 disables
 
     def __post_init__(self) -> None:
-        _positive("optim", self, ("lr", "eps"))
+        if self.name not in OPTIMIZERS:
+            raise ValueError(f"optim.name={self.name!r} is not one of {', '.join(OPTIMIZERS)}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"optim.schedule={self.schedule!r} is not one of {', '.join(SCHEDULES)}")
+        if not 0.0 < self.decay_frac <= 1.0:
+            raise ValueError(f"optim.decay_frac={self.decay_frac} must be in (0, 1]")
+        if not 0.0 <= self.muon_momentum < 1.0:
+            raise ValueError(f"optim.muon_momentum={self.muon_momentum} must be in [0, 1)")
+        _positive("optim", self, ("lr", "eps", "muon_lr"))
         _non_negative("optim", self, ("min_lr", "warmup_steps", "weight_decay", "grad_clip"))
         if self.min_lr > self.lr:
             raise ValueError(f"optim.min_lr={self.min_lr} must not exceed optim.lr={self.lr}")

@@ -24,14 +24,28 @@ def pick_device(name: str, flag: str = "device") -> torch.device:
     return device
 
 
-def pick_dtype(name: str, device: torch.device) -> torch.dtype:
-    """The autocast dtype. auto: bf16 on GPUs that support it, float32 (no autocast) elsewhere.
+def cpu_has_native_bf16() -> bool:
+    """True when the CPU computes bf16 matmuls in hardware (AMX-BF16 or AVX512-BF16), as torch reports it."""
+    try:
+        caps = torch.cpu.get_capabilities()
+    except (AttributeError, RuntimeError):  # torch < 2.5 has no capability probe: assume not
+        return False
+    return bool(caps.get("amx_bf16") or caps.get("avx512_bf16"))
 
-    On CPUs with native bf16 (AVX512-BF16, AMX) `bfloat16` trains about 2.7x faster (bench/), but emulated bf16
-    is slower than float32 on most laptops, so auto keeps float32 on the CPU.
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    """The autocast dtype. auto: bf16 where the hardware has it (a GPU that supports it, a CPU with AMX-BF16 or
+    AVX512-BF16), float32 (no autocast) elsewhere.
+
+    Emulated bf16 on a CPU without those units is slower than float32, so auto never picks it there; a bf16
+    matmul on AMX is 4-8x a float32 one. The loss is always computed in float32 (model/gpt.py).
     """
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+        if device.type == "cpu" and cpu_has_native_bf16():
+            return torch.bfloat16
+        return torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 

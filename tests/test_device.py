@@ -27,9 +27,22 @@ def test_asking_for_a_missing_gpu_says_to_use_the_cpu():
         pick_device("cuda", "train.device")
 
 
-def test_auto_dtype_is_float32_on_the_cpu_and_autocast_is_a_no_op_there():
+@pytest.mark.parametrize("caps, expected", [
+    ({"amx_bf16": True, "avx512_bf16": True}, torch.bfloat16),
+    ({"amx_bf16": False, "avx512_bf16": True}, torch.bfloat16),
+    ({"amx_bf16": False, "avx512_bf16": False, "avx2": True}, torch.float32),
+    ({}, torch.float32),
+])
+def test_auto_dtype_on_the_cpu_is_bf16_only_with_native_bf16(monkeypatch, caps, expected):
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
+    assert pick_dtype("auto", torch.device("cpu")) == expected
+
+
+def test_auto_dtype_follows_this_cpus_capabilities_and_float32_autocast_is_a_no_op():
     cpu = torch.device("cpu")
-    assert pick_dtype("auto", cpu) == torch.float32
+    caps = torch.cpu.get_capabilities()
+    native = bool(caps.get("amx_bf16") or caps.get("avx512_bf16"))
+    assert pick_dtype("auto", cpu) == (torch.bfloat16 if native else torch.float32), caps
     assert isinstance(autocast(cpu, torch.float32), contextlib.nullcontext)
     assert pick_dtype("bfloat16", cpu) == torch.bfloat16
     with autocast(cpu, torch.bfloat16):

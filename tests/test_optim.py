@@ -1,0 +1,122 @@
+"""Optimizers (AdamW, Muon + AdamW) and schedules (cosine, warmup-stable-decay, time budget)."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import pytest
+import torch
+
+import train as train_mod
+from attention_lab.config import OptimConfig, compose
+from attention_lab.optim import Optimizers, configure_optimizer, lr_multiplier
+from model import GPT, GPTConfig
+
+CPU = torch.device("cpu")
+
+
+def tiny(**kw) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32, bias=True, **kw))
+
+
+def test_muon_takes_exactly_the_blocks_matrices_and_adamw_the_rest():
+    model = tiny(pos_encoding="learned")
+    opt = configure_optimizer(model, OptimConfig(name="muon"), CPU)
+    muon, adamw = opt.optimizers
+    assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
+    name = {id(p): n for n, p in model.named_parameters()}
+    muon_names = {name[id(p)] for g in muon.param_groups for p in g["params"]}
+    adam_names = {name[id(p)] for g in adamw.param_groups for p in g["params"]}
+    expected = {f"transformer.h.{i}.{m}.weight" for i in range(2)
+                for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")}
+    assert muon_names == expected, f"Muon params: {sorted(muon_names)}"
+    assert muon_names.isdisjoint(adam_names)
+    assert muon_names | adam_names == set(name.values()), "every parameter is optimised exactly once"
+    decayed = {name[id(p)] for g in adamw.param_groups if g["weight_decay"] > 0 for p in g["params"]}
+    assert decayed == {"transformer.wte.weight"}, f"AdamW decays the embedding only (not wpe, gains, biases): {decayed}"
+    assert all(g["weight_decay"] == 0.1 for g in muon.param_groups)
+
+
+def test_adamw_alone_decays_every_matrix_but_the_position_table():
+    model = tiny(pos_encoding="learned")
+    opt = configure_optimizer(model, OptimConfig(name="adamw"), CPU)
+    assert len(opt.optimizers) == 1
+    name = {id(p): n for n, p in model.named_parameters()}
+    decayed = {name[id(p)] for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
+    matrices = {n for n, p in model.named_parameters() if p.dim() == 2 and n != "transformer.wpe.weight"}
+    assert decayed == matrices and decayed, f"decayed: {sorted(decayed)}"
+
+
+def test_lr_multiplier_scales_every_group_from_its_own_base():
+    opt = configure_optimizer(tiny(), OptimConfig(name="muon", lr=1e-3, muon_lr=0.02), CPU)
+    opt.set_lr_multiplier(0.5)
+    muon, adamw = opt.optimizers
+    assert all(g["lr"] == pytest.approx(0.01) for g in muon.param_groups)
+    assert all(g["lr"] == pytest.approx(5e-4) for g in adamw.param_groups)
+
+
+def test_cosine_schedule_shape_is_pinned():
+    cfg = OptimConfig(lr=1.0, min_lr=0.1, warmup_steps=10)
+    m = [lr_multiplier(s, cfg, 110) for s in range(120)]
+    assert m[0] == pytest.approx(0.1) and m[9] == pytest.approx(1.0), "linear warmup to the peak"
+    assert m[10] == pytest.approx(1.0)
+    assert m[60] == pytest.approx(0.55), "half-way through the decay a cosine is at the mean of peak and floor"
+    assert m[35] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 4))), "a linear decay would give 0.775"
+    assert m[110] == pytest.approx(0.1) and m[119] == pytest.approx(0.1)
+
+
+def test_wsd_schedule_is_flat_then_linear_to_the_floor():
+    cfg = OptimConfig(lr=1.0, min_lr=0.0, warmup_steps=10, schedule="wsd", decay_frac=0.5)
+    m = [lr_multiplier(s, cfg, 100) for s in range(100)]
+    assert m[9] == pytest.approx(1.0) and m[10] == m[49] == 1.0, "stable at the peak until half-way"
+    assert m[50] == pytest.approx(1.0) and m[75] == pytest.approx(0.5) and m[99] == pytest.approx(0.02)
+    assert all(a >= b for a, b in zip(m[50:], m[51:])), "monotone decay"
+
+
+def test_time_budget_moves_the_schedule_on_a_slow_machine():
+    cfg = compose(["experiment=debug", "train.max_minutes=10", "train.max_steps=1000"])
+
+    class FakeRun:
+        pass
+
+    run = FakeRun()
+    run.cfg, run.step = cfg, 100
+    run.session_start = time.time() - 6 * 60  # 60% of the budget spent after 10% of the steps
+    assert train_mod.schedule_position(run) == pytest.approx(600, abs=2)
+    run.session_start = time.time()
+    assert train_mod.schedule_position(run) == 100, "a fast machine follows its steps"
+    run.cfg = compose(["experiment=debug"])
+    run.cfg.train.max_minutes = None
+    assert train_mod.schedule_position(run) == 100
+
+
+def test_a_checkpoint_with_another_optimizer_count_is_a_clear_error():
+    opt = configure_optimizer(tiny(), OptimConfig(name="muon"), CPU)
+    adam_only = configure_optimizer(tiny(), OptimConfig(name="adamw"), CPU)
+    with pytest.raises(ValueError, match="same optim.name"):
+        opt.load_state_dict(adam_only.state_dict())
+    assert isinstance(opt, Optimizers)
+
+
+@pytest.mark.parametrize("optim", ["muon", "adamw"])
+def test_resume_is_exact_with_each_optimizer(tmp_path, data_cache, optim):
+    overrides = ["experiment=debug", f"data.cache_dir={data_cache}", f"optim.name={optim}", "optim.schedule=wsd",
+                 "optim.decay_steps=20",  # the schedule must not depend on where the first session stops
+                 "train.log_interval=1", "train.head_roles=false", "train.sample_tokens=0"]
+    full = tmp_path / "full"
+    train_mod.train(compose(overrides), full)
+    part = tmp_path / "part"
+    train_mod.train(compose(overrides + ["train.max_steps=10"]), part)
+    train_mod.train(compose(overrides), part)
+
+    def losses(run):
+        return {r["step"]: r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+                if "loss" in r}
+
+    a, b = losses(full), losses(part)
+    assert sorted(a) == list(range(1, 21))
+    assert [a[s] for s in range(11, 21)] == [b[s] for s in range(11, 21)], \
+        f"{optim}: resumed losses differ from the uninterrupted run's: {a} vs {b}"
