@@ -334,9 +334,11 @@ def build_callbacks(cfg: Config, data: PreparedData, model_cfg: GPTConfig) -> li
 def head_roles_callback(cfg: Config, data: PreparedData, model_cfg: GPTConfig) -> HeadRoles:
     """Role scores on a repeated-random-tokens probe (tokens the training split holds) and on validation windows."""
     tc = cfg.train
-    half = model_cfg.block_size // 2  # the probe feeds 2 * half - 1 tokens: both halves fit the context
+    # the probe feeds 2 * half - 1 tokens, so both halves fit the context; 64 random tokens are plenty to
+    # tell copying from guessing, and a longer probe would only make every evaluation slower
+    half = min(model_cfg.block_size // 2, 64)
     probe = repeated_tokens_probe(np.unique(data.tokens("train")), half, tc.probe_batch, seed=tc.seed)
-    val = eval_batches(data.tokens("val"), model_cfg.block_size, 8 * tc.probe_batch, 1)  # loss by position: 8x
+    val = eval_batches(data.tokens("val"), model_cfg.block_size, 4 * tc.probe_batch, 1)  # loss by position: 4x
     val_x, val_y = next(iter(val))
     # a phase change may take a tenth of the run to complete: look that far back (at least 3 evaluations)
     lookback = max(3, round(0.1 * tc.max_steps / (tc.eval_interval * tc.head_roles_every)))

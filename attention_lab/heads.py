@@ -269,8 +269,8 @@ def measure_heads(model, probe: torch.Tensor, val_x: torch.Tensor, val_y: torch.
                   ablate: bool = True) -> HeadReport:
     """Role scores, half losses, position losses and (optionally) per-head ablation for one model state.
 
-    probe (B, 2*half) from repeated_tokens_probe; val_x, val_y (N, T) validation windows (N >= B): the first B
-    give role scores and ablation, all N the loss by position. The model should be in eval mode; autocast is
+    probe (B, 2*half) from repeated_tokens_probe; val_x, val_y (N, T) validation windows: the first B/2 give
+    role scores and ablation, all N the loss by position. The model should be in eval mode; autocast is
     the caller's choice.
     """
     half = probe.size(1) // 2
@@ -281,7 +281,7 @@ def measure_heads(model, probe: torch.Tensor, val_x: torch.Tensor, val_y: torch.
     token_losses = F.cross_entropy(out.logits.float().flatten(0, 1), py.flatten(), reduction="none").view_as(py)
     first, repeat = probe_half_losses(token_losses, half)
 
-    n = probe.size(0)  # attention maps and ablation on as many validation windows as probe rows
+    n = max(1, probe.size(0) // 2)  # attention maps and ablation on half as many validation windows as probe rows
     vout = model(val_x[:n], return_attention=True)
     vattn = torch.stack(vout.attentions, dim=1).float().cpu().numpy()
     text_scores = role_scores(vattn, val_x[:n].cpu().numpy())
