@@ -8,7 +8,7 @@ then, anywhere with transformers installed (no attention-lab needed):
 
     from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
     model = AutoModelForCausalLM.from_pretrained("exported/")      # + trust_remote_code=True for remote code
-    tokenizer = AutoTokenizer.from_pretrained("exported/")
+    tokenizer = AutoTokenizer.from_pretrained("exported/")          # (here too: it reads config.json)
     pipeline("text-generation", model="exported/")("ROMEO:", max_new_tokens=50, do_sample=False)
 
 What each model becomes (model/convert.py): learned, sinusoidal or no positions -> GPT2LMHeadModel; RoPE ->
@@ -65,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"files: {', '.join(result.files)}")
     print("load it with:\n"
           f"    AutoModelForCausalLM.from_pretrained({str(result.path)!r}{trust})\n"
-          f"    AutoTokenizer.from_pretrained({str(result.path)!r})\n"
+          f"    AutoTokenizer.from_pretrained({str(result.path)!r}{trust})\n"
           f"    pipeline('text-generation', model={str(result.path)!r}{trust})")
     return 0
 
