@@ -151,7 +151,9 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             k, v = cache.update(k, v, self.layer)  # (B, nh, S, hs)
         p = self.dropout_p if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), dropout_p=p)  # (B, nh, T, hs)
+        # the mask is float32; in float16 its minimum would become -inf (NaN rows for padding): clamp it
+        mask = mask.to(q.dtype).clamp(min=torch.finfo(q.dtype).min)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(b, t, c)
         return self.resid_dropout(self.c_proj(y)), v_own
 
