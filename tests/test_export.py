@@ -247,16 +247,21 @@ def test_any_model_exports_as_remote_code_on_request(tmp_path, capsys, monkeypat
     assert_round_trip(ours, out)
 
 
-def test_the_default_config_exports(tmp_path, capsys, monkeypatch, bpe_json):
-    """configs/experiment/shakespeare_cpu.yaml's model (the vocabulary is the tokenizer's, as in training)."""
-    cfg = compose(["experiment=shakespeare_cpu"]).model
+@pytest.mark.parametrize("experiment", ["shakespeare_cpu", "classic"])
+def test_the_default_config_exports(tmp_path, capsys, monkeypatch, bpe_json, experiment):
+    """The default run's model (experiment=shakespeare_cpu; with QK-norm it needs the remote code) and the earlier
+    default (experiment=classic: 6x6x192 RoPE without biases, GPT-NeoX). The vocabulary is the tokenizer's."""
+    cfg = compose([f"experiment={experiment}"]).model
     cfg = dataclasses.replace(cfg, vocab_size=Tokenizer.from_str(bpe_json).vocab_size)
     ours = randomise(GPT(cfg), seed=7)
     with torch.no_grad():  # a deeper random model: keep the logits of the order of those of the tiny ones
         ours.lm_head.weight.mul_(0.25)
     out = assert_pipeline_matches_sample_py(ours, bpe_json, tmp_path, capsys, monkeypatch)
     theirs = load_hf(out)
-    assert_same_logits(ours, theirs, f"the default config ({plan_export(cfg).architecture})", batch=1)
+    assert type(theirs).__name__ == plan_export(cfg).architecture
+    if experiment == "classic":
+        assert type(theirs).__name__ == "GPTNeoXForCausalLM", "a RoPE model without new options exports natively"
+    assert_same_logits(ours, theirs, f"experiment={experiment} ({plan_export(cfg).architecture})", batch=1)
     assert_round_trip(ours, out)
 
 
