@@ -83,6 +83,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-samples", type=int, default=1, help="samples, one after the other (default: 1)")
     p.add_argument("--seed", type=int, default=None, help="same seed, same text (default: a random one, printed)")
     p.add_argument("--device", default="auto", help="auto (default: cuda if available, else cpu), cpu, cuda, cuda:N")
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                   help="autocast dtype; auto: bf16 on GPUs and on CPUs with native bf16, else float32")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole context at every step")
     p.add_argument("--out", type=Path, default=None, help="attention output folder (default <run>/samples/<time>)")
     p.add_argument("--no-attention", action="store_true", help="only generate: no attention files or TensorBoard")
@@ -239,17 +241,18 @@ def generate_text(
     use_cache: bool = True,
     generator: torch.Generator | None = None,
     on_text: Callable[[str], None] | None = None,
+    dtype: str = "auto",
 ) -> list[int]:
     """Continue prompt_ids (1 <= len <= block_size); return the max_new_tokens generated ids.
 
     on_text receives the decoded continuation piece by piece as tokens arrive. The context slides past
-    block_size (model.generate.generate_stream); on a GPU with bf16 the forward passes run under autocast.
+    block_size (model.generate.generate_stream); with a bf16 dtype the forward passes run under autocast.
     """
     device = next(model.parameters()).device
     idx = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)  # (1, T)
     stream = StreamDecoder(tokenizer, prompt_ids) if on_text is not None else None
     new_ids: list[int] = []
-    with autocast(device, pick_dtype("auto", device)):
+    with autocast(device, pick_dtype(dtype, device)):
         for nxt in generate_stream(
             model, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy,
             use_cache=use_cache, generator=generator,
@@ -381,7 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             new_ids = generate_text(
                 loaded.model, tok, prompt_ids, args.max_new_tokens, temperature=args.temperature,
                 top_k=args.top_k, top_p=args.top_p, greedy=args.greedy, use_cache=not args.no_cache,
-                generator=generator, on_text=write,
+                generator=generator, on_text=write, dtype=args.dtype,
             )
             write("\n")
             seconds = time.perf_counter() - t0
