@@ -265,3 +265,32 @@ def position_loss_figure(steps: Sequence[int], losses: np.ndarray, title: str = 
     if title:
         ax.set_title(title, fontsize=9)
     return fig
+
+
+def role_timeline_figure(steps: Sequence[int], series: dict[str, Sequence[float]], losses: dict[str, Sequence],
+                         marks: Sequence[tuple[int, str]] = (), title: str = "", dpi: int = 80) -> Figure:
+    """Role scores over training (top: one line per series, e.g. the strongest head of each role) above the
+    losses (bottom: {name: (steps, values)}), with detected phase changes as vertical lines."""
+    fig = Figure(figsize=(7.0, 4.6), dpi=dpi)
+    FigureCanvasAgg(fig)
+    top = fig.add_axes((0.1, 0.5, 0.62, 0.38))
+    bottom = fig.add_axes((0.1, 0.1, 0.62, 0.32), sharex=top)
+    for name, values in series.items():
+        top.plot(steps, values, label=name, linewidth=1.6)
+    top.set_ylim(0, 1)
+    top.set_ylabel("role score", fontsize=8)
+    top.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    for name, (xs, ys) in losses.items():
+        bottom.plot(xs, ys, label=name, linewidth=1.4)
+    bottom.set_ylabel("loss (nats)", fontsize=8)
+    bottom.set_xlabel("step", fontsize=8)
+    bottom.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    for ax in (top, bottom):
+        ax.tick_params(labelsize=7)
+        for step, _ in marks:
+            ax.axvline(step, color="crimson", linewidth=0.8, linestyle="--")
+    for step, label in marks:
+        top.annotate(label, (step, 0.97), fontsize=6.5, color="crimson", rotation=90, ha="right", va="top")
+    if title:
+        top.set_title(title, fontsize=9)
+    return fig

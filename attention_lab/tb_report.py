@@ -1,7 +1,7 @@
 """Read a run's TensorBoard events back and print its head-role timeline and phase changes.
 
     python -m attention_lab.tb_report runs/default/2026-11-22_16-00-00
-    python -m attention_lab.tb_report RUN_DIR --role induction --json timeline.json
+    python -m attention_lab.tb_report RUN_DIR --json timeline.json --plot timeline.png
 
 It reads only the event files (tb/), the way TensorBoard does, so it checks what a person would see there:
 for every evaluation, the strongest head of each role, the probe's first-half and repeated-half losses, and the
@@ -79,6 +79,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("run_dir", type=Path)
     p.add_argument("--json", type=Path, help="also write the timeline and phase changes to this JSON file")
+    p.add_argument("--plot", type=Path, help="also draw the timeline (strongest head per role, losses) as a PNG")
     args = p.parse_args(argv)
     try:
         events = read_events(args.run_dir)
@@ -99,7 +100,36 @@ def main(argv=None) -> int:
             print(f"  {line}")
     if args.json:
         args.json.write_text(json.dumps({"timeline": rows, "phase_changes": events["phase_changes"]}, indent=1))
+    if args.plot:
+        plot_timeline(events, rows, args.plot, title=f"{args.run_dir}")
     return 0
+
+
+def plot_timeline(events: dict, rows: list[dict], path: Path, title: str = "") -> None:
+    import matplotlib.image
+
+    from .attention_maps import figure_to_array, role_timeline_figure
+
+    steps = [r["step"] for r in rows]
+    series = {}
+    for role in ("previous_token", "induction", "duplicate_token"):
+        heads = events["roles"].get(role, {})
+        if heads:  # the head that ends strongest, followed over the whole run
+            best = max(heads, key=lambda h: heads[h][max(heads[h])])
+            series[f"{role} ({best})"] = [heads[best].get(s, float("nan")) for s in steps]
+    losses = {}
+    for tag, name in (("model/probe_first_loss", "probe, first half"), ("model/probe_repeat_loss", "probe, repeat"),
+                      ("val/val_loss", "validation")):
+        if tag in events["model"]:
+            xs = sorted(events["model"][tag])
+            losses[name] = (xs, [events["model"][tag][x] for x in xs])
+    marks = []
+    for step, text in events["phase_changes"]:
+        for line in text.split("\n\n"):
+            if "induction" in line:
+                marks.append((step, line.split(": ", 1)[-1]))
+    fig = role_timeline_figure(steps, series, losses, marks, title)
+    matplotlib.image.imsave(path, figure_to_array(fig))
 
 
 if __name__ == "__main__":

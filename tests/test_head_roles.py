@@ -230,7 +230,9 @@ def test_trainer_logs_head_roles_to_tensorboard_and_files(tmp_path, data_cache):
     assert set(events["roles"]) == set(H.ROLES) and len(events["roles"]["induction"]) == n_layer * n_head
     rows = tb_report.timeline(events)
     assert [r["step"] for r in rows] == [10, 20] and "val_bpb" in rows[-1]
-    assert tb_report.main([str(run_dir)]) == 0
+    png = tmp_path / "timeline.png"
+    assert tb_report.main([str(run_dir), "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", "the timeline plot is a PNG"
 
 
 def test_head_roles_switch_off(tmp_path, data_cache):
