@@ -340,8 +340,9 @@ def head_roles_callback(cfg: Config, data: PreparedData, model_cfg: GPTConfig) -
     probe = repeated_tokens_probe(np.unique(data.tokens("train")), half, tc.probe_batch, seed=tc.seed)
     val = eval_batches(data.tokens("val"), model_cfg.block_size, 4 * tc.probe_batch, 1)  # loss by position: 4x
     val_x, val_y = next(iter(val))
-    # a phase change may take a tenth of the run to complete: look that far back (at least 3 evaluations)
-    lookback = max(3, round(0.1 * tc.max_steps / (tc.eval_interval * tc.head_roles_every)))
+    # a phase change may take a fifth of the run to complete (the induction preset's: 400 of 2000 steps):
+    # look a quarter of the run back, at least 3 evaluations
+    lookback = max(3, round(0.25 * tc.max_steps / (tc.eval_interval * tc.head_roles_every)))
     return HeadRoles(probe, val_x, val_y, every=tc.head_roles_every, ablate=tc.head_ablation, lookback=lookback)
 
 
