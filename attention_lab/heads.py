@@ -354,7 +354,8 @@ class PhaseChangeDetector:
     """Feeds on one evaluation at a time and reports each phase change once.
 
     Head series: a head's score for `role` rises to >= level by >= rise (default: induction 0.1 -> 0.4 style).
-    Model series: the repeated half's loss falls below the first half's by a margin growing by >= `loss_drop`.
+    Model series: the probe's repeated half's loss falls below its first half's by a margin that grows by at
+    least `loss_drop` nats within the lookback (reported as "repeat minus first-half loss": before -> after).
     """
 
     def __init__(self, roles: Sequence[str] = ("induction", "previous_token"), level: float = 0.3,
@@ -388,8 +389,8 @@ class PhaseChangeDetector:
         if "repeat_loss" not in self.reported:
             i = detect_fall(self.steps, self.gap, drop=self.loss_drop, lookback=self.lookback)
             if i == len(self.steps) - 1:
-                j = max(0, i - self.lookback) + int(np.argmax(self.gap[max(0, i - self.lookback) : i]))
-                found.append(PhaseChange(step, "repeated-half loss", None, self.repeat[j], self.repeat[i]))
+                before = max(self.gap[max(0, i - self.lookback) : i])
+                found.append(PhaseChange(step, "repeat minus first-half loss", None, before, self.gap[i]))
                 self.reported.add("repeat_loss")
         return found
 

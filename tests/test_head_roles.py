@@ -190,10 +190,11 @@ def test_phase_change_detector_reports_each_change_once_with_its_numbers():
     for i, (v, g) in enumerate(zip(series, gap)):
         scores = {"induction": np.array([[0.01, v]])}
         found += det.update(100 * i, scores, 6.0, 6.0 + g)
-    assert [(c.step, c.head, c.metric) for c in found] == [(300, "L0H1", "induction"), (300, None, "repeated-half loss")]
+    assert [(c.step, c.head, c.metric) for c in found] == [(300, "L0H1", "induction"),
+                                                           (300, None, "repeat minus first-half loss")]
     assert found[0].before == pytest.approx(0.02) and found[0].after == pytest.approx(0.61)
     assert found[0].message == "step 300: L0H1 induction 0.02 -> 0.61"
-    assert found[1].after == pytest.approx(3.5)
+    assert (found[1].before, found[1].after) == pytest.approx((0.0, -2.5))
 
 
 def test_trainer_logs_head_roles_to_tensorboard_and_files(tmp_path, data_cache):
