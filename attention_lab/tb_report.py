@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     if args.json:
         args.json.write_text(json.dumps({"timeline": rows, "phase_changes": events["phase_changes"]}, indent=1))
     if args.plot:
-        plot_timeline(events, rows, args.plot, title=f"{args.run_dir}")
+        plot_timeline(events, rows, args.plot, title=f"{args.run_dir.name}: role scores and losses over training")
     return 0
 
 
