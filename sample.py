@@ -22,12 +22,6 @@ head summary, where files went) to stderr, so `python sample.py ... > out.txt` k
 
 from __future__ import annotations
 
-import os
-
-# Before torch loads OpenMP: idle threads sleep instead of spinning. No slower on an idle machine (measured), and
-# on a CPU shared with another process spinning threads made 2-thread ops up to 50x slower (bench/README).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import argparse
 import contextlib
 import math

@@ -11,12 +11,6 @@ The functions here (build_model, configure_optimizer, lr_at, train_step, evaluat
 
 from __future__ import annotations
 
-import os
-
-# Before torch loads OpenMP: idle threads sleep instead of spinning. No slower on an idle machine (measured), and
-# on a CPU shared with another process spinning threads made 2-thread ops up to 50x slower (bench/README).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import contextlib
 import dataclasses
 import math
@@ -362,9 +356,11 @@ def save(run: Run, best: bool, extra: dict) -> Path | None:
 
 def run_evaluation(run: Run) -> dict:
     """Validation loss on every process, then the callbacks (main process), then a checkpoint."""
+    t0 = time.time()
     val_loss = evaluate(run.raw_model, run.val_batches, run.device, run.dtype)
+    seconds_val = time.time() - t0
     val_loss = distributed.mean(val_loss, run.info, run.device)
-    metrics = {"val_loss": val_loss, "val_bpb": bits_per_byte(val_loss, run.data.meta)}
+    metrics = {"val_loss": val_loss, "val_bpb": bits_per_byte(val_loss, run.data.meta), "seconds_val": seconds_val}
     is_best = val_loss < run.best_val
     run.best_val = min(run.best_val, val_loss)
     if run.info.is_main:
@@ -373,7 +369,9 @@ def run_evaluation(run: Run) -> dict:
         run.raw_model.eval()
         with torch.no_grad():
             for callback in run.callbacks:
+                t0 = time.time()
                 callback.on_evaluate(ctx)
+                metrics[f"seconds_{type(callback).__name__}"] = time.time() - t0
         run.raw_model.train(was_training)
         run.log.flush()
     run.log.metrics(run.step, metrics, tb_prefix="val")
