@@ -76,7 +76,7 @@ def layer_step(backend: str, t: int, setting: dict, device: torch.device, state:
     dy = torch.randn(setting["batch"], t, cfg.n_embd, generator=gen).to(device)
 
     def step() -> None:
-        y, _ = layer(x, pe, pos)
+        y = layer(x, pe, pos)[0]  # (y, weights, values): only y is timed
         y.backward(dy)
         # freed here, not at the next call's start: a peak measurement then starts with no stale gradients
         x.grad = None
