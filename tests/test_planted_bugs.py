@@ -1,0 +1,96 @@
+"""Tests that fail on bugs a weaker suite let through (issue: "close the holes that planted bugs slipped through").
+
+Each test names the planted bug it catches. They compare the model with independent references, not with itself.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+import train as train_mod
+from attention_lab.config import compose
+from model import GPT, GPTConfig
+
+
+def reference_rope(x: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+    """Rotate-half RoPE in float64, written from the formula: pair (i, i + hs/2) rotated by pos * base^(-2i/hs)."""
+    t, hs = x.shape[-2], x.shape[-1]
+    half = hs // 2
+    freq = base ** (-torch.arange(half, dtype=torch.float64) * 2 / hs)  # (hs/2,)
+    angle = torch.arange(t, dtype=torch.float64)[:, None] * freq[None, :]  # (T, hs/2)
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * angle.cos() - x2 * angle.sin(), x2 * angle.cos() + x1 * angle.sin()], dim=-1)
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_layer0_attention_of_a_rope_model_equals_an_independent_reference(qk_norm):
+    """Planted bug: the `pe.rotate` line removed from attention (RoPE never applied)."""
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=32, bias=False, pos_encoding="rope",
+                    qk_norm=qk_norm)
+    model = GPT(cfg).eval()
+    idx = torch.randint(50, (1, 12))
+    got = model(idx, return_attention=True).attentions[0][0].double()  # (nh, T, T)
+
+    block = model.transformer.h[0]
+    x = block.ln_1(model.transformer.wte(idx)).double()[0]  # (T, C); RoPE adds nothing to the embeddings
+    qkv = x @ block.attn.c_attn.weight.double().T  # (T, 3C)
+    q, k, _ = qkv.split(cfg.n_embd, dim=-1)
+    hs = cfg.head_size
+    q = q.view(-1, cfg.n_head, hs).transpose(0, 1)  # (nh, T, hs)
+    k = k.view(-1, cfg.n_head, hs).transpose(0, 1)
+    if qk_norm:
+        q = q / q.pow(2).mean(-1, keepdim=True).add(torch.finfo(torch.float32).eps).sqrt()
+        k = k / k.pow(2).mean(-1, keepdim=True).add(torch.finfo(torch.float32).eps).sqrt()
+    scores = reference_rope(q) @ reference_rope(k).transpose(-1, -2) / math.sqrt(hs)
+    t = idx.size(1)
+    scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+    expected = scores.softmax(-1)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4,
+                               msg="layer-0 attention differs from softmax(rot(q) rot(k)^T / sqrt(hs)): "
+                                   "is RoPE applied to q and k inside attention?")
+
+
+@pytest.mark.parametrize("pos_encoding, tells_apart", [("rope", True), ("learned", True), ("alibi", True),
+                                                         ("sinusoidal", True), ("none", False)])
+def test_a_model_with_positions_tells_orders_apart_and_one_without_cannot(pos_encoding, tells_apart):
+    """Planted bug: positions computed but never used. Without positions, one layer of causal attention at the
+    last token is a function of the *set* of earlier tokens: permuting them cannot change its output. (With two
+    layers a causal model can infer order from prefix lengths, so the test uses one.)"""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=50, block_size=16, n_layer=1, n_head=2, n_embd=32,
+                          pos_encoding=pos_encoding)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(10)  # sharper attention, so that order effects are large
+    idx = torch.randint(50, (1, 10))
+    shuffled = torch.cat([idx[:, :-1][:, torch.randperm(9)], idx[:, -1:]], dim=1)
+    a = model(idx).logits[0, -1]
+    b = model(shuffled).logits[0, -1]
+    diff = (a - b).abs().max().item()
+    if tells_apart:
+        assert diff > 1e-3, f"{pos_encoding}: reordering earlier tokens did not change the last logits ({diff})"
+    else:
+        assert diff < 1e-4, f"none: the last position must not see token order ({diff})"
+
+
+def test_resume_is_exact_with_dropout_on(tmp_path, data_cache):
+    """Planted bug: the torch RNG state not restored on resume (invisible with dropout 0)."""
+    common = ["experiment=debug", f"data.cache_dir={data_cache}", "model.dropout=0.2", "optim.decay_steps=20",
+              "train.log_interval=1", "train.head_roles=false", "train.sample_tokens=0"]
+    train_mod.train(compose(common), tmp_path / "full")
+    train_mod.train(compose(common + ["train.max_steps=10"]), tmp_path / "split")
+    train_mod.train(compose(common), tmp_path / "split")
+
+    def losses(run):
+        return {r["step"]: r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+                if "loss" in r}
+
+    full, split = losses(tmp_path / "full"), losses(tmp_path / "split")
+    assert [split[s] for s in range(11, 21)] == [full[s] for s in range(11, 21)], \
+        "with dropout on, the resumed run must draw the same dropout masks: is torch's RNG state restored?"
