@@ -94,3 +94,46 @@ def test_resume_is_exact_with_dropout_on(tmp_path, data_cache):
     full, split = losses(tmp_path / "full"), losses(tmp_path / "split")
     assert [split[s] for s in range(11, 21)] == [full[s] for s in range(11, 21)], \
         "with dropout on, the resumed run must draw the same dropout masks: is torch's RNG state restored?"
+
+
+def test_init_from_really_starts_from_the_source_weights(tmp_path, data_cache):
+    """Planted bug: init_from builds a fresh model of the source's shape instead of loading its weights."""
+    from attention_lab.checkpoint import load_checkpoint
+    from attention_lab.hf import export_gpt2
+    from data.prepare import prepare_data
+
+    cfg = compose(["experiment=debug", f"data.cache_dir={data_cache}"])
+    vocab = prepare_data(cfg.data, log=lambda *a: None).meta["vocab_size"]
+    torch.manual_seed(5)
+    source = GPT(GPTConfig(vocab_size=vocab, block_size=32, n_layer=1, n_head=2, n_embd=16, pos_encoding="learned"))
+    folder = export_gpt2(source, tmp_path / "tiny-gpt2")
+    # a learning rate of ~0 and no decay: after two steps the weights are still the source's
+    run = tmp_path / "run"
+    train_mod.train(compose(["experiment=debug", f"data.cache_dir={data_cache}", f"train.init_from={folder}",
+                             "optim.lr=1e-12", "optim.min_lr=0", "optim.weight_decay=0", "train.max_steps=2",
+                             "train.eval_interval=2", "train.sample_tokens=0", "train.head_roles=false"]), run)
+    trained = load_checkpoint(run, "latest").build_model()
+    for name, p in source.state_dict().items():
+        torch.testing.assert_close(trained.state_dict()[name], p, atol=1e-6, rtol=0,
+                                   msg=f"{name} is not the source's: init_from did not load the weights")
+
+
+def test_sampling_flags_reach_the_sampler(tmp_path, data_cache, monkeypatch):
+    """Planted bug: --temperature / --top-k / --top-p parsed but not passed on."""
+    import sample
+
+    run = tmp_path / "run"
+    train_mod.train(compose(["experiment=debug", f"data.cache_dir={data_cache}", "train.max_steps=2",
+                             "train.eval_interval=2", "train.sample_tokens=0", "train.head_roles=false"]), run)
+    seen = {}
+    real = sample.generate_stream
+
+    def spy(model, idx, max_new_tokens, **kw):
+        seen.update(kw)
+        yield from real(model, idx, max_new_tokens, **kw)
+
+    monkeypatch.setattr(sample, "generate_stream", spy)
+    code = sample.main(["--run", str(run), "--prompt", "To be", "--max-new-tokens", "3", "--temperature", "0.55",
+                        "--top-k", "7", "--top-p", "0.85", "--seed", "1", "--no-attention"])
+    assert code == 0
+    assert (seen["temperature"], seen["top_k"], seen["top_p"]) == (0.55, 7, 0.85), seen
