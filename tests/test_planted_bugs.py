@@ -137,3 +137,18 @@ def test_sampling_flags_reach_the_sampler(tmp_path, data_cache, monkeypatch):
                         "--top-k", "7", "--top-p", "0.85", "--seed", "1", "--no-attention"])
     assert code == 0
     assert (seen["temperature"], seen["top_k"], seen["top_p"]) == (0.55, 7, 0.85), seen
+
+
+def test_every_planted_bug_still_targets_real_code():
+    """tests/mutations.py refuses a stale entry at run time; this keeps the list honest in every test run too."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("mutations", root / "tests" / "mutations.py")
+    mutations = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mutations)
+    for m in mutations.MUTATIONS:
+        count = (root / m.file).read_text().count(m.original)
+        assert count == 1, f"mutation {m.name}: its original text occurs {count} times in {m.file}; update it"
+        assert all((root / t).is_file() for t in m.tests), f"mutation {m.name} names a missing test file"

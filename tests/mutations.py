@@ -1,0 +1,154 @@
+"""Plant bugs that matter, one at a time, in a temporary copy of the repository, and check the tests catch each.
+
+    python tests/mutations.py            # every planted bug (a few minutes on 2 cores); exit 1 if one survives
+    python tests/mutations.py --list     # what it plants
+    python tests/mutations.py rope_not_applied rng_not_restored   # only these
+
+Each entry names a file, an exact piece of its text, what to put instead, and the test files that should fail.
+If the original text is no longer in the file the script fails too (exit 1), so the list cannot rot silently:
+when you change code that a mutation targets, update the mutation with it. When you add a feature, add the bug
+that would hurt it most.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    file: str
+    original: str
+    replacement: str
+    tests: tuple[str, ...]
+    what: str
+
+
+MUTATIONS = (
+    Mutation("rope_not_applied", "model/attention.py",
+             "q, k = pe.rotate(q, pos), pe.rotate(k, pos)", "pass",
+             ("tests/test_planted_bugs.py",), "RoPE never applied inside attention (RoPE is the default)"),
+    Mutation("rng_not_restored", "train.py",
+             'torch.set_rng_state(state["rng"]["torch"])', "pass",
+             ("tests/test_planted_bugs.py",), "torch RNG state not restored on resume (dropout masks differ)"),
+    Mutation("init_from_ignored", "train.py",
+             "model = load_gpt2(tc.init_from)\n", "model = build_model(load_gpt2(tc.init_from).config)\n",
+             ("tests/test_planted_bugs.py",), "train.init_from builds a fresh model instead of loading the weights"),
+    Mutation("sampling_flags_dropped", "sample.py",
+             "temperature=temperature, top_k=top_k, top_p=top_p", "temperature=0.8, top_k=None, top_p=None",
+             ("tests/test_planted_bugs.py",), "sample.py parses --temperature/--top-k/--top-p but does not pass them"),
+    Mutation("no_weight_decay", "attention_lab/optim.py",
+             'return p.dim() >= 2 and not name.endswith("wpe.weight")', "return False",
+             ("tests/test_optim.py",), "nothing is weight-decayed"),
+    Mutation("muon_on_nothing", "attention_lab/optim.py",
+             'return p.dim() == 2 and ".h." in f".{name}"', "return False",
+             ("tests/test_optim.py",), "Muon configured but given no parameter"),
+    Mutation("cosine_is_linear", "attention_lab/optim.py",
+             "return floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (1.0 - floor)",
+             "return floor + (1.0 - progress) * (1.0 - floor)",
+             ("tests/test_optim.py",), "the cosine schedule decays linearly"),
+    Mutation("wsd_decays_from_the_start", "attention_lab/optim.py",
+             "if step < max(decay_start, cfg.warmup_steps):\n            return 1.0",
+             "if False:\n            return 1.0",
+             ("tests/test_optim.py",), "warmup-stable-decay decays from the end of warmup"),
+    Mutation("optimizer_state_not_restored", "train.py",
+             'run.optimizer.load_state_dict(state["optimizer"])', "pass",
+             ("tests/test_optim.py",), "the optimizer's state is not restored on resume"),
+    Mutation("previous_token_off_by_one", "attention_lab/heads.py",
+             "return np.eye(t, k=-1)", "return np.eye(t, k=-2)",
+             ("tests/test_head_roles.py",), "the previous-token pattern looks two tokens back"),
+    Mutation("induction_is_duplicate", "attention_lab/heads.py",
+             "d[:, 1:] = ids[:, None] == ids[None, :-1]", "d[:, :-1] = ids[:, None] == ids[None, :-1]",
+             ("tests/test_head_roles.py",), "the induction pattern marks the earlier copy, not the token after it"),
+    Mutation("ablation_zeroes_the_wrong_head", "attention_lab/heads.py",
+             "self.lo, self.hi = head * hs, (head + 1) * hs", "self.lo, self.hi = 0, hs",
+             ("tests/test_head_roles.py",), "head ablation always zeroes head 0"),
+    Mutation("exclusions_edit_the_callers_array", "attention_lab/heads.py",
+             "a = np.array(a, dtype=np.float64)  # a copy", "a = np.asarray(a, dtype=np.float64)  # a copy",
+             ("tests/test_head_roles.py",), "role scores zero parts of the caller's attention pattern in place"),
+    Mutation("qk_norm_not_applied", "model/attention.py",
+             "q, k = self.qk_norm(q), self.qk_norm(k)", "pass",
+             ("tests/test_planted_bugs.py", "tests/test_model_options.py"), "QK-norm configured but not applied"),
+)
+
+
+def copy_repo(dest: Path) -> None:
+    """The tracked and untracked-but-not-ignored files, as they are in the working tree."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True,
+                           text=True, check=True).stdout.splitlines()
+    for name in files:
+        src = REPO / name
+        if src.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+
+
+def pytest(root: Path, python: str, tests) -> subprocess.CompletedProcess:
+    # -p no:cacheprovider: nothing written back; -x: the first failure is enough
+    return subprocess.run([python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests], cwd=root,
+                          capture_output=True, text=True)
+
+
+def run(m: Mutation, python: str) -> tuple[str, float]:
+    with tempfile.TemporaryDirectory(prefix=f"mutant-{m.name}-") as tmp:
+        root = Path(tmp)
+        copy_repo(root)
+        target = root / m.file
+        text = target.read_text()
+        if text.count(m.original) != 1:
+            return f"STALE (the original text occurs {text.count(m.original)} times in {m.file})", 0.0
+        target.write_text(text.replace(m.original, m.replacement))
+        t0 = time.time()
+        verdict = "caught" if pytest(root, python, m.tests).returncode != 0 else "SURVIVED"
+        return verdict, time.time() - t0
+
+
+def baseline(mutations, python: str) -> str | None:
+    """The selected tests must pass on the unmutated code, or a "caught" would mean nothing."""
+    tests = sorted({t for m in mutations for t in m.tests})
+    with tempfile.TemporaryDirectory(prefix="mutant-baseline-") as tmp:
+        copy_repo(Path(tmp))
+        proc = pytest(Path(tmp), python, tests)
+    return None if proc.returncode == 0 else proc.stdout[-2000:]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("names", nargs="*", help="only these mutations (default: all)")
+    p.add_argument("--list", action="store_true", help="list the mutations and exit")
+    args = p.parse_args(argv)
+    chosen = [m for m in MUTATIONS if not args.names or m.name in args.names]
+    unknown = set(args.names) - {m.name for m in MUTATIONS}
+    if unknown:
+        print(f"error: unknown mutations {sorted(unknown)}; see --list", file=sys.stderr)
+        return 2
+    if args.list:
+        for m in chosen:
+            print(f"{m.name:<36} {m.file:<28} {m.what}")
+        return 0
+    failing = baseline(chosen, sys.executable)
+    if failing is not None:
+        print(f"error: the tests fail without any planted bug; fix them first:\n{failing}", file=sys.stderr)
+        return 1
+    bad = 0
+    print(f"{'mutation':<36} {'verdict':<10} {'seconds':>7}  what")
+    for m in chosen:
+        verdict, seconds = run(m, sys.executable)
+        bad += verdict != "caught"
+        print(f"{m.name:<36} {verdict:<10} {seconds:7.1f}  {m.what}", flush=True)
+    print(f"\n{len(chosen) - bad} of {len(chosen)} planted bugs caught")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
