@@ -142,11 +142,13 @@ def test_sampling_flags_reach_the_sampler(tmp_path, data_cache, monkeypatch):
 def test_every_planted_bug_still_targets_real_code():
     """tests/mutations.py refuses a stale entry at run time; this keeps the list honest in every test run too."""
     import importlib.util
+    import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
     spec = importlib.util.spec_from_file_location("mutations", root / "tests" / "mutations.py")
     mutations = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mutations  # dataclasses look their module up while the class is created
     spec.loader.exec_module(mutations)
     for m in mutations.MUTATIONS:
         count = (root / m.file).read_text().count(m.original)
