@@ -14,7 +14,7 @@ from model import GPTConfig
 from model.generate import generate
 
 from .common import Column, Context, Table, interleaved, log, median, paired_ratio, spread
-from .twins import build_hf, build_ours, hf_attention
+from .twins import build_hf, build_ours, check_same_function, hf_attention
 
 HF_SPEEDUP_TARGET = 2.0  # ours cached / HF cached, small size
 CACHE_SPEEDUP_TARGET = 5.0  # ours cached / ours uncached, 500 new tokens
@@ -50,6 +50,7 @@ def decoders(ours, hf, prompt: torch.Tensor, n_new: int) -> dict:
 def run(ctx: Context) -> Table:
     setting = QUICK if ctx.quick else FULL
     cfg, device = setting["cfg"], ctx.device
+    check_same_function(cfg, device)  # the twins compute one function (checked where an error would show)
     ours = build_ours(cfg, device).eval()
     hf = build_hf(ours, device).eval()
     gen = torch.Generator().manual_seed(2)

@@ -25,7 +25,7 @@ from model.gpt import flops_per_token, num_params
 
 from .common import Column, Context, Table, autocast, default_dtype, interleaved, log, median, paired_ratio, spread
 from .peak import matmul_probe
-from .twins import build_hf, build_ours, hf_attention
+from .twins import build_hf, build_ours, check_same_function, hf_attention
 
 SPEEDUP_TARGET, SPEEDUP_GOAL = 1.3, 1.6  # ours / Hugging Face tokens/s, at every size
 MFU_TARGET = 0.60  # of the measured matmul peak, at the baby size
@@ -69,6 +69,7 @@ def make_steps(case: Case, device: torch.device):
     gen = torch.Generator().manual_seed(1)
     x = torch.randint(0, cfg.vocab_size, (case.batch, cfg.block_size), generator=gen).to(device)
     y = torch.randint(0, cfg.vocab_size, (case.batch, cfg.block_size), generator=gen).to(device)
+    check_same_function(cfg, device)  # the twins compute one function (checked where an error would show)
     ours = build_ours(cfg, device).train()
     hf = build_hf(ours, device).train()
 

@@ -37,3 +37,27 @@ def build_hf(ours: GPT, device: torch.device):
 
 def hf_attention(hf) -> str:
     return hf.config._attn_implementation
+
+
+@torch.no_grad()
+def check_same_function(cfg: GPTConfig, device: torch.device, seed: int = 0, tol: float = 1e-4) -> float:
+    """Build a twin pair at *random* weights (std 1/sqrt(fan-in), not GPT-2's 0.02) and check their logits agree.
+
+    At GPT-2's initialisation the logits are so flat that a mapping error (say q and k swapped) moves them by
+    less than 1e-4; at these weights such an error moves them by far more than `tol`. Returns the max |diff|;
+    raises RuntimeError when it exceeds tol * (1 + max |logit|).
+    """
+    ours = build_ours(cfg, device, seed)
+    gen = torch.Generator().manual_seed(seed)
+    for p in ours.parameters():
+        fan_in = p.shape[-1] if p.dim() == 2 else 1
+        p.copy_(torch.randn(p.shape, generator=gen).to(p.device) / fan_in ** 0.5)
+    hf = build_hf(ours.eval(), device).eval()
+    x = torch.randint(0, cfg.vocab_size, (2, min(cfg.block_size, 16)), generator=gen).to(device)
+    a, b = ours(x).logits.float(), hf(input_ids=x, use_cache=False).logits.float()
+    diff = (a - b).abs().max().item()
+    if diff > tol * (1 + a.abs().max().item()):
+        raise RuntimeError(f"our GPT and its GPT2LMHeadModel twin disagree at random weights (max |logit diff| "
+                           f"{diff:.2e}): the weight mapping in model/convert.py is wrong, so the benchmark would "
+                           "compare different functions")
+    return diff

@@ -154,3 +154,25 @@ def test_every_planted_bug_still_targets_real_code():
         count = (root / m.file).read_text().count(m.original)
         assert count == 1, f"mutation {m.name}: its original text occurs {count} times in {m.file}; update it"
         assert all((root / t).is_file() for t in m.tests), f"mutation {m.name} names a missing test file"
+
+
+def test_the_benchmarks_twin_check_fails_when_q_and_k_are_swapped(monkeypatch):
+    """Planted bug: q and k swapped in the GPT-2 converter. At GPT-2's init the bench's loss check saw 4.6e-5."""
+    import bench.twins as twins
+    from model import convert
+
+    cfg = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32, pos_encoding="learned")
+    cpu = torch.device("cpu")
+    assert twins.check_same_function(cfg, cpu) < 1e-4
+    real = convert.state_dict_to_hf
+
+    def swapped(sd, c):
+        out = real(sd, c)
+        for key in [k for k in out if k.endswith("attn.c_attn.weight") or k.endswith("attn.c_attn.bias")]:
+            q, k, v = out[key].chunk(3, dim=-1)  # GPT-2's Conv1D keeps q|k|v along the last axis
+            out[key] = torch.cat([k, q, v], dim=-1)
+        return out
+
+    monkeypatch.setattr(twins, "state_dict_to_hf", swapped)
+    with pytest.raises(RuntimeError, match="disagree at random weights"):
+        twins.check_same_function(cfg, cpu)
