@@ -176,3 +176,25 @@ def test_the_benchmarks_twin_check_fails_when_q_and_k_are_swapped(monkeypatch):
     monkeypatch.setattr(twins, "state_dict_to_hf", swapped)
     with pytest.raises(RuntimeError, match="disagree at random weights"):
         twins.check_same_function(cfg, cpu)
+
+
+@pytest.mark.parametrize("pos_encoding", ["alibi", "rope", "learned"])
+def test_the_sdpa_backend_really_runs_the_fused_kernel_and_equals_math(pos_encoding, monkeypatch):
+    """Planted bug: a backend test that asks for the weights always runs `math`, so sdpa (with ALiBi's additive
+    mask) was never compared. Here the sdpa model is called without weights, and the kernel calls are counted."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    cfg = dict(vocab_size=50, block_size=16, n_layer=2, n_head=4, n_embd=32, pos_encoding=pos_encoding)
+    fused = GPT(GPTConfig(attn_backend="sdpa", **cfg)).eval()
+    reference = GPT(GPTConfig(attn_backend="math", **cfg)).eval()
+    reference.load_state_dict(fused.state_dict())
+    calls = []
+    real = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    idx = torch.randint(50, (2, 12))
+    a = fused(idx).logits
+    assert len(calls) == cfg["n_layer"], f"sdpa backend called the fused kernel {len(calls)} times"
+    b = reference(idx).logits
+    assert len(calls) == cfg["n_layer"], "the math backend must not call the fused kernel"
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
