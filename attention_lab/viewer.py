@@ -1,0 +1,473 @@
+"""Interactive attention pages: one self-contained HTML file per sample, and a run's training film.
+
+    python -m attention_lab.viewer runs/<name>/<time>          # the run's film -> <run>/attention.html
+    python -m attention_lab.viewer runs/<name>/<time>/samples/<time>   # a sample folder: attention.npy + tokens.json
+
+A page is one file: the template, style and script of attention_lab/viewer_assets/ and one JSON data island
+filled here. Nothing is fetched at view time, so it opens from disk, offline, in any recent browser.
+
+Shapes: L n_layer, nh n_head, T tokens. Attention travels as uint8 levels q = round(255 * sqrt(w)) of each head's
+lower triangle (the T (T + 1) / 2 weights a causal head can hold, row by row), base64-encoded: one byte instead of
+four, half the matrix, and the square root keeps small weights apart where the eye looks (the colours are
+sqrt-scaled, as in the PNGs of attention_maps.py). A weight comes back as (q / 255)^2, within 1/255 of itself.
+
+The film reads what the trainer writes at every evaluation; every part may be missing (the page says which):
+
+    attention/probe.json            {"tokens": [str], "ids": [int], "description": str}
+    attention/step_XXXXXXXX.npy     float16 (L, nh, T, T): the probe prompt's attention at that step
+    attention/heads.jsonl           per evaluation {"step", "scores": {role: L x nh}, "ablation": {"probe", "val"},
+                                    "model": {"probe_first_loss", "probe_repeat_loss", "icl_score"}}
+    attention/phase_changes.json    [{"step", "head", "metric", "before", "after", "message"}]
+    metrics.jsonl                   {"step", "loss", ...} (training) and {"step", "val_loss", "val_bpb", ...}
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import json
+import math
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from .files import atomic_write, human_bytes
+
+ASSETS = "viewer_assets"
+SCRIPTS = ("explorer.js", "charts.js", "main.js")  # concatenated in this order into the page's one script
+# Raw bytes of attention levels a film may hold (base64 adds a third): about 4.8 MB of page, so a film stays under
+# 5 MB; beyond it, evaluations are dropped evenly (the first, the last and phase changes kept). A 6-layer, 6-head
+# model on a 128-token probe needs 297 kB per evaluation.
+FILM_MAX_BYTES = 3_600_000
+# A sample page keeps every weight up to this many bytes (a 6 x 6 model at 512 tokens needs 4.7 MB); past it,
+# only the last tokens that fit are shown.
+SAMPLE_MAX_BYTES = 48_000_000
+MAX_TRAIN_POINTS = 1500  # training-loss points in the film's chart (every k-th line of metrics.jsonl)
+
+# role -> (short name on the heatmaps, label, unit); roles not listed get their own name.
+ROLES = {
+    "previous_token": ("prev", "previous token", "score"),
+    "duplicate_token": ("dup", "duplicate token", "score"),
+    "induction": ("ind", "induction", "score"),
+    "first_token": ("first", "first token (sink)", "score"),
+    "self": ("self", "self", "score"),
+    "entropy": ("ent", "entropy", "score"),
+    "ablation_probe": ("\u0394probe", "ablation, probe", "nats"),
+    "ablation_val": ("\u0394val", "ablation, validation", "nats"),
+    "ablation": ("\u0394loss", "ablation", "nats"),
+}
+ABLATION_HELP = {
+    "ablation_probe": "loss change (nats/token) on the probe's repeated half when this head alone is zeroed",
+    "ablation_val": "loss change (nats/token) on validation text when this head alone is zeroed",
+    "ablation": "loss change (nats/token) on this text when this head alone is zeroed",
+}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# encoding
+
+
+def quantise(weights: np.ndarray) -> np.ndarray:
+    """(L, nh, T, T) attention -> uint8 (L, nh, T (T + 1) / 2): round(255 sqrt(w)) of each lower triangle, row by
+    row (row q holds keys 0..q). NaN counts as 0; weights are clipped to [0, 1]."""
+    w = np.asarray(weights, dtype=np.float32)
+    t = w.shape[-1]
+    rows, cols = np.tril_indices(t)
+    tri = np.nan_to_num(w[..., rows, cols], nan=0.0).clip(0.0, 1.0)
+    return np.rint(np.sqrt(tri) * 255.0).astype(np.uint8)
+
+
+def dequantise(levels: np.ndarray, t: int) -> np.ndarray:
+    """The inverse of quantise, up to rounding: uint8 (..., T (T + 1) / 2) -> float32 (..., T, T), zero above the
+    diagonal."""
+    levels = np.asarray(levels)
+    out = np.zeros(levels.shape[:-1] + (t, t), dtype=np.float32)
+    rows, cols = np.tril_indices(t)
+    out[..., rows, cols] = (levels.astype(np.float32) / 255.0) ** 2
+    return out
+
+
+def _b64(a: np.ndarray) -> str:
+    return base64.b64encode(np.ascontiguousarray(a).tobytes()).decode("ascii")
+
+
+def _colormap() -> str:
+    """viridis at 256 levels (RGB uint8, base64): the PNGs' colours, indexed by the sqrt level directly."""
+    from matplotlib import colormaps
+
+    rgb = colormaps["viridis"](np.linspace(0.0, 1.0, 256))[:, :3]
+    return _b64(np.rint(rgb * 255).astype(np.uint8))
+
+
+def _finite(x):
+    """Nested lists of numbers with NaN/inf as None (JSON has no NaN) and 4 decimals."""
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return round(v, 4) if math.isfinite(v) else None
+
+
+def role_info(roles) -> dict:
+    """{role: {"short", "label", "unit", "help"}} in ROLES's order, then the others in the order given."""
+    try:
+        from .heads import ROLE_HELP
+    except ImportError:  # pragma: no cover - heads.py needs torch, always present in this project
+        ROLE_HELP = {}
+    roles = list(dict.fromkeys(roles))
+    ordered = [r for r in ROLES if r in roles] + [r for r in roles if r not in ROLES]
+    out = {}
+    for role in ordered:
+        short, label, unit = ROLES.get(role, (role[:6], role.replace("_", " "),
+                                              "nats" if role.startswith("ablation") else "score"))
+        out[role] = {"short": short, "label": label, "unit": unit,
+                     "help": ROLE_HELP.get(role) or ABLATION_HELP.get(role, "")}
+    return out
+
+
+def _asset(name: str) -> str:
+    return resources.files(__package__).joinpath(ASSETS, name).read_text(encoding="utf-8")
+
+
+def render_page(data: dict, title: str) -> str:
+    """The page: the template with its style, script, title and the JSON data island filled in."""
+    # "<" escaped as \u003c: no "</script>" or "<!--" inside the island can end it early, whatever the tokens say
+    island = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
+    fills = {
+        "title": html.escape(title),
+        "kind": html.escape(data["kind"]),
+        "style": _asset("viewer.css"),
+        "script": "\n".join(_asset(name) for name in SCRIPTS),
+        "data": island,
+    }
+    # one pass over the template only: nothing filled in is searched for markers again
+    return re.sub(r"\{\{(\w+)\}\}", lambda m: fills[m.group(1)], _asset("page.html"))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# one sample
+
+
+def _check_attention(attention, tokens: Sequence[str]) -> np.ndarray:
+    a = np.asarray(attention, dtype=np.float32)
+    if a.ndim != 4 or a.shape[2] != a.shape[3] or a.shape[2] == 0:
+        raise ValueError(f"attention must have shape (n_layer, n_head, T, T) with T >= 1, got {a.shape}")
+    if len(tokens) != a.shape[2]:
+        raise ValueError(f"got {len(tokens)} tokens for attention over {a.shape[2]}")
+    return a
+
+
+def _check_scores(head_scores: Mapping | None, n_layer: int, n_head: int) -> dict:
+    out = {}
+    for role, values in (head_scores or {}).items():
+        if values is None:
+            continue
+        v = np.asarray(values, dtype=np.float64)
+        if v.shape != (n_layer, n_head):
+            raise ValueError(f"head_scores[{role!r}] must have shape (n_layer, n_head) = {(n_layer, n_head)}, "
+                             f"got {v.shape}")
+        out[str(role)] = _finite(v.tolist())
+    return out
+
+
+def write_sample_page(path, attention, tokens: Sequence[str], head_scores: Mapping | None = None, title: str = "",
+                      *, max_bytes: int = SAMPLE_MAX_BYTES) -> Path:
+    """Write one forward pass's attention as an interactive page (atomically); returns its path.
+
+    attention: float (L, nh, T, T), rows summing to 1 over keys <= query; tokens: the T display strings;
+    head_scores: optional {role: (L, nh)}: attention_lab.heads.ROLES (0..1) and ablation effects ("ablation",
+    "ablation_probe", "ablation_val": loss change in nats when the head is zeroed). Beyond max_bytes of weights
+    (uint8, lower triangles) only the last tokens that fit are kept, and the page says so.
+    """
+    a = _check_attention(attention, tokens)
+    n_layer, n_head, t, _ = a.shape
+    scores = _check_scores(head_scores, n_layer, n_head)
+    notes = []
+    keep = t
+    while keep > 1 and n_layer * n_head * keep * (keep + 1) // 2 > max_bytes:
+        keep -= max(1, keep // 64)
+    if keep < t:
+        notes.append(f"showing the last {keep} of {t} tokens (all {t} would take more than "
+                     f"{human_bytes(max_bytes)}); their rows do not sum to 1: earlier keys are cut off")
+        a, tokens = a[:, :, t - keep:, t - keep:], list(tokens)[t - keep:]
+    data = {
+        "kind": "sample",
+        "subtitle": f"{n_layer} layers x {n_head} heads, {len(tokens)} tokens"
+                    + ("" if scores else "; no head-role scores given"),
+        "notes": notes,
+        "tokens": [str(s) for s in tokens],
+        "L": n_layer, "H": n_head, "T": len(tokens),
+        "colormap": _colormap(),
+        "roles": role_info(scores),
+        "frames": [{"step": None, "label": "this text", "attn": _b64(quantise(a))}],
+        "scores": [{"step": None, "roles": scores}] if scores else [],
+    }
+    path = Path(path)
+    page = render_page(data, title or f"attention over {len(tokens)} tokens")
+    with atomic_write(path) as f:
+        f.write(page)
+    return path
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the training film
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    """The JSON objects of a .jsonl file, skipping lines that do not parse (one being written, say)."""
+    out = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict) and isinstance(obj.get("step"), int):
+            out.append(obj)
+    return out
+
+
+def _pick_frames(steps: Sequence[int], n_max: int, keep: Sequence[int] = ()) -> list[int]:
+    """Indices of at most n_max of `steps` (sorted): the first, the last, the first evaluation at or after each
+    step in `keep`, then evenly spread ones."""
+    n = len(steps)
+    if n <= n_max:
+        return list(range(n))
+    chosen = {0, n - 1}
+    for s in keep:
+        after = [i for i, x in enumerate(steps) if x >= s]
+        if after and len(chosen) < n_max:
+            chosen.add(after[0])
+    for i in np.linspace(0, n - 1, n_max).round().astype(int):
+        if len(chosen) >= n_max:
+            break
+        chosen.add(int(i))
+    return sorted(chosen)
+
+
+def film_data(run_dir, *, max_bytes: int = FILM_MAX_BYTES) -> tuple[dict, str]:
+    """(data island, title) of a run's film; every missing or unreadable part becomes a note on the page."""
+    run_dir = Path(run_dir)
+    folder = run_dir / "attention"
+    notes: list[str] = []
+
+    frames: list[tuple[int, np.ndarray]] = []
+    for p in sorted(folder.glob("step_*.npy")):
+        m = re.fullmatch(r"step_(\d+)\.npy", p.name)
+        if not m:
+            continue
+        try:
+            a = np.load(p, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            notes.append(f"{p.name} cannot be read ({e}); left out")
+            continue
+        if a.ndim != 4 or a.shape[2] != a.shape[3]:
+            notes.append(f"{p.name} has shape {a.shape}, not (n_layer, n_head, T, T); left out")
+            continue
+        frames.append((int(m.group(1)), a))
+    frames.sort(key=lambda f: f[0])
+    if frames:
+        shape = frames[-1][1].shape
+        odd = [s for s, a in frames if a.shape != shape]
+        if odd:
+            notes.append(f"left out {len(odd)} evaluations whose attention is not {shape} (steps {odd[:5]})")
+            frames = [(s, a) for s, a in frames if a.shape == shape]
+    elif folder.is_dir():
+        notes.append("no attention frames (attention/step_*.npy) recorded")
+    else:
+        notes.append(f"no attention folder in {run_dir}: this run recorded no attention maps (an older run?)")
+
+    records: dict[int, dict] = {}
+    heads_path = folder / "heads.jsonl"
+    if heads_path.exists():
+        for r in _read_jsonl(heads_path):
+            records[r["step"]] = r  # a resumed run may repeat a step: the later line wins
+    elif folder.is_dir():
+        notes.append("no head-role scores (attention/heads.jsonl) recorded")
+    records = dict(sorted(records.items()))
+
+    changes: list[dict] = []
+    pc_path = folder / "phase_changes.json"
+    if pc_path.exists():
+        try:
+            raw = json.loads(pc_path.read_text(encoding="utf-8"))
+            changes = [c for c in raw if isinstance(c, dict) and isinstance(c.get("step"), int)]
+        except (OSError, json.JSONDecodeError, TypeError) as e:
+            notes.append(f"phase_changes.json cannot be read ({e})")
+    for c in changes:
+        c.setdefault("message", f"step {c['step']}: {c.get('head') or ''} {c.get('metric', '')}".strip())
+    changes.sort(key=lambda c: c["step"])
+
+    curves: dict[str, dict[int, float]] = {k: {} for k in ("train_loss", "val_loss", "val_bpb", "probe_first_loss",
+                                                            "probe_repeat_loss", "icl_score")}
+    metrics_path = run_dir / "metrics.jsonl"
+    if metrics_path.exists():
+        for r in _read_jsonl(metrics_path):
+            if "val_loss" in r:
+                for key in ("val_loss", "val_bpb", "probe_first_loss", "probe_repeat_loss", "icl_score"):
+                    if key in r:
+                        curves[key][r["step"]] = r[key]
+            elif "loss" in r:
+                curves["train_loss"][r["step"]] = r["loss"]
+    else:
+        notes.append("no metrics.jsonl: no loss curve")
+    for step, r in records.items():
+        for key, v in (r.get("model") or {}).items():
+            if key in curves:
+                curves[key][step] = v
+    train = sorted(curves["train_loss"].items())
+    if len(train) > MAX_TRAIN_POINTS:
+        stride = math.ceil(len(train) / MAX_TRAIN_POINTS)
+        curves["train_loss"] = dict(train[::stride] + ([train[-1]] if (len(train) - 1) % stride else []))
+
+    # the model's shape: from the frames, else from the scores
+    n_layer = n_head = t = 0
+    if frames:
+        n_layer, n_head, t, _ = frames[-1][1].shape
+    else:
+        for r in records.values():
+            for v in (r.get("scores") or {}).values():
+                shape = np.asarray(v).shape
+                if len(shape) == 2:
+                    n_layer, n_head = shape
+                    break
+            if n_layer:
+                break
+
+    tokens = [f"#{i}" for i in range(t)]
+    description = ""
+    probe_path = folder / "probe.json"
+    if probe_path.exists():
+        try:
+            probe = json.loads(probe_path.read_text(encoding="utf-8"))
+            description = str(probe.get("description", ""))
+            if frames and len(probe.get("tokens", [])) == t:
+                tokens = [str(s) for s in probe["tokens"]]
+            elif frames:
+                notes.append(f"probe.json holds {len(probe.get('tokens', []))} tokens, the attention {t}: "
+                             "tokens shown by position")
+        except (OSError, json.JSONDecodeError, AttributeError) as e:
+            notes.append(f"probe.json cannot be read ({e}): tokens shown by position")
+    elif frames:
+        notes.append("no probe.json: tokens shown by position")
+
+    scores = []
+    for step, r in records.items():
+        roles = dict(r.get("scores") or {})
+        for name, values in (r.get("ablation") or {}).items():
+            roles[f"ablation_{name}"] = values
+        kept = {}
+        for role, values in roles.items():
+            if np.asarray(values, dtype=object).shape == (n_layer, n_head):
+                kept[role] = _finite(values)
+        scores.append({"step": step, "roles": kept})
+    role_names = [role for s in scores for role in s["roles"]]
+
+    total = len(frames)
+    per_frame = n_layer * n_head * t * (t + 1) // 2
+    n_max = max(2, max_bytes // max(per_frame, 1))
+    picked = _pick_frames([s for s, _ in frames], n_max, [c["step"] for c in changes])
+    if len(picked) < total:
+        notes.append(f"showing {len(picked)} of {total} evaluations: all of them would take more than "
+                     f"{human_bytes(max_bytes)} (the first, the last and those at phase changes are kept)")
+    encoded = [{"step": frames[i][0], "attn": _b64(quantise(frames[i][1]))} for i in picked]
+
+    parts = [f"{n_layer} layers x {n_head} heads" if n_layer else "no attention recorded"]
+    if t:
+        parts.append(f"probe of {t} tokens" + (f" ({description})" if description else ""))
+    if frames:
+        parts.append(f"{total} evaluations, steps {frames[0][0]}\u2013{frames[-1][0]}")
+    if scores:
+        parts.append("head roles measured at " + (f"{len(scores)} evaluations" if len(scores) > 1 else "1 evaluation"))
+    data = {
+        "kind": "film",
+        "subtitle": "; ".join(parts),
+        "notes": notes,
+        "tokens": tokens,
+        "L": int(n_layer), "H": int(n_head), "T": int(t),
+        "colormap": _colormap(),
+        "roles": role_info(role_names),
+        "frames": encoded,
+        "frames_total": total,
+        "scores": scores,
+        "curves": {k: [[s, _finite(v)] for s, v in sorted(d.items())] for k, d in curves.items() if d},
+        "phase_changes": [{k: _finite(v) if k in ("before", "after") else v for k, v in c.items()} for c in changes],
+    }
+    name = "/".join(run_dir.resolve().parts[-2:])
+    return data, f"{name}: attention over training"
+
+
+def build_film(run_dir, *, max_bytes: int = FILM_MAX_BYTES) -> Path:
+    """Write run_dir/attention.html (atomically): the run's attention at every evaluation on a step slider, with
+    the loss and head-role curves and the phase changes. Returns its path. Missing parts degrade to notes."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{run_dir} is not a folder")
+    data, title = film_data(run_dir, max_bytes=max_bytes)
+    path = run_dir / "attention.html"
+    page = render_page(data, title)
+    with atomic_write(path) as f:
+        f.write(page)
+    return path
+
+
+# ------------------------------------------------------------------------------------------------------------
+# command line
+
+
+def page_for_sample_folder(folder: Path) -> Path:
+    """attention.html for a folder sample.py wrote (attention.npy, tokens.json, summary.json if there)."""
+    tokens = json.loads((folder / "tokens.json").read_text(encoding="utf-8"))["tokens"]
+    weights = np.load(folder / "attention.npy", allow_pickle=False)
+    scores: dict[str, list] = {}
+    summary = folder / "summary.json"
+    if summary.exists():  # {"heads": [{"layer", "head", <role>: value, "ablation": value, ...}]}
+        rows = json.loads(summary.read_text(encoding="utf-8")).get("heads", [])
+        n_layer, n_head = weights.shape[:2]
+        for role in list(ROLES) + ["ablation"]:
+            if rows and all(role in r for r in rows):
+                grid = np.full((n_layer, n_head), np.nan)
+                for r in rows:
+                    grid[r["layer"], r["head"]] = r[role]
+                scores[role] = grid
+    return write_sample_page(folder / "attention.html", weights, tokens, scores, title=f"{folder.name}: attention")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m attention_lab.viewer",
+        description="Write attention.html for a run folder (the training film) or a sample folder of sample.py.",
+    )
+    p.add_argument("folder", type=Path, help="run folder (runs/<name>/<time>) or sample folder (holds attention.npy)")
+    p.add_argument("--max-mb", type=float, default=FILM_MAX_BYTES / 1e6,
+                   help=f"film: attention bytes to keep before dropping evaluations (default {FILM_MAX_BYTES / 1e6})")
+    args = p.parse_args(argv)
+    folder = args.folder
+    if not folder.is_dir():
+        print(f"error: {folder} is not a folder; give a run folder (runs/<name>/<time>) or a sample folder",
+              file=sys.stderr)
+        return 2
+    try:
+        if (folder / "attention.npy").exists() and (folder / "tokens.json").exists():
+            path = page_for_sample_folder(folder)
+        else:
+            if not any((folder / n).exists() for n in ("attention", "metrics.jsonl")):
+                print(f"error: {folder} holds no attention/ folder or metrics.jsonl; give a run folder "
+                      "(runs/<name>/<time>) or a sample folder (attention.npy + tokens.json)", file=sys.stderr)
+                return 2
+            path = build_film(folder, max_bytes=int(args.max_mb * 1e6))
+    except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:
+        print(f"error: cannot build the page for {folder}: {e}", file=sys.stderr)
+        return 2
+    print(f"{path} ({human_bytes(path.stat().st_size)}): open it in a browser, e.g. file://{path.resolve()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,419 @@
+"use strict";
+// attention-lab's attention pages (attention_lab/viewer.py fills the JSON island #data). Everything runs from a
+// file on disk: no network, no libraries.
+//
+// Shapes: L layers, H heads, T tokens. A frame is one forward pass: for every (layer, head) the lower triangle of
+// its T x T attention (row q holds keys 0..q), heads in (layer, head) order, as uint8 levels
+// q8 = round(255 * sqrt(w)). So a weight is (q8 / 255)^2, and a colour on the sqrt scale of the PNGs is q8 itself.
+
+const LEVELS = Float32Array.from({ length: 256 }, (_, i) => (i / 255) ** 2);
+const MASKED = 230; // grey of the masked future (the PNGs' #e6e6e6)
+
+function decodeBase64(text) {
+  const bin = atob(text);
+  const out = new Uint8Array(bin.length);
+  for (let i = 0; i < bin.length; i++) out[i] = bin.charCodeAt(i);
+  return out;
+}
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v == null) continue;
+    if (k === "class") node.className = v;
+    else if (k === "text") node.textContent = v;
+    else if (k === "style") node.style.cssText = v;
+    else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    else node.setAttribute(k, v);
+  }
+  for (const c of children) if (c != null) node.append(c);
+  return node;
+}
+
+// Head colours: evenly spaced hues, the same head the same colour in every view.
+function headHue(h, H) { return Math.round((205 + (360 * h) / Math.max(H, 1)) % 360); }
+function headColour(h, H, alpha = 1, light = 42) { return `hsla(${headHue(h, H)}, 70%, ${light}%, ${alpha})`; }
+function headName(l, h) { return `L${l}H${h}`; }
+
+// A token as text in the flowing head view (escaped newlines break the line) and as an axis label.
+function isNewline(t) { return t === "\n" || t === "\\n" || t.endsWith("\\n") || t.endsWith("\n"); }
+function flowText(t) { return t.replace(/\\n|\n/g, "\u21b5").replace(/\\t|\t/g, "\u21e5") || "\u2205"; }
+function axisLabel(t, max = 10) {
+  let s = flowText(t).replace(/ /g, "\u2423");
+  if (s.length > max) s = s.slice(0, max - 1) + "\u2026";
+  return s;
+}
+function fmtWeight(w) { return w.toFixed(3); }
+
+class Frame {
+  constructor(b64, L, H, T) {
+    this.q = decodeBase64(b64);
+    this.L = L; this.H = H; this.T = T;
+    this.n = (T * (T + 1)) / 2;
+    if (this.q.length !== L * H * this.n) {
+      throw new Error(`an attention frame holds ${this.q.length} bytes; ${L} layers x ${H} heads x ${T} tokens ` +
+                      `need ${L * H * this.n}`);
+    }
+  }
+  base(l, h) { return (l * this.H + h) * this.n; }
+  level(l, h, q, k) { return k > q ? -1 : this.q[this.base(l, h) + (q * (q + 1)) / 2 + k]; }
+  weight(l, h, q, k) { return k > q ? 0 : LEVELS[this.level(l, h, q, k)]; }
+}
+
+// Draw head (l, h) over tokens [start, start + count) into `canvas`: one pixel per token, or the max of each
+// p x p block when count > maxPx, so that a one-token diagonal or column never falls between pixels. Returns p.
+function drawHeatmap(canvas, frame, l, h, start, count, maxPx, cmap) {
+  const p = Math.max(1, Math.ceil(count / maxPx));
+  const n = Math.ceil(count / p);
+  canvas.width = n; canvas.height = n;
+  const ctx = canvas.getContext("2d");
+  const img = ctx.createImageData(n, n);
+  const px = img.data, qs = frame.q, base = frame.base(l, h), end = start + count;
+  for (let r = 0; r < n; r++) {
+    const q0 = start + r * p, q1 = Math.min(end, q0 + p);
+    for (let c = 0; c < n; c++) {
+      const k0 = start + c * p, k1 = Math.min(end, k0 + p);
+      let best = -1;
+      for (let q = q0; q < q1; q++) {
+        const off = base + (q * (q + 1)) / 2, kEnd = Math.min(k1, q + 1);
+        for (let k = k0; k < kEnd; k++) if (qs[off + k] > best) best = qs[off + k];
+      }
+      const o = 4 * (r * n + c);
+      if (best < 0) { px[o] = px[o + 1] = px[o + 2] = MASKED; }
+      else { px[o] = cmap[3 * best]; px[o + 1] = cmap[3 * best + 1]; px[o + 2] = cmap[3 * best + 2]; }
+      px[o + 3] = 255;
+    }
+  }
+  ctx.putImageData(img, 0, 0);
+  return p;
+}
+
+const tooltip = {
+  node: null,
+  show(event, html) {
+    this.node = this.node || document.getElementById("tooltip");
+    this.node.innerHTML = html;
+    this.node.hidden = false;
+    const pad = 14, box = this.node.getBoundingClientRect();
+    let x = event.clientX + pad, y = event.clientY + pad;
+    if (x + box.width > window.innerWidth) x = Math.max(0, event.clientX - box.width - pad);
+    if (y + box.height > window.innerHeight) y = Math.max(0, event.clientY - box.height - pad);
+    this.node.style.left = `${x}px`; this.node.style.top = `${y}px`;
+  },
+  hide() { if (this.node) this.node.hidden = true; },
+};
+
+function escapeHtml(s) {
+  return String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+}
+
+// Scores: {role: L x H nested list (null where not measured)}; roles: {role: {short, label, unit, help}}.
+function fmtScore(v, unit) {
+  if (v == null) return "\u2013";
+  if (unit === "nats") return (v >= 0 ? "+" : "") + v.toFixed(2);
+  const s = v.toFixed(2);
+  return s.startsWith("0.") ? s.slice(1) : s;
+}
+
+class Explorer {
+  // data: {tokens, L, H, T, roles, colormap}. Call setFrame(frame, scores, label) to show one forward pass.
+  constructor(data) {
+    this.tokens = data.tokens; this.L = data.L; this.H = data.H; this.T = data.T;
+    this.roles = data.roles || {};
+    this.cmap = decodeBase64(data.colormap);
+    this.frame = null; this.scores = null; this.label = "";
+    this.layer = 0; this.query = Math.max(0, this.T - 1); this.pinned = false;
+    this.shownHeads = new Array(this.H).fill(true);
+    this.big = null;
+    this.buildControls();
+    this.buildHeadView();
+    this.buildModelView();
+    this.buildBigView();
+  }
+
+  // --- role filter -----------------------------------------------------------------------------------------
+  buildControls() {
+    this.roleSelect = document.getElementById("role-filter");
+    this.threshold = document.getElementById("role-threshold");
+    for (const [role, info] of Object.entries(this.roles)) {
+      this.roleSelect.append(el("option", { value: role, text: `${info.label} (${info.short})` }));
+    }
+    this.roleSelect.addEventListener("change", () => {
+      const info = this.roles[this.roleSelect.value];
+      this.threshold.value = info && info.unit === "nats" ? "0.05" : "0.3";
+      this.applyFilter();
+    });
+    this.threshold.addEventListener("input", () => this.applyFilter());
+  }
+
+  score(role, l, h) {
+    const s = this.scores && this.scores[role];
+    const v = s && s[l] ? s[l][h] : null;
+    return v == null ? null : v;
+  }
+
+  passes(l, h) {
+    const role = this.roleSelect.value;
+    if (!role) return true;
+    const v = this.score(role, l, h);
+    return v != null && v >= parseFloat(this.threshold.value || "0");
+  }
+
+  applyFilter() {
+    const role = this.roleSelect.value;
+    let shown = 0;
+    for (const t of this.thumbs) {
+      const ok = this.passes(t.l, t.h);
+      shown += ok;
+      t.node.classList.toggle("filtered-out", !ok);
+      for (const chip of t.chips) chip.classList.toggle("active", chip.dataset.role === role);
+    }
+    const count = document.getElementById("filter-count");
+    if (!role) count.textContent = `${this.L * this.H} heads`;
+    else if (!this.scores || !this.scores[role]) count.textContent = `no ${this.roles[role].label} scores at this step`;
+    else count.textContent = `${shown} of ${this.L * this.H} heads with ${this.roles[role].label} \u2265 ` +
+                              `${parseFloat(this.threshold.value || "0")}`;
+    this.headChips.forEach((chip, h) => chip.classList.toggle("filtered-out", !this.passes(this.layer, h)));
+  }
+
+  // --- head view: the text, one row of colour per head under each token ------------------------------------
+  buildHeadView() {
+    const layerSelect = document.getElementById("hv-layer");
+    for (let l = 0; l < this.L; l++) layerSelect.append(el("option", { value: l, text: `${l}` }));
+    layerSelect.addEventListener("change", () => { this.layer = +layerSelect.value; this.renderHeadView(); this.applyFilter(); });
+    this.headChips = [];
+    const chips = document.getElementById("hv-heads");
+    for (let h = 0; h < this.H; h++) {
+      const chip = el("button", { type: "button", class: "chip on", "data-head": h, title: "show or hide this head",
+                                  style: `--c: ${headColour(h, this.H)}`, text: `H${h}` });
+      chip.addEventListener("click", () => {
+        this.shownHeads[h] = !this.shownHeads[h];
+        chip.classList.toggle("on", this.shownHeads[h]);
+        this.renderHeadView();
+      });
+      this.headChips.push(chip);
+      chips.append(chip);
+    }
+    const box = document.getElementById("tokens");
+    box.style.setProperty("--strip", `${this.H <= 6 ? 4 : this.H <= 8 ? 3 : 2}px`);
+    this.tokNodes = []; this.cells = [];
+    const frag = document.createDocumentFragment();
+    this.tokens.forEach((t, i) => {
+      const cells = Array.from({ length: this.H }, () => el("i"));
+      const node = el("span", { class: "tok", "data-i": i }, el("span", { class: "tt", text: flowText(t) }),
+                      el("span", { class: "strip" }, ...cells));
+      this.tokNodes.push(node); this.cells.push(cells);
+      frag.append(node);
+      if (isNewline(t)) frag.append(el("br"));
+    });
+    box.append(frag);
+    box.addEventListener("mouseover", (e) => {
+      const tok = e.target.closest(".tok");
+      if (!tok) return;
+      const i = +tok.dataset.i;
+      if (!this.pinned) { this.setQuery(i); tooltip.hide(); }
+      else this.pairTooltip(e, i);
+    });
+    box.addEventListener("mousemove", (e) => {
+      const tok = e.target.closest(".tok");
+      if (tok && this.pinned) this.pairTooltip(e, +tok.dataset.i);
+    });
+    box.addEventListener("mouseleave", () => tooltip.hide());
+    box.addEventListener("click", (e) => {
+      const tok = e.target.closest(".tok");
+      if (!tok) return;
+      const i = +tok.dataset.i;
+      this.pinned = !(this.pinned && i === this.query);
+      this.setQuery(i);
+      if (this.pinned) this.pairTooltip(e, i);
+    });
+  }
+
+  setQuery(i) { this.query = i; this.renderHeadView(); }
+
+  pairTooltip(event, k) {
+    if (!this.frame) return;
+    const q = this.query, l = this.layer;
+    let html = `<b>query #${q}</b> ${escapeHtml(axisLabel(this.tokens[q], 16))} &rarr; <b>key #${k}</b> ` +
+               `${escapeHtml(axisLabel(this.tokens[k], 16))}<br>layer ${l}`;
+    if (k > q) html += "<br><i>masked: a query never sees later tokens</i>";
+    else {
+      for (let h = 0; h < this.H; h++) {
+        html += `<br><span class="swatch" style="background:${headColour(h, this.H)}"></span>H${h} ` +
+                `${fmtWeight(this.frame.weight(l, h, q, k))}`;
+      }
+    }
+    tooltip.show(event, html);
+  }
+
+  renderHeadView() {
+    const f = this.frame, l = this.layer, q = this.query;
+    for (let k = 0; k < this.T; k++) {
+      const node = this.tokNodes[k];
+      node.classList.toggle("future", k > q);
+      node.classList.toggle("query", k === q);
+      node.classList.toggle("pinned", k === q && this.pinned);
+      const cells = this.cells[k];
+      for (let h = 0; h < this.H; h++) {
+        const level = f && k <= q && this.shownHeads[h] ? f.level(l, h, q, k) : 0;
+        cells[h].style.backgroundColor = level > 0 ? headColour(h, this.H, (level / 255).toFixed(3)) : "";
+      }
+    }
+    this.renderWeights();
+  }
+
+  renderWeights() {
+    const box = document.getElementById("weights");
+    box.replaceChildren();
+    if (!this.frame) return;
+    const f = this.frame, l = this.layer, q = this.query;
+    box.append(el("div", { class: "weights-title" },
+      el("b", { text: `query #${q} "${axisLabel(this.tokens[q], 24)}"` }),
+      ` \u00b7 layer ${l} \u00b7 ${this.label} \u00b7 ${this.pinned ? "pinned (click it again to release)" : "hover to move, click to pin"}`));
+    const table = el("table", { class: "weights-table" });
+    for (let h = 0; h < this.H; h++) {
+      if (!this.shownHeads[h]) continue;
+      const top = [];
+      for (let k = 0; k <= q; k++) top.push([f.level(l, h, q, k), k]);
+      top.sort((a, b) => b[0] - a[0]);
+      const cells = top.slice(0, 5).map(([level, k]) =>
+        el("td", { title: `key #${k}` }, el("span", { class: "key", text: axisLabel(this.tokens[k], 12) }),
+           el("span", { class: "w", text: ` #${k} ${fmtWeight(LEVELS[level])}` })));
+      table.append(el("tr", { "data-head": h },
+        el("th", {}, el("span", { class: "swatch", style: `background:${headColour(h, this.H)}` }), `H${h}`),
+        ...cells));
+    }
+    box.append(table);
+  }
+
+  // --- model view: every layer x head as a small heatmap, its scores under it ------------------------------
+  buildModelView() {
+    const grid = document.getElementById("grid");
+    grid.style.gridTemplateColumns = `max-content repeat(${this.H}, max-content)`;
+    this.thumbs = [];
+    grid.append(el("div"));
+    for (let h = 0; h < this.H; h++) {
+      grid.append(el("div", { class: "col-head", style: `color:${headColour(h, this.H)}`, text: `head ${h}` }));
+    }
+    for (let l = 0; l < this.L; l++) {
+      grid.append(el("div", { class: "layer-label", "data-layer": l, text: `layer ${l}` }));
+      for (let h = 0; h < this.H; h++) {
+        const canvas = el("canvas", { width: 1, height: 1 });
+        const chips = Object.entries(this.roles).map(([role, info]) =>
+          el("span", { class: "sc", "data-role": role, title: "" }, `${info.short} `, el("b", { text: "\u2013" })));
+        const node = el("figure", { class: "thumb", "data-layer": l, "data-head": h, tabindex: 0,
+                                    title: `layer ${l}, head ${h}: click to open it large` },
+          canvas, el("figcaption", { text: headName(l, h) }), el("div", { class: "scores" }, ...chips));
+        node.addEventListener("click", () => this.openBig(l, h));
+        node.addEventListener("keydown", (e) => { if (e.key === "Enter") this.openBig(l, h); });
+        grid.append(node);
+        this.thumbs.push({ l, h, node, canvas, chips });
+      }
+    }
+    const legend = document.getElementById("legend");
+    const items = Object.values(this.roles).map((info) =>
+      el("span", { class: "legend-item", title: info.help || "" }, el("b", { text: info.short }), ` ${info.label}` +
+         (info.unit === "nats" ? " (loss change in nats when the head is zeroed)" : "")));
+    legend.append(el("span", { text: "scores: " }), ...items);
+  }
+
+  renderModelView() {
+    for (const t of this.thumbs) {
+      if (this.frame) drawHeatmap(t.canvas, this.frame, t.l, t.h, 0, this.T, 96, this.cmap);
+      t.node.classList.toggle("empty", !this.frame);
+      for (const chip of t.chips) {
+        const role = chip.dataset.role, info = this.roles[role], v = this.score(role, t.l, t.h);
+        chip.lastChild.textContent = fmtScore(v, info.unit);
+        const strength = v == null ? 0 : info.unit === "nats" ? Math.min(1, Math.abs(v) / 0.5) : Math.min(1, Math.max(0, v));
+        chip.style.setProperty("--s", strength.toFixed(3));
+        chip.title = `${info.label}: ${v == null ? "not measured" : v.toFixed(4)}${info.help ? ` \u2014 ${info.help}` : ""}`;
+      }
+    }
+  }
+
+  // --- the large view of one head ----------------------------------------------------------------------------
+  buildBigView() {
+    this.bigNode = document.getElementById("big");
+    this.bigCanvas = document.getElementById("big-canvas");
+    this.bigWindow = document.getElementById("big-window");
+    this.bigStart = document.getElementById("big-start");
+    this.bigWindow.append(el("option", { value: this.T, text: `all ${this.T}` }));
+    for (const w of [32, 64, 128, 256]) if (w < this.T) this.bigWindow.append(el("option", { value: w, text: `${w}` }));
+    if (this.T > 160) this.bigWindow.value = "128";
+    this.bigWindow.addEventListener("change", () => { this.placeWindow(); this.renderBig(); });
+    this.bigStart.addEventListener("input", () => this.renderBig());
+    document.getElementById("big-close").addEventListener("click", () => this.closeBig());
+    this.bigNode.addEventListener("click", (e) => { if (e.target === this.bigNode) this.closeBig(); });
+    document.addEventListener("keydown", (e) => { if (e.key === "Escape" && this.big) this.closeBig(); });
+    this.bigCanvas.addEventListener("mousemove", (e) => this.bigTooltip(e));
+    this.bigCanvas.addEventListener("mouseleave", () => tooltip.hide());
+  }
+
+  placeWindow() {
+    // the window that holds the head view's query at its bottom row: its whole context up to the window size
+    const count = +this.bigWindow.value;
+    this.bigStart.max = this.T - count;
+    this.bigStart.value = Math.min(this.T - count, Math.max(0, this.query - count + 1));
+    document.getElementById("big-start-label").hidden = count >= this.T;
+  }
+
+  openBig(l, h) {
+    this.big = { l, h };
+    this.bigNode.hidden = false;
+    this.placeWindow();
+    this.renderBig();
+  }
+
+  closeBig() { this.big = null; this.bigNode.hidden = true; tooltip.hide(); }
+
+  renderBig() {
+    if (!this.big) return;
+    const { l, h } = this.big, count = +this.bigWindow.value, start = +this.bigStart.value;
+    document.getElementById("big-title").textContent =
+      `layer ${l}, head ${h} (${headName(l, h)}) \u00b7 ${this.label} \u00b7 queries down, keys across`;
+    document.getElementById("big-range").textContent = count < this.T ? `tokens ${start}\u2013${start + count - 1} of ${this.T}` : "";
+    const scores = document.getElementById("big-scores");
+    scores.replaceChildren(...Object.entries(this.roles).map(([role, info]) =>
+      el("span", { class: "sc", title: info.help || "" }, `${info.label} `, el("b", { text: fmtScore(this.score(role, l, h), info.unit) }))));
+    const maxPx = 560, cell = Math.max(1, Math.min(22, Math.floor(maxPx / count)));
+    const size = Math.min(maxPx, cell * count);
+    this.bigSize = size;
+    if (this.frame) {
+      const p = drawHeatmap(this.bigCanvas, this.frame, l, h, start, count, maxPx, this.cmap);
+      if (p > 1) document.getElementById("big-range").textContent += ` (max-pooled ${p}x${p})`;
+    }
+    this.bigCanvas.style.width = `${size}px`; this.bigCanvas.style.height = `${size}px`;
+    // token labels on both axes: every one when there is room, else every stride-th
+    const per = size / count, stride = Math.max(1, Math.ceil(11 / per));
+    const ys = document.getElementById("big-ylabels"), xs = document.getElementById("big-xlabels");
+    ys.style.height = `${size}px`; xs.style.width = `${size}px`;
+    const yl = [], xl = [];
+    for (let i = start; i < start + count; i += stride) {
+      const pos = (i - start + 0.5) * per, text = axisLabel(this.tokens[i]), title = `#${i} ${this.tokens[i]}`;
+      yl.push(el("span", { class: "big-ylabel", style: `top:${pos}px`, title, text }));
+      xl.push(el("span", { class: "big-xlabel", style: `left:${pos}px`, title, text }));
+    }
+    ys.replaceChildren(...yl); xs.replaceChildren(...xl);
+  }
+
+  bigTooltip(e) {
+    if (!this.big || !this.frame) return;
+    const rect = this.bigCanvas.getBoundingClientRect(), count = +this.bigWindow.value, start = +this.bigStart.value;
+    const q = start + Math.min(count - 1, Math.floor(((e.clientY - rect.top) / rect.height) * count));
+    const k = start + Math.min(count - 1, Math.floor(((e.clientX - rect.left) / rect.width) * count));
+    const { l, h } = this.big;
+    const what = k > q ? "<i>masked (the future)</i>" : `weight <b>${fmtWeight(this.frame.weight(l, h, q, k))}</b>`;
+    tooltip.show(e, `query #${q} ${escapeHtml(axisLabel(this.tokens[q], 16))} &rarr; key #${k} ` +
+                    `${escapeHtml(axisLabel(this.tokens[k], 16))}<br>${what}`);
+  }
+
+  // --- one forward pass ----------------------------------------------------------------------------------------
+  setFrame(frame, scores, label) {
+    this.frame = frame; this.scores = scores; this.label = label || "";
+    document.getElementById("head-view").classList.toggle("empty", !frame);
+    this.renderHeadView();
+    this.renderModelView();
+    this.applyFilter();
+    this.renderBig();
+  }
+}
