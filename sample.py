@@ -47,6 +47,7 @@ from attention_lab.checkpoint import Checkpoint, CheckpointError, latest_run, lo
 from attention_lab.device import autocast, pick_device, pick_dtype
 from attention_lab.files import write_json_atomic
 from attention_lab.heads import ROLE_HELP, ablation_effects, format_head_table, head_rows, role_scores
+from attention_lab.viewer import write_sample_page
 from data.tokenizer import Tokenizer
 from model import GPT, generate_stream
 
@@ -82,6 +83,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-cache", action="store_true", help="recompute the whole context at every step")
     p.add_argument("--out", type=Path, default=None, help="attention output folder (default <run>/samples/<time>)")
     p.add_argument("--no-attention", action="store_true", help="only generate: no attention files or TensorBoard")
+    p.add_argument("--no-html", action="store_true", help="no attention.html (the interactive page) beside the maps")
     return p.parse_args(argv)
 
 
@@ -274,10 +276,12 @@ def dump_attention(
     step: int = 0,
     title: str = "",
     dpi: int = 90,
+    html: bool = True,
 ) -> dict:
     """Capture the attention of the last block_size tokens of `ids` and write them into out_dir.
 
-    Writes attention.npy, tokens.json, layer_XX.png, summary.json, summary.txt; with a SummaryWriter, also
+    Writes attention.npy, tokens.json, layer_XX.png, summary.json, summary.txt and (html) attention.html, the
+    interactive page of attention_lab/viewer.py; with a SummaryWriter, also
     the heatmaps (`<tag_prefix>attention/layer_XX`), the text and the summary table. Returns what it wrote:
     {"weights", "token_ids", "tokens", "text", "summary", "files"}.
     """
@@ -307,6 +311,10 @@ def dump_attention(
     write_json_atomic(files[2], {"heads": rows, "roles": ROLE_HELP,
                                  "ablation": "loss change in nats/token on this text when the head is zeroed"})
     files[3].write_text(table + "\n", encoding="utf-8")
+    if html:
+        page_scores = dict(scores) | ({"ablation": ablation} if ablation is not None else {})
+        files.append(write_sample_page(out_dir / "attention.html", weights, labels, page_scores,
+                                       title=title or "attention"))
 
     for layer in range(weights.shape[0]):
         fig = attention_figure(weights[layer], labels, f"{title}, layer {layer}".lstrip(", "), dpi=dpi)
@@ -416,9 +424,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 loaded.model, tok, ids, out_dir / f"sample_{i:02d}" if several else out_dir, writer=writer,
                 tag_prefix=f"sample_{i:02d}/" if several else "", step=loaded.ckpt.step,
                 title=f"{run_name} step {loaded.ckpt.step}" + (f", sample {i}" if several else ""),
+                html=not args.no_html,
             )
             say(f"\nattention heads{f' (sample {i})' if several else ''}, last {len(result['token_ids'])} tokens:")
             say(result["table"])
+            for page in (p for p in result["files"] if p.name == "attention.html"):
+                say(f"attention page: {page}  (open it in a browser; it works offline)")
     say(f"\nattention maps: {out_dir}\ntensorboard:    tensorboard --logdir {loaded.run_dir}  (samples under {tb_dir})")
     return 0
 
