@@ -11,6 +11,7 @@ over the final window of the sequence (its last block_size tokens):
     tokens.json             {"text", "token_ids", "tokens", ...} for those T tokens
     layer_00.png, ...       one grid of heads per layer (attention_lab.attention_maps.attention_figure)
     summary.json / .txt     each head's measured role scores and ablation effect (attention_lab.heads)
+    attention.html          all of it in one interactive page that opens offline (attention_lab.viewer; --no-html)
 
 The output folder defaults to <run>/samples/<YYYYmmdd-HHMMSS>/. The same heatmaps, the text and the summary
 also go to TensorBoard under <run>/tb/samples/<YYYYmmdd-HHMMSS>/, so `tensorboard --logdir <run>` shows them

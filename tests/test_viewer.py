@@ -1,0 +1,567 @@
+"""attention_lab/viewer.py: the attention pages' data (plain Python) and what a person sees in a real browser.
+
+The browser tests drive Debian's Chromium headless through selenium and chromedriver, from file://, with no
+network. Without Chromium they are skipped and say how to install it; REQUIRE_BROWSER_TESTS=1 (.ci/run sets it)
+turns that skip into a failure, so CI never passes without running them. One browser serves the whole module.
+Screenshots land in the pytest temporary folder (their paths are printed) or in $VIEWER_SCREENSHOTS.
+
+Fixtures are synthetic with known answers: head 0 of every layer is a perfect previous-token head (row q puts all
+its weight on key q - 1; row 0 on itself), head 1 a first-token head, the rest random causal softmax.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import sample
+from attention_lab import viewer
+from attention_lab.checkpoint import save_checkpoint
+from attention_lab.heads import role_scores
+from data.tokenizer import Tokenizer
+from model import GPT, GPTConfig
+
+INSTALL = "apt-get update && apt-get install -y chromium chromium-driver"
+ISLAND = re.compile(r'<script type="application/json" id="data">(.*?)</script>', re.S)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# synthetic attention and runs
+
+
+def synthetic_attention(n_layer: int, n_head: int, t: int, seed: int = 0, sharpness: float = 1.0) -> np.ndarray:
+    """(L, nh, T, T) causal attention: head 0 previous-token, head 1 first-token, others random softmax.
+    sharpness in [0, 1] blends head 0 from uniform (0) to a perfect previous-token head (1)."""
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(scale=2.0, size=(n_layer, n_head, t, t))
+    future = np.triu(np.ones((t, t), dtype=bool), k=1)
+    logits[..., future] = -np.inf
+    a = np.exp(logits - logits.max(-1, keepdims=True))
+    a /= a.sum(-1, keepdims=True)
+    prev = np.eye(t, k=-1)
+    prev[0, 0] = 1.0
+    uniform = np.tril(np.ones((t, t))) / np.arange(1, t + 1)[:, None]
+    a[:, 0] = sharpness * prev + (1 - sharpness) * uniform
+    if n_head > 1:
+        a[:, 1] = 0.0
+        a[:, 1, :, 0] = 1.0
+    return a.astype(np.float32)
+
+
+def make_tokens(t: int) -> list[str]:
+    words = ["The", " cat", " sat", " on", " the", " mat", ".", "\\n", " It", " was", " warm", "!"]
+    return [words[i % len(words)] for i in range(t)]
+
+
+def scores_of(a: np.ndarray, ids: np.ndarray) -> dict[str, np.ndarray]:
+    return role_scores(a.astype(np.float64), ids)
+
+
+def write_run(run_dir: Path, n_layer: int, n_head: int, t: int, steps: list[int], *, changes: list[dict] | None = None,
+              heads: bool = True, metrics: bool = True, probe: bool = True) -> Path:
+    """The files the trainer writes at every evaluation (attention_lab/callbacks.py), made up: head 0 sharpens
+    from uniform to previous-token over the steps."""
+    folder = run_dir / "attention"
+    folder.mkdir(parents=True, exist_ok=True)
+    ids = np.arange(t) % 12
+    if probe:
+        (folder / "probe.json").write_text(json.dumps({"tokens": make_tokens(t), "ids": ids.tolist(),
+                                                       "description": "a made-up probe"}))
+    lines = []
+    for i, step in enumerate(steps):
+        a = synthetic_attention(n_layer, n_head, t, seed=i, sharpness=i / max(1, len(steps) - 1))
+        np.save(folder / f"step_{step:08d}.npy", a.astype(np.float16))
+        sc = scores_of(a, ids)
+        abl = np.full((n_layer, n_head), 0.01 * i)
+        lines.append(json.dumps({"step": step, "scores": {k: v.round(4).tolist() for k, v in sc.items()},
+                                 "ablation": {"probe": abl.tolist(), "val": (abl / 2).tolist()},
+                                 "model": {"probe_first_loss": 6.0, "probe_repeat_loss": 6.0 - 0.1 * i,
+                                           "icl_score": 0.1 * i}}))
+    if heads:
+        (folder / "heads.jsonl").write_text("\n".join(lines) + "\n")
+    if changes is not None:
+        (folder / "phase_changes.json").write_text(json.dumps(changes))
+    if metrics:
+        rows = [{"step": s, "loss": 8.0 - s / 100, "lr": 1e-3} for s in range(10, steps[-1] + 1, 10)]
+        rows += [{"step": s, "val_loss": 7.5 - s / 120, "val_bpb": 3.0} for s in steps]
+        (run_dir / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n{\"step\": 9")  # torn
+    return run_dir
+
+
+def island(page: Path) -> dict:
+    return json.loads(ISLAND.search(page.read_text(encoding="utf-8")).group(1))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# plain Python: encoding, pages, films
+
+
+def test_quantised_weights_come_back_within_one_level():
+    a = synthetic_attention(2, 3, 17, seed=3)
+    levels = viewer.quantise(a)
+    assert levels.dtype == np.uint8 and levels.shape == (2, 3, 17 * 18 // 2), levels.shape
+    back = viewer.dequantise(levels, 17)
+    err = np.abs(back - np.tril(a)).max()
+    assert err <= 1 / 255, f"a weight moved by {err:.5f} > 1/255 through the uint8 sqrt levels"
+    assert np.all(back[..., np.triu_indices(17, k=1)[0], np.triu_indices(17, k=1)[1]] == 0), "future must stay 0"
+    # small weights keep their own levels: sqrt spacing resolves 1e-4 from 0 (a linear uint8 scale would not)
+    assert viewer.quantise(np.full((1, 1, 1, 1), 1e-4))[0, 0, 0] == 3, "1e-4 should map to level round(255 * 0.01)"
+    assert viewer.quantise(np.full((1, 1, 1, 1), np.nan))[0, 0, 0] == 0, "NaN must become 0, not garbage"
+
+
+def test_sample_page_is_one_offline_file_and_its_data_survives_any_token(tmp_path):
+    t = 12
+    a = synthetic_attention(2, 2, t)
+    tokens = make_tokens(t)
+    tokens[3] = "</script><script>alert(1)</script>"
+    tokens[4] = "<!-- {{data}} \u2028 \"quoted\" & more"
+    scores = scores_of(a, np.arange(t))
+    scores["ablation"] = np.array([[0.5, float("nan")], [0.0, -0.1]])
+    path = viewer.write_sample_page(tmp_path / "attention.html", a, tokens, scores, title="a <b>title</b>")
+    text = path.read_text(encoding="utf-8")
+    for fetch in ("<link", "src=", "href=", "@import", "url(", "fetch(", "XMLHttpRequest", "import("):
+        assert fetch not in text, f"the page must fetch nothing at view time, found {fetch!r}"
+    urls = set(re.findall(r"https?://[^\s\"'<>)]+", text))
+    assert urls <= {"http://www.w3.org/2000/svg"}, f"only the SVG namespace may look like a URL: {urls}"
+    assert "<title>a &lt;b&gt;title&lt;/b&gt;</title>" in text, "the title must be HTML-escaped"
+    assert text.count("</script>") == 2, "a token must never close the page's script early"
+    data = island(path)
+    assert data["tokens"] == tokens, "tokens must come back exactly from the data island"
+    assert data["scores"][0]["roles"]["ablation"][0] == [0.5, None], "NaN must travel as null (JSON has no NaN)"
+    levels = np.frombuffer(__import__("base64").b64decode(data["frames"][0]["attn"]), dtype=np.uint8)
+    np.testing.assert_array_equal(levels, viewer.quantise(a).ravel(), err_msg="the frame must be quantise(attention)")
+    assert not list(tmp_path.glob(".*tmp")), "the atomic write left a temporary file behind"
+
+
+def test_write_sample_page_refuses_mismatched_shapes(tmp_path):
+    a = synthetic_attention(2, 2, 5)
+    with pytest.raises(ValueError, match=r"got 4 tokens for attention over 5"):
+        viewer.write_sample_page(tmp_path / "p.html", a, make_tokens(4))
+    with pytest.raises(ValueError, match=r"shape \(n_layer, n_head, T, T\)"):
+        viewer.write_sample_page(tmp_path / "p.html", a[0], make_tokens(5))
+    with pytest.raises(ValueError, match=r"head_scores\['induction'\] must have shape .* \(2, 2\)"):
+        viewer.write_sample_page(tmp_path / "p.html", a, make_tokens(5), {"induction": np.zeros((2, 3))})
+    assert not (tmp_path / "p.html").exists()
+
+
+def test_a_sample_too_large_keeps_its_last_tokens_and_says_so(tmp_path):
+    a = synthetic_attention(1, 2, 40)
+    path = viewer.write_sample_page(tmp_path / "p.html", a, make_tokens(40), max_bytes=2 * 20 * 21 // 2)
+    data = island(path)
+    assert data["T"] <= 20 and data["tokens"] == make_tokens(40)[40 - data["T"]:], data["T"]
+    assert any("showing the last" in n for n in data["notes"]), data["notes"]
+
+
+@pytest.mark.parametrize("shape,steps,limit", [((6, 6, 128), 7, 5_000_000), ((2, 4, 64), 30, 1_000_000)])
+def test_film_size(tmp_path, shape, steps, limit, capsys):
+    n_layer, n_head, t = shape
+    run = write_run(tmp_path, n_layer, n_head, t, [100 * (i + 1) for i in range(steps)])
+    path = viewer.build_film(run)
+    size = path.stat().st_size
+    with capsys.disabled():
+        print(f"\nfilm of {n_layer}x{n_head} heads, {t} tokens, {steps} evaluations: {size / 1e6:.2f} MB")
+    assert size < limit, f"{size / 1e6:.2f} MB film for {shape} x {steps} evaluations; aim: < {limit / 1e6} MB"
+    assert len(island(path)["frames"]) == steps, "every evaluation fits under the budget here"
+
+
+def test_film_over_budget_keeps_first_last_and_phase_changes(tmp_path):
+    steps = [10 * (i + 1) for i in range(20)]
+    change = {"step": 75, "head": "L0H0", "metric": "previous_token", "before": 0.1, "after": 0.6,
+              "message": "step 75: L0H0 previous_token 0.10 -> 0.60"}
+    run = write_run(tmp_path, 1, 2, 16, steps, changes=[change])
+    per_frame = 1 * 2 * 16 * 17 // 2
+    data = island(viewer.build_film(run, max_bytes=5 * per_frame))
+    kept = [f["step"] for f in data["frames"]]
+    assert len(kept) == 5 and kept[0] == 10 and kept[-1] == 200 and 80 in kept, f"kept steps {kept}"
+    assert data["frames_total"] == 20
+    assert any("showing 5 of 20 evaluations" in n for n in data["notes"]), data["notes"]
+
+
+def test_film_reads_the_contract(tmp_path):
+    change = {"step": 200, "head": "L1H0", "metric": "induction", "before": 0.05, "after": float("nan"),
+              "message": "step 200: L1H0 induction 0.05 -> 0.61"}
+    run = write_run(tmp_path, 2, 3, 10, [100, 200, 300], changes=[change])
+    data = island(viewer.build_film(run))
+    assert (data["L"], data["H"], data["T"]) == (2, 3, 10)
+    assert data["tokens"] == make_tokens(10)
+    assert [f["step"] for f in data["frames"]] == [100, 200, 300]
+    assert [s["step"] for s in data["scores"]] == [100, 200, 300]
+    roles = data["scores"][-1]["roles"]
+    assert {"previous_token", "induction", "ablation_probe", "ablation_val"} <= set(roles), sorted(roles)
+    assert roles["previous_token"][0][0] == 0.9, "head 0 ends a perfect previous-token head: 9 of 10 rows have a target"
+    assert data["curves"]["train_loss"][0] == [10, 7.9] and len(data["curves"]["val_loss"]) == 3
+    assert data["curves"]["probe_repeat_loss"] == [[100, 6.0], [200, 5.9], [300, 5.8]]
+    assert data["phase_changes"][0]["after"] is None and data["phase_changes"][0]["message"].startswith("step 200")
+    assert data["notes"] == [], f"nothing is missing, yet: {data['notes']}"
+
+
+@pytest.mark.parametrize("parts", ["nothing", "metrics only", "frames only", "scores only"])
+def test_film_of_an_old_or_partial_run_still_builds(tmp_path, parts):
+    run = tmp_path / "run"
+    run.mkdir()
+    if parts == "metrics only":
+        (run / "metrics.jsonl").write_text('{"step": 10, "loss": 5.0}\n{"step": 20, "val_loss": 4.0}\n')
+    elif parts == "frames only":
+        write_run(run, 1, 2, 6, [5, 10], heads=False, metrics=False, probe=False)
+    elif parts == "scores only":
+        write_run(run, 1, 2, 6, [5, 10], metrics=False)
+        for p in (run / "attention").glob("step_*.npy"):
+            p.unlink()
+    data = island(viewer.build_film(run))
+    expected = {"nothing": "no attention folder", "metrics only": "no attention folder",
+                "frames only": "no probe.json", "scores only": "no attention frames"}[parts]
+    assert any(expected in n for n in data["notes"]), f"{parts}: notes {data['notes']} should say {expected!r}"
+    if parts == "frames only":
+        assert data["tokens"] == [f"#{i}" for i in range(6)] and len(data["frames"]) == 2
+    if parts == "scores only":
+        assert (data["L"], data["H"], data["frames"]) == (1, 2, []) and len(data["scores"]) == 2
+
+
+def test_command_line(tmp_path, capsys):
+    run = write_run(tmp_path / "run", 1, 2, 8, [10, 20])
+    assert viewer.main([str(run)]) == 0
+    out = capsys.readouterr().out
+    assert str(run / "attention.html") in out and (run / "attention.html").exists(), out
+    assert viewer.main([str(tmp_path / "missing")]) == 2
+    assert capsys.readouterr().err.startswith("error: "), "a user mistake gets one error: line"
+    (tmp_path / "empty").mkdir()
+    assert viewer.main([str(tmp_path / "empty")]) == 2
+    assert "no attention/ folder" in capsys.readouterr().err
+    folder = tmp_path / "sample"  # what sample.py writes
+    folder.mkdir()
+    np.save(folder / "attention.npy", synthetic_attention(1, 2, 5))
+    (folder / "tokens.json").write_text(json.dumps({"tokens": make_tokens(5)}))
+    rows = [{"layer": 0, "head": h, "previous_token": 0.9 - h, "ablation": 0.1} for h in range(2)]
+    (folder / "summary.json").write_text(json.dumps({"heads": rows}))
+    assert viewer.main([str(folder)]) == 0
+    roles = island(folder / "attention.html")["scores"][0]["roles"]
+    assert roles == {"previous_token": [[0.9, -0.1]], "ablation": [[0.1, 0.1]]}, roles
+
+
+def test_assets_ship_as_package_data():
+    tomllib = pytest.importorskip("tomllib", reason="Python >= 3.11 reads pyproject.toml")
+    cfg = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    package = f"attention_lab.{viewer.ASSETS}"
+    assert package in cfg["tool"]["setuptools"]["packages"], f"{package} must be listed in pyproject's packages"
+    globs = cfg["tool"]["setuptools"]["package-data"][package]
+    assets = Path(viewer.__file__).parent / viewer.ASSETS
+    for f in assets.iterdir():
+        if f.name != "__pycache__":
+            assert any(f.match(g) for g in globs), f"{f.name} is not in pyproject's package-data {globs}"
+    for name in (*viewer.SCRIPTS, "viewer.css", "page.html"):
+        assert (assets / name).exists(), name
+
+
+# ------------------------------------------------------------------------------------------------------------
+# sample.py writes the page
+
+
+def tiny_run(run_dir: Path) -> Path:
+    tok = Tokenizer.train_char([["ROMEO:\nBut soft, what light through yonder window breaks?\n"]])
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=2, n_head=2, n_embd=16))
+    save_checkpoint(run_dir / "checkpoints", 10, model, tok.to_str(), {"val_loss": 3.0}, best=True)
+    return run_dir
+
+
+def test_sample_py_writes_the_page_by_default_and_not_with_no_html(tmp_path, capsys):
+    run = tiny_run(tmp_path / "run")
+    common = ["--run", str(run), "--prompt", "ROMEO:", "--max-new-tokens", "5", "--seed", "1"]
+    assert sample.main([*common, "--out", str(tmp_path / "a")]) == 0
+    err = capsys.readouterr().err
+    page = tmp_path / "a" / "attention.html"
+    assert f"attention page: {page}" in err, err
+    data = island(page)
+    assert (data["L"], data["H"], data["T"]) == (2, 2, 11), "2 layers x 2 heads over 6 + 5 tokens"
+    assert {"previous_token", "induction", "ablation"} <= set(data["scores"][0]["roles"])
+    assert sample.main([*common, "--out", str(tmp_path / "b"), "--no-html"]) == 0
+    assert "attention page" not in capsys.readouterr().err
+    assert (tmp_path / "b" / "attention.npy").exists() and not (tmp_path / "b" / "attention.html").exists()
+
+
+# ------------------------------------------------------------------------------------------------------------
+# in a real browser
+
+
+def _find_browser() -> tuple[str | None, str | None, str | None]:
+    """(chromium, chromedriver, what is missing)."""
+    chrome = os.environ.get("CHROME_BIN") or next(
+        (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
+    driver = os.environ.get("CHROMEDRIVER") or shutil.which("chromedriver")
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return chrome, driver, "selenium (pip install -e '.[test]')"
+    missing = [name for name, p in (("chromium", chrome), ("chromedriver", driver)) if not p]
+    return chrome, driver, f"{' and '.join(missing)} (install: {INSTALL})" if missing else None
+
+
+@pytest.fixture(scope="module")
+def browser():
+    chrome, driver_path, missing = _find_browser()
+    if missing:
+        message = f"browser tests need {missing}"
+        if os.environ.get("REQUIRE_BROWSER_TESTS") == "1":
+            pytest.fail(message + "; REQUIRE_BROWSER_TESTS=1 makes this a failure")
+        pytest.skip(message)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chrome
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",
+                "--window-size=1280,900", "--disable-extensions", "--no-first-run", "--disable-background-networking"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory) -> Path:
+    folder = Path(os.environ.get("VIEWER_SCREENSHOTS") or tmp_path_factory.mktemp("viewer_screenshots"))
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def console_errors(driver) -> list[str]:
+    """SEVERE entries of the browser console since the last call (uncaught exceptions, failed loads)."""
+    return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def open_page(driver, path: Path) -> None:
+    """Load a page from file:// and check that its script ran to the end with nothing in the console."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(path.resolve().as_uri())
+    WebDriverWait(driver, 10).until(lambda d: d.execute_script("return document.readyState") == "complete")
+    errors = console_errors(driver)
+    ready = driver.execute_script("return document.body.dataset.ready === '1'")
+    banner = driver.execute_script("return document.getElementById('error-banner').hidden")
+    assert ready and banner and not errors, (
+        f"{path.name}: the page's script failed: {errors or 'it never reached its end (no data-ready)'}")
+
+
+def assert_quiet(driver, what: str) -> None:
+    errors = console_errors(driver)
+    assert not errors, f"browser console errors after {what}: {errors}"
+
+
+def screenshot(driver, shots: Path, name: str, capsys) -> Path:
+    path = shots / name
+    driver.save_screenshot(str(path))
+    assert path.stat().st_size > 10_000, f"{path} looks empty"
+    with capsys.disabled():
+        print(f"\nscreenshot: {path}")
+    return path
+
+
+def visible(driver, selector: str) -> int:
+    return driver.execute_script(
+        "return [...document.querySelectorAll(arguments[0])].filter(e => e.offsetParent !== null"
+        " && getComputedStyle(e).visibility !== 'hidden').length", selector)
+
+
+def css(driver, selector: str):
+    from selenium.webdriver.common.by import By
+
+    return driver.find_elements(By.CSS_SELECTOR, selector)
+
+
+def hover(driver, element) -> None:
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    ActionChains(driver).move_to_element(element).perform()
+
+
+@pytest.fixture(scope="module")
+def sample_page(tmp_path_factory) -> tuple[Path, dict]:
+    t, ids = 24, np.arange(24) % 12
+    a = synthetic_attention(3, 4, t, seed=1)
+    scores = scores_of(a, ids)
+    scores["ablation"] = np.linspace(-0.2, 0.6, 12).reshape(3, 4)
+    path = viewer.write_sample_page(tmp_path_factory.mktemp("page") / "attention.html", a, make_tokens(t), scores,
+                                    title="synthetic sample")
+    return path, scores
+
+
+def test_sample_page_shows_every_layer_head_and_token(browser, sample_page, shots, capsys):
+    path, scores = sample_page
+    open_page(browser, path)
+    assert visible(browser, ".layer-label") == 3, "3 layer rows in the model view"
+    assert visible(browser, ".thumb") == 12 and visible(browser, ".thumb canvas") == 12, "3 x 4 heatmaps"
+    assert visible(browser, "#tokens .tok") == 24, "24 tokens in the head view"
+    assert visible(browser, "#hv-heads .chip") == 4, "one colour chip per head"
+    texts = [e.text for e in css(browser, ".thumb figcaption")]
+    assert texts[:5] == ["L0H0", "L0H1", "L0H2", "L0H3", "L1H0"], texts
+    chips = css(browser, '.thumb[data-layer="2"][data-head="0"] .sc[data-role="previous_token"]')
+    want = f"prev {scores['previous_token'][2, 0]:.2f}".replace(" 0.", " .")
+    assert want == "prev .96", "fixture: a perfect previous-token head over 24 tokens scores 23/24"
+    assert chips and chips[0].text == want, f"the head's score should be shown next to its map: {chips[0].text!r}"
+    screenshot(browser, shots, "sample.png", capsys)
+    assert_quiet(browser, "loading")
+
+
+def test_hovering_a_token_changes_the_shown_weights(browser, sample_page):
+    path, _ = sample_page
+    open_page(browser, path)
+    toks = css(browser, "#tokens .tok")
+    hover(browser, toks[5])
+    first = css(browser, '#weights tr[data-head="0"]')[0].text
+    assert "#4 1.000" in first, f"head 0 (previous token) of query 5 should put 1.000 on key #4: {first!r}"
+    hover(browser, toks[9])
+    second = css(browser, '#weights tr[data-head="0"]')[0].text
+    assert "#8 1.000" in second and second != first, f"hovering token 9 should show key #8: {second!r}"
+    assert "#0 1.000" in css(browser, '#weights tr[data-head="1"]')[0].text, "head 1 sends everything to token 0"
+    colour = browser.execute_script(
+        "return document.querySelectorAll('#tokens .tok')[8].querySelector('.strip i').style.backgroundColor")
+    assert colour.startswith("rgb"), f"key 8 should be coloured in head 0's row of the strip, got {colour!r}"
+    assert "future" in toks[12].get_attribute("class"), "tokens after the query are shown as the masked future"
+    toks[7].click()  # pin query 7, then hover key 6 for the weights
+    hover(browser, toks[6])
+    tip = css(browser, "#tooltip")[0]
+    assert tip.is_displayed() and "H0 1.000" in tip.text and "key #6" in tip.text, tip.text
+    assert_quiet(browser, "hovering tokens")
+
+
+def test_role_filter_shows_only_heads_of_that_role(browser, sample_page):
+    from selenium.webdriver.support.ui import Select
+
+    path, scores = sample_page
+    open_page(browser, path)
+    Select(css(browser, "#role-filter")[0]).select_by_value("previous_token")
+    want = int((scores["previous_token"] >= 0.3).sum())
+    assert visible(browser, ".thumb") == want, f"{want} heads score >= 0.3 on previous_token"
+    assert f"{want} of 12 heads" in css(browser, "#filter-count")[0].text
+    Select(css(browser, "#role-filter")[0]).select_by_value("ablation")
+    assert css(browser, "#role-threshold")[0].get_attribute("value") == "0.05", "nats get their own threshold"
+    assert visible(browser, ".thumb") == int((scores["ablation"] >= 0.05).sum())
+    Select(css(browser, "#role-filter")[0]).select_by_value("")
+    assert visible(browser, ".thumb") == 12
+    assert_quiet(browser, "filtering")
+
+
+def test_clicking_a_head_opens_it_large_with_labels_and_the_masked_future(browser, sample_page, shots, capsys):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    path, _ = sample_page
+    open_page(browser, path)
+    css(browser, '.thumb[data-layer="1"][data-head="2"]')[0].click()
+    assert css(browser, "#big")[0].is_displayed(), "the large view should open"
+    assert "layer 1, head 2" in css(browser, "#big-title")[0].text
+    assert visible(browser, ".big-ylabel") == 24 and visible(browser, ".big-xlabel") == 24, "a label per token"
+    canvas = css(browser, "#big-canvas")[0]
+    size = canvas.size["width"]
+    # the top-right corner is query 0 -> key 23: the future
+    ActionChains(browser).move_to_element_with_offset(canvas, size // 2 - 3, -size // 2 + 3).perform()
+    assert "masked" in css(browser, "#tooltip")[0].text
+    corner = browser.execute_script(
+        "const c = document.getElementById('big-canvas'); return [...c.getContext('2d')"
+        ".getImageData(c.width - 1, 0, 1, 1).data]")
+    assert corner[:3] == [230, 230, 230], f"the masked future should be grey, got {corner}"
+    screenshot(browser, shots, "sample_large_head.png", capsys)
+    css(browser, "body")[0].send_keys(Keys.ESCAPE)
+    assert not css(browser, "#big")[0].is_displayed(), "Esc closes the large view"
+    assert_quiet(browser, "the large view")
+
+
+def test_a_long_context_stays_usable(browser, tmp_path, shots, capsys):
+    t = 600
+    a = synthetic_attention(2, 2, t, seed=2)
+    path = viewer.write_sample_page(tmp_path / "long.html", a, make_tokens(t), scores_of(a, np.arange(t) % 12))
+    open_page(browser, path)
+    assert visible(browser, "#tokens .tok") == 600
+    width = browser.execute_script("return document.querySelector('.thumb canvas').width")
+    assert width <= 96, f"600 tokens should be max-pooled into a small heatmap, got {width} px"
+    toks = css(browser, "#tokens .tok")
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", toks[450])
+    hover(browser, toks[450])
+    assert "#449 1.000" in css(browser, '#weights tr[data-head="0"]')[0].text, "previous-token head at query 450"
+    css(browser, '.thumb[data-layer="0"][data-head="0"]')[0].click()
+    labels = visible(browser, ".big-ylabel")
+    assert 0 < labels <= 128, f"the large view opens on a 128-token window, labelled, got {labels} labels"
+    assert "tokens 323\u2013450 of 600" in css(browser, "#big-range")[0].text, "the window ends at the query"
+    screenshot(browser, shots, "long_context.png", capsys)
+    assert_quiet(browser, "a 600-token page")
+
+
+@pytest.fixture(scope="module")
+def film(tmp_path_factory) -> Path:
+    changes = [{"step": 250, "head": "L0H0", "metric": "previous_token", "before": 0.1, "after": 0.7,
+                "message": "step 250: L0H0 previous_token 0.10 -> 0.70"},
+               {"step": 400, "head": None, "metric": "repeated-half loss", "before": 5.9, "after": 5.5,
+                "message": "step 400: repeated-half loss 5.90 -> 5.50"}]
+    run = write_run(tmp_path_factory.mktemp("film") / "run", 2, 3, 20, [100, 200, 300, 400, 500, 600],
+                    changes=changes)
+    return viewer.build_film(run)
+
+
+def test_film_slider_moves_through_training(browser, film, shots, capsys):
+    from selenium.webdriver.common.keys import Keys
+
+    open_page(browser, film)
+    assert visible(browser, ".thumb") == 6 and visible(browser, "#tokens .tok") == 20
+    label = css(browser, "#step-label")[0]
+    assert label.text.startswith("step 600"), f"the film opens on the last evaluation: {label.text!r}"
+    pixels = "return document.querySelector('.thumb[data-layer=\"0\"][data-head=\"0\"] canvas').toDataURL()"
+    last = browser.execute_script(pixels)
+    chip = '.thumb[data-layer="0"][data-head="0"] .sc[data-role="previous_token"]'
+    last_score = css(browser, chip)[0].text
+    slider = css(browser, "#step-slider")[0]
+    slider.send_keys(Keys.HOME)
+    assert label.text.startswith("step 100"), label.text
+    first = browser.execute_script(pixels)
+    assert first != last, "moving the slider should redraw the heatmap (head 0 sharpens over training)"
+    assert css(browser, chip)[0].text != last_score, f"the scores next to the map follow the slider: {last_score}"
+    slider.send_keys(Keys.ARROW_RIGHT)
+    assert label.text.startswith("step 200"), label.text
+    assert visible(browser, ".phase-mark") == 2, "one mark per phase change on the slider"
+    assert visible(browser, "#loss-chart .series") == 4, "train, validation and the probe's two halves"
+    assert visible(browser, "#role-chart .series") == 6, "one line per head"
+    assert visible(browser, "#loss-chart .mark") == 2
+    css(browser, "#phase-list button")[0].click()
+    assert label.text.startswith("step 300"), f"a phase change jumps to the first evaluation at or after it: {label.text}"
+    screenshot(browser, shots, "film.png", capsys)
+    assert_quiet(browser, "scrubbing the film")
+
+
+@pytest.mark.parametrize("parts", ["nothing", "scores only"])
+def test_film_of_a_partial_run_opens_cleanly(browser, tmp_path, parts):
+    run = tmp_path / "run"
+    run.mkdir()
+    if parts == "scores only":
+        write_run(run, 1, 2, 6, [5, 10])
+        for p in (run / "attention").glob("step_*.npy"):
+            p.unlink()
+    open_page(browser, viewer.build_film(run))
+    notes = css(browser, "#notes li")
+    assert notes and notes[0].is_displayed(), "the page should say what the run did not record"
+    if parts == "scores only":
+        assert visible(browser, ".thumb") == 2 and visible(browser, "#role-chart .series") == 2
+        assert not css(browser, "#head-view")[0].is_displayed(), "no frames: no head view"
+
+
+@pytest.mark.parametrize("break_it", ["a typo in the script", "a corrupt frame"])
+def test_a_broken_page_fails_the_harness(browser, sample_page, tmp_path, break_it):
+    """The checks above can fail: a script error or bad data is caught by open_page."""
+    text = sample_page[0].read_text(encoding="utf-8")
+    if break_it == "a typo in the script":
+        broken = text.replace("\nboot();\n", "\nboot_typo();\n")
+    else:
+        broken = re.sub(r'"attn":"([A-Za-z0-9+/]{8})', r'"attn":"', text, count=1)  # 6 bytes short
+    assert broken != text, "the fixture should have changed the page"
+    path = tmp_path / "broken.html"
+    path.write_text(broken, encoding="utf-8")
+    with pytest.raises(AssertionError, match="script failed") as caught:
+        open_page(browser, path)
+    want = "boot_typo is not defined" if break_it == "a typo in the script" else "an attention frame holds"
+    assert want in str(caught.value), f"the harness should report the browser's error: {caught.value}"
