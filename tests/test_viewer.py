@@ -292,9 +292,9 @@ def test_sample_py_writes_the_page_by_default_and_not_with_no_html(tmp_path, cap
 
 def _find_browser() -> tuple[str | None, str | None, str | None]:
     """(chromium, chromedriver, what is missing)."""
-    chrome = os.environ.get("CHROME_BIN") or next(
+    chrome = shutil.which(os.environ.get("CHROME_BIN", "")) or next(
         (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
-    driver = os.environ.get("CHROMEDRIVER") or shutil.which("chromedriver")
+    driver = shutil.which(os.environ.get("CHROMEDRIVER", "")) or shutil.which("chromedriver")
     try:
         import selenium  # noqa: F401
     except ImportError:
