@@ -262,8 +262,8 @@ def film_data(run_dir, *, max_bytes: int = FILM_MAX_BYTES) -> tuple[dict, str]:
         m = re.fullmatch(r"step_(\d+)\.npy", p.name)
         if not m:
             continue
-        try:
-            a = np.load(p, allow_pickle=False)
+        try:  # memory-mapped: only the frames the page keeps are read in full
+            a = np.load(p, mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError) as e:
             notes.append(f"{p.name} cannot be read ({e}); left out")
             continue

@@ -411,6 +411,8 @@ def test_sample_page_shows_every_layer_head_and_token(browser, sample_page, shot
 
 
 def test_hovering_a_token_changes_the_shown_weights(browser, sample_page):
+    from selenium.webdriver.common.action_chains import ActionChains
+
     path, _ = sample_page
     open_page(browser, path)
     toks = css(browser, "#tokens .tok")
@@ -425,6 +427,14 @@ def test_hovering_a_token_changes_the_shown_weights(browser, sample_page):
         "return document.querySelectorAll('#tokens .tok')[8].querySelector('.strip i').style.backgroundColor")
     assert colour.startswith("rgb"), f"key 8 should be coloured in head 0's row of the strip, got {colour!r}"
     assert "future" in toks[12].get_attribute("class"), "tokens after the query are shown as the masked future"
+    ActionChains(browser).double_click(css(browser, '#hv-heads .chip[data-head="0"]')[0]).perform()
+    on = [c.get_attribute("data-head") for c in css(browser, "#hv-heads .chip.on")]
+    assert on == ["0"], f"double-clicking a head shows it alone, chips on: {on}"
+    tint = "return document.querySelectorAll('#tokens .tok')[arguments[0]].querySelector('.tt').style.backgroundColor"
+    assert browser.execute_script(tint, 8) and not browser.execute_script(tint, 5), (
+        "one head alone tints the key it attends to (token 8 for query 9), and no other")
+    ActionChains(browser).double_click(css(browser, '#hv-heads .chip[data-head="0"]')[0]).perform()
+    assert len(css(browser, "#hv-heads .chip.on")) == 4, "double-clicking it again shows every head"
     toks[7].click()  # pin query 7, then hover key 6 for the weights
     hover(browser, toks[6])
     tip = css(browser, "#tooltip")[0]

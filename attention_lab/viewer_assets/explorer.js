@@ -184,18 +184,19 @@ class Explorer {
     this.headChips = [];
     const chips = document.getElementById("hv-heads");
     for (let h = 0; h < this.H; h++) {
-      const chip = el("button", { type: "button", class: "chip on", "data-head": h, title: "show or hide this head",
+      const chip = el("button", { type: "button", class: "chip on", "data-head": h,
+                                  title: "click: show or hide this head; double-click: this head alone (or all again)",
                                   style: `--c: ${headColour(h, this.H)}`, text: `H${h}` });
-      chip.addEventListener("click", () => {
-        this.shownHeads[h] = !this.shownHeads[h];
-        chip.classList.toggle("on", this.shownHeads[h]);
-        this.renderHeadView();
+      chip.addEventListener("click", () => this.showHeads(this.shownHeads.map((on, i) => (i === h ? !on : on))));
+      chip.addEventListener("dblclick", () => {
+        const alone = this.shownHeads.every((on, i) => on === (i === h));
+        this.showHeads(this.shownHeads.map((_, i) => alone || i === h));
       });
       this.headChips.push(chip);
       chips.append(chip);
     }
     const box = document.getElementById("tokens");
-    box.style.setProperty("--strip", `${this.H <= 6 ? 4 : this.H <= 8 ? 3 : 2}px`);
+    box.style.setProperty("--strip", `${this.H <= 4 ? 5 : this.H <= 6 ? 4 : this.H <= 8 ? 3 : 2}px`);
     this.tokNodes = []; this.cells = [];
     const frag = document.createDocumentFragment();
     this.tokens.forEach((t, i) => {
@@ -204,7 +205,8 @@ class Explorer {
                       el("span", { class: "strip" }, ...cells));
       this.tokNodes.push(node); this.cells.push(cells);
       frag.append(node);
-      if (isNewline(t)) frag.append(el("br"));
+      // a newline token ends its line; a run of them shares one line, so blank lines take no room
+      if (isNewline(t) && !(i + 1 < this.tokens.length && isNewline(this.tokens[i + 1]))) frag.append(el("br"));
     });
     box.append(frag);
     box.addEventListener("mouseover", (e) => {
@@ -231,6 +233,12 @@ class Explorer {
 
   setQuery(i) { this.query = i; this.renderHeadView(); }
 
+  showHeads(shown) {
+    this.shownHeads = shown;
+    this.headChips.forEach((chip, h) => chip.classList.toggle("on", shown[h]));
+    this.renderHeadView();
+  }
+
   pairTooltip(event, k) {
     if (!this.frame) return;
     const q = this.query, l = this.layer;
@@ -248,6 +256,7 @@ class Explorer {
 
   renderHeadView() {
     const f = this.frame, l = this.layer, q = this.query;
+    const alone = this.shownHeads.filter(Boolean).length === 1 ? this.shownHeads.indexOf(true) : -1;
     for (let k = 0; k < this.T; k++) {
       const node = this.tokNodes[k];
       node.classList.toggle("future", k > q);
@@ -258,6 +267,9 @@ class Explorer {
         const level = f && k <= q && this.shownHeads[h] ? f.level(l, h, q, k) : 0;
         cells[h].style.backgroundColor = level > 0 ? headColour(h, this.H, (level / 255).toFixed(3)) : "";
       }
+      // one head alone: its weights tint the tokens themselves, as a heatmap over the text
+      const level = alone >= 0 && f && k <= q ? f.level(l, alone, q, k) : 0;
+      node.firstChild.style.backgroundColor = level > 0 ? headColour(alone, this.H, (0.85 * level / 255).toFixed(3), 60) : "";
     }
     this.renderWeights();
   }
