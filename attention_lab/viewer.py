@@ -115,6 +115,17 @@ def _finite(x):
     return round(v, 4) if math.isfinite(v) else None
 
 
+def _clean(obj):
+    """obj with every non-finite float replaced by None, so that it can travel as JSON."""
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
 def role_info(roles) -> dict:
     """{role: {"short", "label", "unit", "help"}} in ROLES's order, then the others in the order given."""
     try:
@@ -318,7 +329,8 @@ def film_data(run_dir, *, max_bytes: int = FILM_MAX_BYTES) -> tuple[dict, str]:
     else:
         notes.append("no metrics.jsonl: no loss curve")
     for step, r in records.items():
-        for key, v in (r.get("model") or {}).items():
+        model = r.get("model") if isinstance(r.get("model"), dict) else {}
+        for key, v in model.items():
             if key in curves:
                 curves[key][step] = v
     train = sorted(curves["train_loss"].items())
@@ -332,7 +344,7 @@ def film_data(run_dir, *, max_bytes: int = FILM_MAX_BYTES) -> tuple[dict, str]:
         n_layer, n_head, t, _ = frames[-1][1].shape
     else:
         for r in records.values():
-            for v in (r.get("scores") or {}).values():
+            for v in (r["scores"].values() if isinstance(r.get("scores"), dict) else ()):
                 shape = np.asarray(v).shape
                 if len(shape) == 2:
                     n_layer, n_head = shape
@@ -359,8 +371,9 @@ def film_data(run_dir, *, max_bytes: int = FILM_MAX_BYTES) -> tuple[dict, str]:
 
     scores = []
     for step, r in records.items():
-        roles = dict(r.get("scores") or {})
-        for name, values in (r.get("ablation") or {}).items():
+        roles = dict(r["scores"]) if isinstance(r.get("scores"), dict) else {}
+        ablation = r.get("ablation") if isinstance(r.get("ablation"), dict) else {}
+        for name, values in ablation.items():
             roles[f"ablation_{name}"] = values
         kept = {}
         for role, values in roles.items():
@@ -397,7 +410,7 @@ def film_data(run_dir, *, max_bytes: int = FILM_MAX_BYTES) -> tuple[dict, str]:
         "frames_total": total,
         "scores": scores,
         "curves": {k: [[s, _finite(v)] for s, v in sorted(d.items())] for k, d in curves.items() if d},
-        "phase_changes": [{k: _finite(v) if k in ("before", "after") else v for k, v in c.items()} for c in changes],
+        "phase_changes": [_clean(c) for c in changes],
     }
     name = "/".join(run_dir.resolve().parts[-2:])
     return data, f"{name}: attention over training"

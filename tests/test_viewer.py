@@ -186,19 +186,23 @@ def test_film_over_budget_keeps_first_last_and_phase_changes(tmp_path):
 
 def test_film_reads_the_contract(tmp_path):
     change = {"step": 200, "head": "L1H0", "metric": "induction", "before": 0.05, "after": float("nan"),
-              "message": "step 200: L1H0 induction 0.05 -> 0.61"}
+              "message": "step 200: L1H0 induction 0.05 -> 0.61", "extra": {"gap": float("inf")}}
     run = write_run(tmp_path, 2, 3, 10, [100, 200, 300], changes=[change])
+    with open(run / "attention" / "heads.jsonl", "a") as f:  # a record of another shape is skipped, not fatal
+        f.write(json.dumps({"step": 400, "scores": [1, 2], "model": None, "ablation": "?"}) + "\n")
     data = island(viewer.build_film(run))
     assert (data["L"], data["H"], data["T"]) == (2, 3, 10)
     assert data["tokens"] == make_tokens(10)
     assert [f["step"] for f in data["frames"]] == [100, 200, 300]
-    assert [s["step"] for s in data["scores"]] == [100, 200, 300]
+    assert [s["step"] for s in data["scores"]] == [100, 200, 300, 400] and data["scores"][-1]["roles"] == {}
+    data["scores"].pop()
     roles = data["scores"][-1]["roles"]
     assert {"previous_token", "induction", "ablation_probe", "ablation_val"} <= set(roles), sorted(roles)
     assert roles["previous_token"][0][0] == 0.9, "head 0 ends a perfect previous-token head: 9 of 10 rows have a target"
     assert data["curves"]["train_loss"][0] == [10, 7.9] and len(data["curves"]["val_loss"]) == 3
     assert data["curves"]["probe_repeat_loss"] == [[100, 6.0], [200, 5.9], [300, 5.8]]
-    assert data["phase_changes"][0]["after"] is None and data["phase_changes"][0]["message"].startswith("step 200")
+    pc = data["phase_changes"][0]
+    assert pc["after"] is None and pc["extra"] == {"gap": None} and pc["message"].startswith("step 200"), pc
     assert data["notes"] == [], f"nothing is missing, yet: {data['notes']}"
 
 
