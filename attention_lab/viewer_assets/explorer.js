@@ -338,6 +338,7 @@ class Explorer {
         chip.lastChild.textContent = fmtScore(v, info.unit);
         const strength = v == null ? 0 : info.unit === "nats" ? Math.min(1, Math.abs(v) / 0.5) : Math.min(1, Math.max(0, v));
         chip.style.setProperty("--s", strength.toFixed(3));
+        chip.classList.toggle("neg", v != null && v < 0); // zeroing the head lowers the loss
         chip.title = `${info.label}: ${v == null ? "not measured" : v.toFixed(4)}${info.help ? ` \u2014 ${info.help}` : ""}`;
       }
     }
