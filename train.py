@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import math
 import signal
 import sys
@@ -170,14 +171,21 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
         torch.set_num_threads(tc.num_threads)
     torch.manual_seed(tc.seed)
     log = RunLogger(run_dir, enabled=info.is_main, tensorboard=tc.tensorboard)
+    run, finished = None, False
     try:
         # one trainer per run folder (the main process holds it for all); RunLocked names the holder's pid
         with RunLock(run_dir) if info.is_main else contextlib.nullcontext():
             run = setup_run(cfg, Path(run_dir), overrides or [], info, device, dtype, log)
-            return run_loop(run)
+            final = run_loop(run)
+            finished = True
+            return final
     finally:
         log.close()
-        distributed.shutdown()
+        # DDP's reducer holds the process group, whose gloo threads hold tensors: freed only at interpreter exit,
+        # they abort the process (SIGABRT, "terminate called without an active exception"). Free them now.
+        del run
+        gc.collect()
+        distributed.shutdown(wait_for_all=finished)
 
 
 @dataclass
@@ -207,6 +215,8 @@ class Run:
     tokens_seen: int = 0
     last_eval: dict = field(default_factory=dict)  # the latest evaluation's metrics (also from a checkpoint)
     session_start: float = field(default_factory=time.time)  # when this process's loop began (time budget)
+    film_path: Path | None = None  # <run>/attention.html once written
+    film_seconds: float = 0.0  # spent rewriting it this session
 
     @property
     def ckpt_root(self) -> Path:
@@ -376,8 +386,27 @@ def run_evaluation(run: Run) -> dict:
         run.log.flush()
     run.log.metrics(run.step, metrics, tb_prefix="val")
     save(run, is_best, dict(metrics))
+    if run.info.is_main and run.cfg.train.film:
+        rebuild_film(run)
     run.last_eval = metrics
     return metrics
+
+
+def rebuild_film(run: Run) -> None:
+    """<run>/attention.html from what this and every earlier evaluation wrote (after metrics.jsonl has the
+    evaluation's line). A page that cannot be built costs a warning, never the run."""
+    from attention_lab.viewer import build_film
+
+    t0 = time.time()
+    try:
+        path = build_film(run.run_dir)
+    except (OSError, ValueError, KeyError) as e:
+        run.log.print(f"warning: the attention film was not rewritten: {e}")
+        return
+    if run.film_path is None:
+        run.log.print(f"attention film: {path} (rewritten at every evaluation; open it in a browser)")
+    run.film_path = path
+    run.film_seconds += time.time() - t0
 
 
 def run_loop(run: Run) -> dict:
@@ -490,7 +519,7 @@ def finish(run: Run, start_step: int, elapsed: float, interrupted: bool) -> dict
     trained = run.step - start_step
     final = {"step": run.step, "val_loss": run.last_eval.get("val_loss", float("nan")),
              "val_bpb": run.last_eval.get("val_bpb", float("nan")), "best_val_loss": run.best_val,
-             "minutes": elapsed / 60, "steps_this_session": trained}
+             "minutes": elapsed / 60, "steps_this_session": trained, "seconds_film": run.film_seconds}
     if run.info.is_main and not interrupted and trained > 0:
         hp = {f"model.{k}": v for k, v in dataclasses.asdict(run.model_cfg).items()}
         hp |= {f"optim.{k}": v for k, v in dataclasses.asdict(run.cfg.optim).items()}
@@ -505,7 +534,8 @@ def finish(run: Run, start_step: int, elapsed: float, interrupted: bool) -> dict
     else:
         run.log.print(f"done: {run.step} steps in {elapsed / 60:.1f} min; val loss {final['val_loss']:.4f} "
                       f"nats/token, {final['val_bpb']:.3f} bits/byte (best {run.best_val:.4f}); "
-                      f"checkpoints in {run.ckpt_root}")
+                      f"checkpoints in {run.ckpt_root}"
+                      + (f"; attention film {run.film_path}" if run.film_path else ""))
     return final
 
 

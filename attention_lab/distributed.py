@@ -37,8 +37,13 @@ def init(device_name: str) -> DistInfo:
     return info
 
 
-def shutdown() -> None:
+def shutdown(wait_for_all: bool = True) -> None:
+    """Leave the process group. After a normal finish every process waits for the others first, so none tears
+    its connections down while another still uses them (rank 0 is often still saving). After an error there is
+    no waiting: the other processes may never arrive."""
     if dist.is_initialized():
+        if wait_for_all:
+            dist.barrier()
         dist.destroy_process_group()
 
 
