@@ -89,6 +89,7 @@ class TrainConfig:
     head_roles_every: int = 1  # ... at every this-many-th evaluation
     head_ablation: bool = True  # ... and the loss change when each head alone is zeroed
     probe_batch: int = 8  # sequences in the repeated-tokens probe and the validation windows it scores
+    film: bool = True  # rewrite <run>/attention.html, the interactive training film, at every evaluation
     progress: bool = True  # tqdm progress bar
     peak_flops: Optional[float] = None  # MFU denominator in FLOP/s; None: measured at start
     num_threads: Optional[int] = None  # torch CPU threads; None: torch's default

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import train as train_mod
-from attention_lab.checkpoint import CheckpointError, load_checkpoint
+from attention_lab.checkpoint import HOOK_ENV, CheckpointError, load_checkpoint
 from attention_lab.config import CONFIG_DIR, compose
 
 REPO = Path(__file__).resolve().parent.parent
@@ -73,6 +73,23 @@ def test_debug_run_trains_and_writes_everything(debug_run):
     assert set(state) >= {"step", "optimizer", "sampler", "rng", "best_val_loss"}, sorted(state)
     keys = ckpt.build_model().state_dict().keys()
     assert not any(k.startswith(("_orig_mod.", "module.")) for k in keys), "wrapper prefixes leaked into weights"
+
+
+def test_the_run_folder_holds_its_attention_film(debug_run):
+    """The trainer rewrites <run>/attention.html at every evaluation, after the evaluation's metrics line: the
+    film holds every evaluation's frame, scores and validation loss, and the closing line names it."""
+    import re
+
+    run_dir, final, _ = debug_run
+    page = run_dir / "attention.html"
+    assert page.is_file(), "the run folder has no attention.html (train.film is on by default)"
+    data = json.loads(re.search(r'<script type="application/json" id="data">(.*?)</script>',
+                                page.read_text(encoding="utf-8"), re.S).group(1))
+    assert [f["step"] for f in data["frames"]] == [10, 20], "one film frame per evaluation"
+    assert [s["step"] for s in data["scores"]] == [10, 20], "head-role scores of every evaluation"
+    assert [p[0] for p in data["curves"]["val_loss"]] == [10, 20], "the last evaluation's val loss is in the film"
+    assert f"attention film {page}" in (run_dir / "console.log").read_text(), "the closing line names the film"
+    assert final["seconds_film"] > 0
 
 
 def test_tensorboard_has_scalars_text_images_and_hparams(debug_run):
@@ -200,65 +217,136 @@ def test_lr_schedule_warms_up_then_decays_to_min():
 
 
 def test_weight_decay_only_on_matrices():
+    """The decayed set is exactly the 2-D weights other than the position table, and not empty (a check on each
+    decayed parameter alone holds when nothing is decayed)."""
     from attention_lab.config import OptimConfig
     from model import GPT, GPTConfig
 
-    model = GPT(GPTConfig(vocab_size=32, block_size=8, n_layer=1, n_head=2, n_embd=16))
-    opt = train_mod.configure_optimizer(model, OptimConfig(weight_decay=0.1), torch.device("cpu"))
-    decayed, plain = opt.param_groups
-    assert decayed["weight_decay"] == 0.1 and plain["weight_decay"] == 0.0
-    assert all(p.dim() == 2 for p in decayed["params"])
-    assert all(p.dim() == 1 for p in plain["params"]) or any(p.shape[0] == 8 for p in plain["params"])
-    n_total = len(list(model.parameters()))
-    assert len(decayed["params"]) + len(plain["params"]) == n_total
+    model = GPT(GPTConfig(vocab_size=32, block_size=8, n_layer=1, n_head=2, n_embd=16, pos_encoding="learned",
+                          bias=True))
+    opt = train_mod.configure_optimizer(model, OptimConfig(name="adamw", weight_decay=0.1), torch.device("cpu"))
+    name = {id(p): n for n, p in model.named_parameters()}
+    decayed = {name[id(p)] for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
+    plain = {name[id(p)] for g in opt.param_groups if g["weight_decay"] == 0 for p in g["params"]}
+    assert all(g["weight_decay"] in (0.0, 0.1) for g in opt.param_groups), opt.param_groups
+    expected = {n for n, p in model.named_parameters() if p.dim() == 2 and n != "transformer.wpe.weight"}
+    assert decayed == expected and decayed, f"decayed {sorted(decayed)}, expected {sorted(expected)}"
+    assert decayed | plain == set(name.values()) and not decayed & plain, "every parameter in exactly one group"
 
 
-def _spawn_training(run_dir: Path, cache: Path, *overrides: str) -> subprocess.Popen:
+def _spawn_training(run_dir: Path, cache: Path, *overrides: str, hook: str | None = None) -> subprocess.Popen:
+    """train.py in a subprocess. hook: "<point>@<step>:<marker>" stops its save of <step> at <point>
+    (attention_lab/checkpoint.py HOOK_POINTS), where it writes <marker> and waits until the marker is deleted."""
     cmd = [sys.executable, "train.py", "experiment=debug", f"data.cache_dir={cache}", f"hydra.run.dir={run_dir}",
-           "train.max_steps=100000", "train.eval_interval=5", "train.sample_tokens=0", *overrides]
-    return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+           "train.eval_interval=5", "train.sample_tokens=0", "train.head_roles=false", "train.tensorboard=false",
+           *overrides]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    if hook:
+        env[HOOK_ENV] = hook
+    return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 
-def _wait_for_checkpoint(run_dir: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+def _wait_for_marker(marker: Path, proc: subprocess.Popen, timeout: float = 180) -> None:
+    """Until the trainer has reached the hook's point (it wrote the marker and now waits there)."""
     deadline = time.time() + timeout
-    while not (run_dir / "checkpoints" / "latest.json").exists():
+    while not marker.exists():
         if proc.poll() is not None:
-            raise AssertionError(f"training exited early:\n{proc.stdout.read()}")
-        assert time.time() < deadline, "no checkpoint written in time"
-        time.sleep(0.2)
+            raise AssertionError(f"training exited (code {proc.returncode}) before reaching the hook's point "
+                                 f"{marker.name}:\n{proc.stdout.read()}")
+        if time.time() > deadline:
+            proc.kill()
+            raise AssertionError(f"training did not reach the hook's point {marker.name} in {timeout} s")
+        time.sleep(0.05)
 
 
 def test_ctrl_c_saves_and_exits_cleanly(tmp_path, data_cache):
-    run_dir = tmp_path / "sigint"
-    proc = _spawn_training(run_dir, data_cache)
-    _wait_for_checkpoint(run_dir, proc)
-    time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=60)
+    """Ctrl-C lands at a known point: while the step-5 checkpoint is saved. The loop finishes step 6, saves it
+    and exits 0 with the resume command."""
+    run_dir, marker = tmp_path / "sigint", tmp_path / "at_step_5"
+    proc = _spawn_training(run_dir, data_cache, "train.max_steps=8", hook=f"after_latest@5:{marker}")
+    try:
+        _wait_for_marker(marker, proc)
+        proc.send_signal(signal.SIGINT)
+        marker.unlink()  # let the trainer go on
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
     assert proc.returncode == 0, f"exit code {proc.returncode} after Ctrl-C:\n{out}"
     assert "Traceback" not in out, out
-    assert "stopped at step" in out and "Resume with" in out, out
+    assert "stop requested" in out, out
+    assert "stopped at step 6;" in out and "Resume with" in out, (
+        f"Ctrl-C during step 5's save must stop after step 6 (the next step) and say how to resume:\n{out}")
     ckpt = load_checkpoint(run_dir, "latest")
-    assert str(ckpt.step) in out.split("stopped at step")[1].split(";")[0], (ckpt.step, out)
-    ckpt.build_model()
-
-
-def test_sigkill_never_leaves_an_unloadable_checkpoint(tmp_path, data_cache):
-    run_dir = tmp_path / "sigkill"
-    proc = _spawn_training(run_dir, data_cache, "train.eval_interval=2")
-    _wait_for_checkpoint(run_dir, proc)
-    time.sleep(1.5)  # checkpoints are written every 2 steps: likely mid-save
-    proc.kill()
-    proc.wait(timeout=30)
-    ckpt = load_checkpoint(run_dir, "latest")
+    assert ckpt.step == 6 and ckpt.meta.get("interrupted") is True, (ckpt.step, ckpt.meta)
     ckpt.build_model()
     ckpt.train_state()
-    # and the run resumes from it
-    cfg = debug_config(data_cache, f"train.max_steps={ckpt.step + 2}", "train.eval_interval=2",
-                       "train.sample_tokens=0")
-    final = train_mod.train(cfg, run_dir)
-    assert final["step"] == ckpt.step + 2
+
+
+def _complete_step_dirs(root: Path) -> list[int]:
+    """Every step_* folder must be a whole checkpoint: a killed save may leave a hidden temp folder, never half
+    of a visible one."""
+    steps = []
+    for d in sorted(root.glob("step_*")):
+        ckpt = load_checkpoint(d)
+        ckpt.build_model()
+        ckpt.train_state()
+        steps.append(ckpt.step)
+    return steps
+
+
+# SIGKILL at each point of saving the step-4 checkpoint (the step-2 one is complete): which checkpoint each
+# pointer must then name, and whether step_4 is in place. The points are attention_lab/checkpoint.py's HOOK_POINTS.
+KILL_POINTS = {
+    "writing": (2, 2, False),         # the temp folder half written
+    "before_publish": (2, 2, False),  # the temp folder complete, not yet renamed into place
+    "after_publish": (2, 2, True),    # step_4 in place, latest.json still names step_2
+    "after_latest": (4, 2, True),     # latest.json names step_4, best.json not yet
+    "after_best": (4, 4, True),       # (the debug run's step 4 is its best so far)
+}
+
+
+@pytest.fixture(scope="module")
+def killed_runs(tmp_path_factory, data_cache):
+    """One trainer per kill point, started together (their start-up is most of the cost), each SIGKILLed once
+    it waits at its point."""
+    root = tmp_path_factory.mktemp("sigkill")
+    procs = {point: _spawn_training(root / point, data_cache, "train.eval_interval=2", "train.max_steps=6",
+                                    hook=f"{point}@4:{root / (point + '.marker')}") for point in KILL_POINTS}
+    try:
+        for point, proc in procs.items():
+            _wait_for_marker(root / f"{point}.marker", proc)
+            proc.kill()
+            proc.wait(timeout=60)
+    finally:
+        for proc in procs.values():
+            proc.kill()
+            proc.wait()
+    return {point: (root / point, proc.returncode) for point, proc in procs.items()}
+
+
+@pytest.mark.parametrize("point", list(KILL_POINTS))
+def test_sigkill_inside_save_checkpoint_leaves_a_loadable_run(point, killed_runs, data_cache):
+    """Killed at `point`: the pointers name whole checkpoints, no step folder is half written, and the run
+    resumes from `latest`."""
+    latest, best, step_4_in_place = KILL_POINTS[point]
+    run_dir, returncode = killed_runs[point]
+    assert returncode == -signal.SIGKILL, f"the trainer was not killed at {point} (exit code {returncode})"
+    root = run_dir / "checkpoints"
+    for which, step in (("latest", latest), ("best", best)):
+        pointer = json.loads((root / f"{which}.json").read_text())
+        assert (root / pointer["dir"]).is_dir(), f"killed at {point}: {which}.json names a missing folder {pointer}"
+        assert load_checkpoint(run_dir, which).step == step, f"killed at {point}: {which} should be step {step}"
+    complete = _complete_step_dirs(root)
+    assert complete == ([2, 4] if step_4_in_place else [2]), f"killed at {point}: step folders {complete}"
+    leftovers = list(root.glob(".step_*"))
+    assert bool(leftovers) == (not step_4_in_place), f"killed at {point}: temp folders {leftovers}"
+    # the run resumes from `latest`, and its next save clears what the killed one left behind
+    final = train_mod.train(debug_config(data_cache, "train.max_steps=6", "train.eval_interval=2",
+                                         "train.sample_tokens=0", "train.head_roles=false",
+                                         "train.tensorboard=false"), run_dir)
+    assert final["step"] == 6 and final["steps_this_session"] == 6 - latest, final
+    assert _complete_step_dirs(root)[-1] == 6
+    assert not list(root.glob(".step_*")), "the killed save's temp folder must be cleaned up"
 
 
 def test_two_process_ddp_matches_one_process_with_the_same_global_batch(tmp_path, data_cache):
