@@ -19,7 +19,9 @@ of one. If a pointer is missing or names a directory that is gone, the newest co
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +35,29 @@ from .files import describe_disk, is_disk_full, make_temp_dir, publish_dir, writ
 
 FILES = ("model.safetensors", "model_config.json", "tokenizer.json", "meta.json")
 STEP_PREFIX = "step_"
+
+# Test hook: with ATTENTION_LAB_CHECKPOINT_HOOK="<point>@<step>:<marker file>" in the environment, the save of
+# checkpoint <step> stops at <point>, writes the marker file and waits (up to 120 s) until it is deleted, so a
+# test can SIGKILL or Ctrl-C the trainer at a known moment instead of after a guessed sleep (tests/test_train.py).
+# The points, in order: the temp folder half written; complete; renamed into place; latest.json replaced;
+# best.json replaced (only reached when the checkpoint is the best).
+HOOK_ENV = "ATTENTION_LAB_CHECKPOINT_HOOK"
+HOOK_POINTS = ("writing", "before_publish", "after_publish", "after_latest", "after_best")
+
+
+def _hook(point: str, step: int) -> None:
+    spec = os.environ.get(HOOK_ENV)
+    if not spec:
+        return
+    where, _, marker = spec.partition(":")
+    if where.split("@")[0] not in HOOK_POINTS:
+        raise ValueError(f"{HOOK_ENV}={spec!r}: the point must be one of {', '.join(HOOK_POINTS)}")
+    if where != f"{point}@{step}":
+        return
+    Path(marker).write_text(f"{os.getpid()}\n")
+    deadline = time.monotonic() + 120
+    while os.path.exists(marker) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 class CheckpointError(Exception):
@@ -65,6 +90,7 @@ def save_checkpoint(
     tmp = make_temp_dir(root, prefix=f".{name}.")  # the umask's folder mode, not mkdtemp's private 0700
     try:
         save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        _hook("writing", step)
         (tmp / "model_config.json").write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
         (tmp / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
         if train_state is not None:
@@ -72,7 +98,9 @@ def save_checkpoint(
         (tmp / "meta.json").write_text(json.dumps({"step": step, **meta}, indent=2, sort_keys=True) + "\n")
         if final.exists():  # re-saving the same step (e.g. Ctrl-C right after a periodic save)
             shutil.rmtree(final)
+        _hook("before_publish", step)
         publish_dir(tmp, final)  # files synced, renamed, the rename synced: durable across a power loss
+        _hook("after_publish", step)
     except BaseException as e:
         full = is_disk_full(e, tmp)  # asked before the partial files are removed and free their space
         shutil.rmtree(tmp, ignore_errors=True)
@@ -82,8 +110,10 @@ def save_checkpoint(
     pointer = {"dir": name, "step": step, **{k: v for k, v in meta.items() if k in ("val_loss", "val_bpb")}}
     try:
         write_json_atomic(root / "latest.json", pointer)
+        _hook("after_latest", step)
         if best:
             write_json_atomic(root / "best.json", pointer)
+            _hook("after_best", step)
     except OSError as e:
         if is_disk_full(e, root):
             raise DiskFullError(disk_full_message(root, step)) from e

@@ -3,7 +3,10 @@
 One prompt (batch 1) and a block_size that holds prompt + every new token: past block_size our cache is
 rebuilt every step by design (model/generate.py), which would measure that instead of the cache. Both models
 have the same weights (bench/twins.py), so greedy decoding should give the same tokens; the table says
-whether it did (random-init logits are nearly flat, so a 1e-6 difference may flip a near-tie).
+whether it did. Random-init logits are nearly flat, so a 1e-6 difference may flip a near-tie and the sequences
+part ways from there; so a difference alone proves nothing. What must hold is checked before any timing
+(`check_greedy`): every token each decoder chose is a greedy choice of our model (uncached, full forward) up to
+a near-tie; otherwise the run stops with an error naming the decoder and the position.
 """
 
 from __future__ import annotations
@@ -47,6 +50,34 @@ def decoders(ours, hf, prompt: torch.Tensor, n_new: int) -> dict:
     }
 
 
+TIE_TOL = 1e-4  # relative: a token whose logit is within TIE_TOL * (1 + max |logit|) of the best is a near-tie
+
+
+@torch.no_grad()
+def check_greedy(ours, outputs: dict[str, torch.Tensor], n_prompt: int, tol: float = TIE_TOL) -> int:
+    """Raise RuntimeError unless every decoder's output (1, T) is greedy under `ours`: at each generated position
+    the chosen token's logit, from one uncached forward pass over the sequence, is the maximum up to
+    tol * (1 + max |logit|). Returns the number of generated tokens that were near-ties rather than the argmax.
+    A broken cache or a wrong weight mapping picks tokens far below the maximum; float noise only flips ties."""
+    ties = 0
+    for name, seq in outputs.items():
+        logits = ours(seq[:, :-1]).logits[0, n_prompt - 1:].float()  # (new, V): predictions of the new tokens
+        chosen = logits.gather(-1, seq[0, n_prompt:, None])[:, 0]  # (new,)
+        best = logits.max(-1).values
+        gap = best - chosen
+        allowed = tol * (1 + logits.abs().max(-1).values)
+        bad = (gap > allowed).nonzero()
+        if len(bad):
+            i = bad[0, 0].item()
+            raise RuntimeError(
+                f"{name} chose token {seq[0, n_prompt + i].item()} at new position {i}, {gap[i].item():.2e} below "
+                f"the best logit of our model (allowed {allowed[i].item():.1e}): it does not decode greedily the "
+                "function the benchmark compares (a broken KV cache, or twins that differ), so its timing would "
+                "mean nothing")
+        ties += int((gap > 0).sum())
+    return ties
+
+
 def run(ctx: Context) -> Table:
     setting = QUICK if ctx.quick else FULL
     cfg, device = setting["cfg"], ctx.device
@@ -63,6 +94,7 @@ def run(ctx: Context) -> Table:
         fns = decoders(ours, hf, prompt, n_new)
         outputs = {name: fn() for name, fn in fns.items()}  # doubles as the first warmup round
         same = all(torch.equal(outputs["ours_cached"], out) for out in outputs.values())
+        ties = check_greedy(ours, outputs, setting["prompt"])  # raises unless every token is greedy
         times = interleaved(fns, device, reps=setting["reps"], warmup=0)
         tps = {name: n_new / median(t) for name, t in times.items()}
         rows.append(
@@ -73,6 +105,7 @@ def run(ctx: Context) -> Table:
                 "cached_vs_uncached": paired_ratio(times["ours_uncached"], times["ours_cached"]),
                 "uncached_vs_hf_uncached": paired_ratio(times["hf_uncached"], times["ours_uncached"]),
                 "same_tokens": same,
+                "near_ties": ties,
                 "spread": max(spread(t) for t in times.values()),
             }
         )
@@ -96,6 +129,7 @@ def run(ctx: Context) -> Table:
             Column("cached_vs_uncached", "ours cache / ours no-cache", "{:.2f}x"),
             Column("uncached_vs_hf_uncached", "ours no-cache / HF no-cache", "{:.2f}x"),
             Column("same_tokens", "same tokens"),
+            Column("near_ties", "near-tie tokens"),
             Column("spread", "spread", "{:.0%}"),
         ],
         rows=rows,
@@ -106,6 +140,9 @@ def run(ctx: Context) -> Table:
             f"HF: GPT2LMHeadModel.generate(do_sample=False, use_cache=True/False, pad_token_id=0, eos_token_id=None), "
             f"attn_implementation={hf_attention(hf)!r}; the four calls interleaved, {setting['reps']} rounds after "
             "one warmup round; ratios are medians of per-round time ratios.",
+            f"Checked before timing: every token of every decoder is a greedy choice of our model (one uncached "
+            f"forward pass) up to a near-tie (within {TIE_TOL:g} x (1 + max |logit|)); near-tie tokens counts the "
+            "tokens that were such a tie rather than the argmax (they explain a 'no' under same tokens).",
             ("--quick: tiny model, the targets below mean nothing here. " if ctx.quick else "")
             + f"Targets: ours cache / HF cache >= {HF_SPEEDUP_TARGET:.0f}x: "
             f"{'met' if summary['hf_target_met'] else 'MISSED'}; ours cache / ours no-cache >= "

@@ -4,7 +4,8 @@
     python tests/mutations.py --list     # what it plants
     python tests/mutations.py rope_not_applied rng_not_restored   # only these
 
-Each entry names a file, an exact piece of its text, what to put instead, and the test files that should fail.
+Each entry names a file, an exact piece of its text, what to put instead, and the tests that should fail (files
+or pytest node ids `file::test`: name the few tests that catch it, so the whole list runs in minutes).
 If the original text is no longer in the file the script fails too (exit 1), so the list cannot rot silently:
 when you change code that a mutation targets, update the mutation with it. When you add a feature, add the bug
 that would hurt it most.
@@ -82,6 +83,71 @@ MUTATIONS = (
     Mutation("qk_norm_not_applied", "model/attention.py",
              "q, k = self.qk_norm(q), self.qk_norm(k)", "pass",
              ("tests/test_planted_bugs.py", "tests/test_model_options.py"), "QK-norm configured but not applied"),
+    Mutation("kv_cache_positions_restart", "model/gpt.py",
+             "pos = torch.arange(past, past + t, device=idx.device)", "pos = torch.arange(0, t, device=idx.device)",
+             ("tests/test_model_generate.py",), "tokens decoded with the KV cache get positions from 0"),
+    # the training step (tests/test_train_step.py)
+    Mutation("grad_accum_not_divided", "train.py",
+             "loss = model(x, y).loss / grad_accum", "loss = model(x, y).loss",
+             ("tests/test_train_step.py::test_grad_accum_equals_one_big_batch",),
+             "micro-batch losses not divided by grad_accum (gradients grow with it)"),
+    Mutation("grad_accum_reports_last_loss", "train.py",
+             "total += loss.item()", "total = loss.item()",
+             ("tests/test_train_step.py::test_grad_accum_equals_one_big_batch",),
+             "with grad_accum the step reports the last micro-batch's loss"),
+    Mutation("scaler_not_unscaled", "train.py",
+             "scaler.unscale_(opt)", "pass",
+             ("tests/test_train_step.py::test_float16_with_grad_scaler_matches_float32",),
+             "float16: gradients clipped (and their norm logged) while still scaled"),
+    Mutation("loss_not_scaled", "train.py",
+             "(scaler.scale(loss) if scaler else loss).backward()", "loss.backward()",
+             ("tests/test_train_step.py::test_float16_with_grad_scaler_matches_float32",),
+             "float16: backward on the unscaled loss (the unscale then shrinks every gradient)"),
+    Mutation("scaler_step_bypassed", "train.py",
+             "scaler.step(opt)", "opt.step()",
+             ("tests/test_train_step.py::test_grad_scaler_skips_a_step_whose_gradients_overflow",),
+             "float16: an overflowing step is applied instead of skipped"),
+    Mutation("no_grad_scaler", "train.py",
+             "scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None", "scaler = None",
+             ("tests/test_train_step.py::test_train_dtype_float16_runs_every_step_through_a_grad_scaler",),
+             "train.dtype=float16 trains without a GradScaler"),
+    Mutation("compile_ignored", "train.py",
+             "model = torch.compile(model)", "pass",
+             ("tests/test_train_step.py::test_compile_trains_the_same_numbers_and_saves_the_plain_module",),
+             "train.compile=true does not compile"),
+    Mutation("checkpoint_of_the_compiled_wrapper", "train.py",
+             "save_checkpoint(run.ckpt_root, run.step, run.raw_model,", "save_checkpoint(run.ckpt_root, run.step, run.model,",
+             ("tests/test_train_step.py::test_compile_trains_the_same_numbers_and_saves_the_plain_module",),
+             "checkpoints saved from the compiled wrapper (_orig_mod. keys)"),
+    # resume, Ctrl-C and SIGKILL (tests/test_train.py)
+    Mutation("sampler_not_restored", "train.py",
+             'run.sampler.load_state_dict(state["sampler"])', "pass",
+             ("tests/test_train.py::test_resume_reproduces_the_uninterrupted_run",),
+             "the data sampler's position not restored on resume"),
+    Mutation("ctrl_c_does_not_save", "train.py",
+             'elif interrupted:\n                save(run, False, {"interrupted": True})',
+             'elif False:\n                save(run, False, {"interrupted": True})',
+             ("tests/test_train.py::test_ctrl_c_saves_and_exits_cleanly",),
+             "Ctrl-C stops without saving the step it finished"),
+    Mutation("pointer_before_the_folder", "attention_lab/checkpoint.py",
+             "        publish_dir(tmp, final)  # files synced",
+             '        write_json_atomic(root / "latest.json", {"dir": name, "step": step})\n'
+             "        publish_dir(tmp, final)  # files synced",
+             ("tests/test_train.py::test_sigkill_inside_save_checkpoint_leaves_a_loadable_run",),
+             "latest.json replaced before the checkpoint folder is in place (a kill leaves it dangling)"),
+    # benchmarks (tests/test_bench.py, tests/test_planted_bugs.py)
+    Mutation("train_bench_skips_twin_check", "bench/train_step.py",
+             "check_same_function(cfg, device)", "pass",
+             ("tests/test_bench.py::test_benchmarks_refuse_twins_that_compute_different_functions",),
+             "the training bench times twins it never checked compute one function"),
+    Mutation("generation_bench_skips_twin_check", "bench/generation.py",
+             "check_same_function(cfg, device)", "pass",
+             ("tests/test_bench.py::test_benchmarks_refuse_twins_that_compute_different_functions",),
+             "the generation bench times twins it never checked compute one function"),
+    Mutation("generation_bench_ignores_bad_tokens", "bench/generation.py",
+             "        if len(bad):", "        if False:",
+             ("tests/test_bench.py::test_generation_check_rejects_a_decoder_that_is_not_greedy",),
+             "the generation bench times decoders that do not decode greedily"),
 )
 
 

@@ -94,3 +94,50 @@ def test_table_markdown_formats_values_and_missing_cells():
 def test_only_rejects_unknown_names():
     with pytest.raises(SystemExit):
         main(["--quick", "--only", "nope"])
+
+
+def test_generation_check_rejects_a_decoder_that_is_not_greedy():
+    """Planted bugs: the generation bench reporting `same_tokens` without ever acting on it; a broken KV cache
+    timed as if it decoded the same function. Every token must be greedy under our model up to a near-tie."""
+    from bench.generation import check_greedy
+    from model import GPT, GPTConfig
+    from model.generate import generate
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=2, n_embd=32)).eval()
+    prompt = torch.randint(64, (1, 4))
+    good = generate(model, prompt, 12, greedy=True, use_cache=True)
+    assert check_greedy(model, {"cached": good, "uncached": generate(model, prompt, 12, greedy=True,
+                                                                     use_cache=False)}, 4) >= 0
+    logits = model(good[:, :-1]).logits[0, 3:]  # (12, V): the predictions of the generated tokens
+    bad = good.clone()
+    bad[0, 4 + 5] = logits[5].argmin()  # the worst token at generated position 5
+    with pytest.raises(RuntimeError, match="broken_decoder chose token .* at new position 5"):
+        check_greedy(model, {"cached": good, "broken_decoder": bad}, 4)
+
+
+@pytest.mark.parametrize("bench", ["train_step", "generation"])
+def test_benchmarks_refuse_twins_that_compute_different_functions(bench, monkeypatch):
+    """Planted bug: q and k swapped in the mapping onto GPT2LMHeadModel, or a benchmark that skips the twin
+    check. At GPT-2's init the train table's loss difference hid the swap (4.6e-5 < 1e-4); the check at random
+    weights must stop both benchmarks before any timing."""
+    import importlib
+
+    import bench.twins as twins
+    from bench.common import Context, describe_machine
+
+    real = twins.state_dict_to_hf
+
+    def swapped(sd, cfg):
+        out = real(sd, cfg)
+        for key in [k for k in out if k.endswith(("attn.c_attn.weight", "attn.c_attn.bias"))]:
+            q, k, v = out[key].chunk(3, dim=-1)  # GPT-2's Conv1D keeps q|k|v along the last axis
+            out[key] = torch.cat([k, q, v], dim=-1)
+        return out
+
+    monkeypatch.setattr(twins, "state_dict_to_hf", swapped)
+    module = importlib.import_module(f"bench.{bench}")
+    device = torch.device("cpu")
+    ctx = Context(device=device, quick=True, machine=describe_machine(device), peak_flops=1e9)
+    with pytest.raises(RuntimeError, match="disagree at random weights"):
+        module.run(ctx)

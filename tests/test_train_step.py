@@ -1,0 +1,150 @@
+"""The training step's less travelled paths: gradient accumulation, the float16 GradScaler, torch.compile.
+
+Each test names the planted bug it catches (tests/mutations.py plants them). The step is checked against a
+plain reference, not against itself: accumulation against one big batch, float16 against float32.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import train as train_mod
+from attention_lab.checkpoint import load_checkpoint
+from attention_lab.config import compose
+from model import GPT, GPTConfig
+
+CPU = torch.device("cpu")
+
+
+class FixedBatches:
+    """A sampler stand-in that hands out the given (x, y) batches in order."""
+
+    def __init__(self, batches):
+        self.batches = list(batches)
+
+    def next_batch(self):
+        return self.batches.pop(0)
+
+
+def tiny(seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32))
+
+
+def batch(n: int, seed: int = 1):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(64, (n, 16), generator=gen), torch.randint(64, (n, 16), generator=gen)
+
+
+def step_with(model: GPT, batches, grad_accum: int, dtype=torch.float32, scaler=None, grad_clip: float = 0.0):
+    """One train_step with SGD at lr 1, so each parameter moves by exactly minus its (clipped) gradient."""
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    loss, norm = train_mod.train_step(model, opt, FixedBatches(batches), grad_accum, CPU, dtype, grad_clip, scaler)
+    moves = {n: p.detach() - before[n] for n, p in model.named_parameters()}
+    return loss, norm, moves
+
+
+@pytest.mark.parametrize("grad_clip", [0.0, 0.5])
+def test_grad_accum_equals_one_big_batch(grad_clip):
+    """Planted bugs: micro-batch losses not divided by grad_accum (gradients grow with it); the reported loss is
+    the last micro-batch's instead of their mean. 2 micro-batches of 4 == 1 batch of 8: loss, norm and update."""
+    x, y = batch(8)
+    big = step_with(tiny(), [(x, y)], 1, grad_clip=grad_clip)
+    acc = step_with(tiny(), [(x[:4], y[:4]), (x[4:], y[4:])], 2, grad_clip=grad_clip)
+    assert acc[0] == pytest.approx(big[0], rel=1e-6), f"mean loss: accumulated {acc[0]} vs one batch {big[0]}"
+    assert acc[1] == pytest.approx(big[1], rel=1e-5), f"gradient norm: accumulated {acc[1]} vs one batch {big[1]}"
+    for name, move in big[2].items():
+        torch.testing.assert_close(acc[2][name], move, atol=1e-6, rtol=1e-4,
+                                   msg=lambda m: f"{name}: the accumulated update differs from one batch's: {m}")
+
+
+def test_float16_with_grad_scaler_matches_float32():
+    """Planted bugs: gradients not unscaled before clipping (the norm and the clip see 65536x gradients); the
+    loss not scaled before backward (the unscale then shrinks every gradient 65536x)."""
+    x, y = batch(8)
+    ref = step_with(tiny(), [(x, y)], 1, grad_clip=1.0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
+    half = step_with(tiny(), [(x, y)], 1, dtype=torch.float16, scaler=scaler, grad_clip=1.0)
+    assert half[0] == pytest.approx(ref[0], rel=1e-2), f"float16 loss {half[0]} vs float32 {ref[0]}"
+    assert half[1] == pytest.approx(ref[1], rel=2e-2), \
+        f"float16 gradient norm {half[1]} vs float32 {ref[1]}: are the gradients unscaled before clipping?"
+    for name, move in ref[2].items():
+        # float16 matmuls: about 3 significant digits
+        torch.testing.assert_close(half[2][name], move, atol=2e-3 * move.abs().max().item() + 1e-6, rtol=5e-2,
+                                   msg=lambda m: f"{name}: the float16 + GradScaler update differs: {m}")
+    assert scaler.get_scale() == 2.0 ** 16, "a finite step must keep the scale"
+
+
+def test_grad_scaler_skips_a_step_whose_gradients_overflow():
+    """Planted bug: optimizer.step() instead of scaler.step() (an overflowing step then writes inf/nan into the
+    weights instead of being skipped). A scale of 2^60 makes float16's backward overflow."""
+    x, y = batch(4)
+    model = tiny()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 60)
+    _, norm, moves = step_with(model, [(x, y)], 1, dtype=torch.float16, scaler=scaler, grad_clip=1.0)
+    assert not torch.isfinite(torch.tensor(norm)), f"the overflow did not happen (norm {norm}); raise init_scale"
+    for name, move in moves.items():
+        assert torch.equal(move, torch.zeros_like(move)), f"{name} changed on a step the scaler should skip"
+    assert scaler.get_scale() == 2.0 ** 59, "the scaler halves its scale after an overflow"
+    assert all(p.grad is None for p in model.parameters()), "gradients must be cleared after the step"
+
+
+def _losses(run):
+    return {r["step"]: r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+            if "loss" in r}
+
+
+def test_train_dtype_float16_runs_every_step_through_a_grad_scaler(tmp_path, data_cache, monkeypatch):
+    """Planted bug: the trainer builds no GradScaler for float16. The scaler's own step is counted."""
+    steps = []
+
+    class CountingScaler(torch.amp.GradScaler):
+        def step(self, optimizer, *args, **kwargs):
+            steps.append(type(optimizer).__name__)
+            return super().step(optimizer, *args, **kwargs)
+
+    monkeypatch.setattr(torch.amp, "GradScaler", CountingScaler)
+    common = ["experiment=debug", f"data.cache_dir={data_cache}", "train.max_steps=4", "train.eval_interval=4",
+              "train.log_interval=1", "train.sample_tokens=0", "train.head_roles=false", "train.tensorboard=false"]
+    train_mod.train(compose(common + ["train.dtype=float32"]), tmp_path / "fp32")
+    assert steps == [], "float32 needs no GradScaler"
+    train_mod.train(compose(common + ["train.dtype=float16"]), tmp_path / "fp16")
+    assert len(steps) == 4, f"float16: the GradScaler stepped {len(steps)} times in 4 steps"
+    a, b = _losses(tmp_path / "fp32"), _losses(tmp_path / "fp16")
+    assert sorted(b) == [1, 2, 3, 4]
+    for s in a:
+        assert b[s] == pytest.approx(a[s], rel=1e-2), f"step {s}: float16 loss {b[s]} vs float32 {a[s]}"
+
+
+def test_compile_trains_the_same_numbers_and_saves_the_plain_module(tmp_path, data_cache, monkeypatch):
+    """Planted bug: the checkpoint saved from the compiled wrapper (keys prefixed `_orig_mod.`), or train.compile
+    ignored. Inductor takes over 30 s to compile on 2 CPU cores, so torch.compile runs with the `eager` backend:
+    the same Dynamo capture and wrapper, without code generation."""
+    real_compile = torch.compile
+    compiled = []
+
+    def eager_compile(model, *args, **kwargs):
+        compiled.append(type(model).__name__)
+        return real_compile(model, backend="eager")
+
+    monkeypatch.setattr(torch, "compile", eager_compile)
+    common = ["experiment=debug", f"data.cache_dir={data_cache}", "train.max_steps=4", "train.eval_interval=2",
+              "train.log_interval=1", "train.sample_tokens=0", "train.head_roles=false", "train.tensorboard=false"]
+    train_mod.train(compose(common), tmp_path / "plain")
+    assert compiled == [], "train.compile=false must not compile"
+    train_mod.train(compose(common + ["train.compile=true"]), tmp_path / "compiled")
+    assert compiled == ["GPT"], f"train.compile=true must compile the model once, compiled {compiled}"
+    a, b = _losses(tmp_path / "plain"), _losses(tmp_path / "compiled")
+    assert sorted(b) == [1, 2, 3, 4]
+    for s in a:
+        assert b[s] == pytest.approx(a[s], rel=1e-5), f"step {s}: compiled loss {b[s]} vs plain {a[s]}"
+    ckpt = load_checkpoint(tmp_path / "compiled", "latest")
+    keys = list(ckpt.build_model().state_dict())
+    assert not any(k.startswith("_orig_mod.") for k in keys), f"wrapper prefixes in the checkpoint: {keys[:3]}"
+    # and the compiled run's checkpoint resumes without compile
+    final = train_mod.train(compose(common[:2] + ["train.max_steps=6"] + common[3:]), tmp_path / "compiled")
+    assert final["step"] == 6
