@@ -14,6 +14,7 @@ that would hurt it most.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -33,6 +34,7 @@ class Mutation:
     replacement: str
     tests: tuple[str, ...]
     what: str
+    browser: bool = False  # its tests drive headless Chromium (tests/test_viewer.py)
 
 
 MUTATIONS = (
@@ -148,6 +150,15 @@ MUTATIONS = (
              "        if len(bad):", "        if False:",
              ("tests/test_bench.py::test_generation_check_rejects_a_decoder_that_is_not_greedy",),
              "the generation bench times decoders that do not decode greedily"),
+    # the attention pages (tests/test_train.py, tests/test_viewer.py)
+    Mutation("film_not_rebuilt", "train.py",
+             "        rebuild_film(run)\n", "        pass\n",
+             ("tests/test_train.py::test_the_run_folder_holds_its_attention_film",),
+             "the trainer never writes the run's attention film"),
+    Mutation("film_slider_not_wired", "attention_lab/viewer_assets/main.js",
+             'this.slider.addEventListener("input", () => this.show(+this.slider.value));', "",
+             ("tests/test_viewer.py::test_film_slider_moves_through_training",),
+             "the film's step slider moves but the heatmaps stay on one evaluation", browser=True),
 )
 
 
@@ -162,13 +173,24 @@ def copy_repo(dest: Path) -> None:
             shutil.copy2(src, dest / name)
 
 
+NOT_RUN = "not run"  # a browser mutation without Chromium (apt-get install chromium chromium-driver)
+
+
+def have_browser() -> bool:
+    return all(shutil.which(b) for b in ("chromium", "chromedriver"))
+
+
 def pytest(root: Path, python: str, tests) -> subprocess.CompletedProcess:
-    # -p no:cacheprovider: nothing written back; -x: the first failure is enough
+    # -p no:cacheprovider: nothing written back; -x: the first failure is enough. With Chromium present the
+    # browser tests must run (a skip would let a planted bug "pass")
+    env = {**os.environ, **({"REQUIRE_BROWSER_TESTS": "1"} if have_browser() else {})}
     return subprocess.run([python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests], cwd=root,
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, env=env)
 
 
 def run(m: Mutation, python: str) -> tuple[str, float]:
+    if m.browser and not have_browser():
+        return NOT_RUN, 0.0
     with tempfile.TemporaryDirectory(prefix=f"mutant-{m.name}-") as tmp:
         root = Path(tmp)
         copy_repo(root)
@@ -184,7 +206,7 @@ def run(m: Mutation, python: str) -> tuple[str, float]:
 
 def baseline(mutations, python: str) -> str | None:
     """The selected tests must pass on the unmutated code, or a "caught" would mean nothing."""
-    tests = sorted({t for m in mutations for t in m.tests})
+    tests = sorted({t for m in mutations for t in m.tests if have_browser() or not m.browser})
     with tempfile.TemporaryDirectory(prefix="mutant-baseline-") as tmp:
         copy_repo(Path(tmp))
         proc = pytest(Path(tmp), python, tests)
@@ -209,13 +231,16 @@ def main(argv=None) -> int:
     if failing is not None:
         print(f"error: the tests fail without any planted bug; fix them first:\n{failing}", file=sys.stderr)
         return 1
-    bad = 0
+    bad = not_run = 0
     print(f"{'mutation':<36} {'verdict':<10} {'seconds':>7}  what")
     for m in chosen:
         verdict, seconds = run(m, sys.executable)
-        bad += verdict != "caught"
+        not_run += verdict == NOT_RUN
+        bad += verdict not in ("caught", NOT_RUN)
         print(f"{m.name:<36} {verdict:<10} {seconds:7.1f}  {m.what}", flush=True)
-    print(f"\n{len(chosen) - bad} of {len(chosen)} planted bugs caught")
+    print(f"\n{len(chosen) - bad - not_run} of {len(chosen)} planted bugs caught")
+    if not_run:
+        print(f"{not_run} not run: their tests need Chromium (apt-get install chromium chromium-driver)")
     return 1 if bad else 0
 
 
