@@ -35,6 +35,7 @@ class OptimConfig:
     min_lr: float = 1e-4  # the schedule ends here (Muon's ends at the same fraction of muon_lr)
     muon_lr: float = 0.02  # Muon's peak learning rate (name=muon)
     muon_momentum: float = 0.95
+    muon_ns_dtype: str = "auto"  # Muon's Newton-Schulz iteration: auto (bf16 on a GPU or a CPU with native bf16), float32, bfloat16
     schedule: str = "cosine"  # cosine, or wsd: warmup, constant, then linear decay over decay_frac of the run
     decay_frac: float = 0.5  # wsd: the share of the run spent decaying
     warmup_steps: int = 100
@@ -52,6 +53,8 @@ class OptimConfig:
             raise ValueError(f"optim.schedule={self.schedule!r} is not one of {', '.join(SCHEDULES)}")
         if not 0.0 < self.decay_frac <= 1.0:
             raise ValueError(f"optim.decay_frac={self.decay_frac} must be in (0, 1]")
+        if self.muon_ns_dtype not in ("auto", "float32", "bfloat16"):
+            raise ValueError(f"optim.muon_ns_dtype={self.muon_ns_dtype!r} is not one of auto, float32, bfloat16")
         if not 0.0 <= self.muon_momentum < 1.0:
             raise ValueError(f"optim.muon_momentum={self.muon_momentum} must be in [0, 1)")
         _positive("optim", self, ("lr", "eps", "muon_lr"))
