@@ -45,7 +45,7 @@ from attention_lab.attention_maps import (
     markdown_code,
 )
 from attention_lab.checkpoint import Checkpoint, CheckpointError, latest_run, load_checkpoint
-from attention_lab.device import autocast, pick_device, pick_dtype
+from attention_lab.device import autocast, decoding_threads, pick_device, pick_dtype
 from attention_lab.files import write_json_atomic
 from attention_lab.heads import ROLE_HELP, ablation_effects, format_head_table, head_rows, role_scores
 from attention_lab.viewer import write_sample_page
@@ -249,7 +249,8 @@ def generate_text(
     idx = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)  # (1, T)
     stream = StreamDecoder(tokenizer, prompt_ids) if on_text is not None else None
     new_ids: list[int] = []
-    with autocast(device, pick_dtype(dtype, device)):
+    cached = use_cache and len(prompt_ids) + max_new_tokens <= model.config.block_size  # no window rebuilds
+    with autocast(device, pick_dtype(dtype, device)), decoding_threads(device, cached):
         for nxt in generate_stream(
             model, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy,
             use_cache=use_cache, generator=generator,

@@ -141,3 +141,30 @@ def test_benchmarks_refuse_twins_that_compute_different_functions(bench, monkeyp
     ctx = Context(device=device, quick=True, machine=describe_machine(device), peak_flops=1e9)
     with pytest.raises(RuntimeError, match="disagree at random weights"):
         module.run(ctx)
+
+
+def test_threads_bench_runs_each_setting_in_its_own_environment(tmp_path, monkeypatch):
+    """bench/threads.py: every sample is a fresh process with the setting's OpenMP environment (libgomp reads it
+    once, at load), idle and beside a busy loop; ratios are against PASSIVE under the same load."""
+    import bench.threads as threads
+
+    seen = []
+    real = threads.subprocess.run
+
+    def spy(cmd, env=None, **kw):
+        seen.append({k: env.get(k) for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "GOMP_SPINCOUNT")})
+        return real(cmd, env=env, **kw)
+
+    monkeypatch.setattr(threads.subprocess, "run", spy)
+    out = tmp_path / "threads.json"
+    threads.main(["--quick", "--rounds", "1", "--seconds", "0.05", "--settings", "ACTIVE,1 thread",
+                  "--workloads", "decode", "--out", str(out)])
+    table = json.loads(out.read_text())
+    rows = {r["setting"]: r for r in table["rows"]}
+    assert set(rows) == {"PASSIVE", "ACTIVE", "1 thread"}, "PASSIVE is always measured: it is the baseline"
+    assert rows["PASSIVE"]["idle_vs_passive"] == 1.0 and rows["PASSIVE"]["contended_vs_passive"] == 1.0
+    assert all(r["idle_tok_s"] > 0 and r["contended_tok_s"] > 0 for r in rows.values()), rows
+    assert {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": None, "GOMP_SPINCOUNT": None} in seen
+    assert {"OMP_WAIT_POLICY": None, "OMP_NUM_THREADS": "1", "GOMP_SPINCOUNT": None} in seen
+    assert len(seen) == 6, f"3 settings x idle and contended, one process each: {len(seen)}"
+    assert "cpu" in table["machine"], "the table names the machine it ran on"

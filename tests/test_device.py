@@ -48,3 +48,46 @@ def test_auto_dtype_follows_this_cpus_capabilities_and_float32_autocast_is_a_no_
     with autocast(cpu, torch.bfloat16):
         y = torch.ones(2, 2) @ torch.ones(2, 2)
     assert y.dtype == torch.bfloat16, "bf16 autocast on the CPU must run matmuls in bf16"
+
+
+def test_cached_batch1_decoding_runs_in_one_thread_on_a_cpu_and_restores_the_count(monkeypatch):
+    """sample.py decodes with the cache in one CPU thread (bench/threads.py: as fast idle, not slowed by a busy
+    neighbour); full forward passes keep every thread, and the count comes back afterwards, even on an error."""
+    from attention_lab.device import decoding_threads
+
+    calls = []
+    state = {"n": 2}
+    monkeypatch.setattr(torch, "get_num_threads", lambda: state["n"])
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: (calls.append(n), state.update(n=n)))
+    cpu = torch.device("cpu")
+    with decoding_threads(cpu, cached=True):
+        assert state["n"] == 1, "cached CPU decoding runs in one thread"
+    assert state["n"] == 2 and calls == [1, 2], calls
+    with decoding_threads(cpu, cached=False):
+        assert state["n"] == 2, "uncached decoding (full forward passes) keeps every thread"
+    with decoding_threads(torch.device("cuda"), cached=True):
+        assert state["n"] == 2, "a GPU's decoding leaves the CPU threads alone"
+    with pytest.raises(RuntimeError), decoding_threads(cpu, cached=True):
+        raise RuntimeError("boom")
+    assert state["n"] == 2, "restored after an error"
+
+
+def test_train_py_bounds_openmp_spinning_unless_the_environment_says_otherwise():
+    """GOMP_SPINCOUNT must be set before torch loads libgomp: in a fresh interpreter importing train.py, and a
+    value already in the environment wins."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    code = "import train, os; print(os.environ['GOMP_SPINCOUNT'])"
+    env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=repo, env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "1000", out
+    out = subprocess.run([sys.executable, "-c", code], cwd=repo, env={**env, "GOMP_SPINCOUNT": "7"},
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "7", out
+    source = (repo / "train.py").read_text()
+    assert source.index('os.environ.setdefault("GOMP_SPINCOUNT"') < source.index("import torch"), \
+        "the setting must come before torch is imported"
