@@ -70,13 +70,13 @@ def layer_step(backend: str, t: int, setting: dict, device: torch.device, state:
     if state is not None:
         layer.load_state_dict(state)  # the same weights for both backends
     pe = build_positional_encoding(cfg).to(device)
-    pos = torch.arange(t, device=device)
+    rotation = pe.rotation(torch.arange(t, device=device))  # cos/sin tables for RoPE, None otherwise
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(setting["batch"], t, cfg.n_embd, generator=gen).to(device).requires_grad_()
     dy = torch.randn(setting["batch"], t, cfg.n_embd, generator=gen).to(device)
 
     def step() -> None:
-        y = layer(x, pe, pos)[0]  # (y, weights, values): only y is timed
+        y = layer(x, pe, rotation)[0]  # (y, weights, values): only y is timed
         y.backward(dy)
         # freed here, not at the next call's start: a peak measurement then starts with no stale gradients
         x.grad = None

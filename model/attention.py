@@ -127,14 +127,15 @@ class CausalSelfAttention(nn.Module):
         self,
         x: Tensor,
         pe: PositionalEncoding,
-        pos: Tensor,
+        rotation: tuple[Tensor, Tensor] | None,
         bias: Tensor | None = None,
         kv_cache: KVCache | None = None,
         layer: int = 0,
         return_weights: bool = False,
         v_first: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None, Tensor]:
-        """x (B, T, C); pos (T,) absolute positions of x; bias (nh, T, S) additive score bias or None;
+        """x (B, T, C); rotation: pe.rotation(pos) of x's positions (RoPE's cos/sin tables, else None), computed
+        once per forward pass; bias (nh, T, S) additive score bias or None;
         v_first (B, nh, T, hs) the first block's values of these tokens (used with value_residual).
 
         Returns y (B, T, C), the attention weights (B, nh, T, S) when return_weights (else None), and this
@@ -144,7 +145,7 @@ class CausalSelfAttention(nn.Module):
         qkv = self.c_attn(x).view(b, t, 3, self.n_head, c // self.n_head)  # (B, T, 3, nh, hs)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, nh, T, hs): heads split from the channels
         q, k = self.qk_norm(q), self.qk_norm(k)
-        q, k = pe.rotate(q, pos), pe.rotate(k, pos)
+        q, k = pe.rotate_qk(q, k, rotation)
         v_own = v
         if self.value_lambda is not None and v_first is not None:
             v = self.value_lambda * v + (1.0 - self.value_lambda) * v_first

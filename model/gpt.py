@@ -59,9 +59,9 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_eps, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, pe, pos, bias=None, kv_cache=None, layer=0, return_weights=False, v_first=None):
+    def forward(self, x, pe, rotation, bias=None, kv_cache=None, layer=0, return_weights=False, v_first=None):
         """-> x (B, T, C), attention weights or None, this block's values (B, nh, T, hs) (see attention.py)."""
-        a, weights, v = self.attn(self.ln_1(x), pe, pos, bias, kv_cache, layer, return_weights, v_first)
+        a, weights, v = self.attn(self.ln_1(x), pe, rotation, bias, kv_cache, layer, return_weights, v_first)
         x = x + a
         x = x + self.mlp(self.ln_2(x))
         return x, weights, v
@@ -177,11 +177,12 @@ class GPT(nn.Module):
         x = self.transformer.drop(x)
         # the ALiBi bias is the same in every layer: compute it once, (nh, T, S)
         bias = pe.score_bias(pos, torch.arange(past + t, device=idx.device)) if pe.has_score_bias else None
+        rotation = pe.rotation(pos)  # RoPE's cos/sin tables, once for every layer (None for the other encodings)
 
         attentions = []
         v_first = None  # the first block's values, for value_residual
         for i, block in enumerate(self.transformer.h):
-            x, weights, v = block(x, pe, pos, bias, kv_cache, i, return_attention, v_first)
+            x, weights, v = block(x, pe, rotation, bias, kv_cache, i, return_attention, v_first)
             attentions.append(weights)
             if i == 0:
                 v_first = v

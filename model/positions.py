@@ -9,6 +9,10 @@ A Transformer's attention is permutation-invariant: without position information
 
 and is a no-op at the other two. `pos` holds absolute token positions, int64 of shape (T,).
 
+The model splits rotation in two so the angles are computed once per forward pass, not twice per layer:
+`rotation(pos)` once (RoPE: the (T, hs) cos and sin tables; None elsewhere), then `rotate_qk(q, k, tables)` in
+every layer, rotating q and k in one pass. `rotate(x, pos)` is both at once, for a single tensor.
+
 Shapes: B batch, T query length, S key length, C n_embd, nh n_head, hs head size = C // nh.
 """
 
@@ -33,6 +37,12 @@ class PositionalEncoding(nn.Module):
 
     def rotate(self, x: Tensor, pos: Tensor) -> Tensor:
         return x
+
+    def rotation(self, pos: Tensor) -> tuple[Tensor, Tensor] | None:
+        return None
+
+    def rotate_qk(self, q: Tensor, k: Tensor, tables: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
+        return q, k
 
     def score_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
         return None
@@ -89,14 +99,27 @@ class RotaryPositions(PositionalEncoding):
         inv_freq = 1.0 / (cfg.rope_base ** (torch.arange(0, hs, 2, dtype=torch.float32) / hs))  # (hs/2,)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
-    def rotate(self, x: Tensor, pos: Tensor) -> Tensor:
-        # x: (B, nh, T, hs); angles computed in float32 whatever the activations' dtype
+    def rotation(self, pos: Tensor) -> tuple[Tensor, Tensor]:
+        """The (T, hs) cos and sin of every channel pair's angle, in float32 whatever the activations' dtype."""
         angle = pos.to(torch.float32)[:, None] * self.inv_freq[None, :]  # (T, hs/2)
-        cos = torch.cat((angle.cos(), angle.cos()), dim=-1).to(x.dtype)  # (T, hs)
-        sin = torch.cat((angle.sin(), angle.sin()), dim=-1).to(x.dtype)
+        angle = torch.cat((angle, angle), dim=-1)  # (T, hs): channel i and i + hs/2 share an angle
+        return angle.cos(), angle.sin()
+
+    @staticmethod
+    def _turn(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         half = x.size(-1) // 2
-        rotated_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # (B, nh, T, hs)
+        rotated_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # (..., T, hs)
         return x * cos + rotated_half * sin
+
+    def rotate_qk(self, q: Tensor, k: Tensor, tables: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        # q, k: (B, nh, T, hs), rotated as one (2, B, nh, T, hs) tensor: one pass of each op instead of two
+        cos, sin = (t.to(q.dtype) for t in tables)
+        qk = self._turn(torch.stack((q, k)), cos, sin)
+        return qk[0], qk[1]
+
+    def rotate(self, x: Tensor, pos: Tensor) -> Tensor:
+        cos, sin = (t.to(x.dtype) for t in self.rotation(pos))
+        return self._turn(x, cos, sin)
 
 
 def alibi_slopes(n_head: int) -> Tensor:

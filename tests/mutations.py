@@ -39,8 +39,11 @@ class Mutation:
 
 MUTATIONS = (
     Mutation("rope_not_applied", "model/attention.py",
-             "q, k = pe.rotate(q, pos), pe.rotate(k, pos)", "pass",
+             "q, k = pe.rotate_qk(q, k, rotation)", "pass",
              ("tests/test_planted_bugs.py",), "RoPE never applied inside attention (RoPE is the default)"),
+    Mutation("rope_only_on_q", "model/positions.py",
+             "return qk[0], qk[1]", "return qk[0], k",
+             ("tests/test_planted_bugs.py",), "RoPE rotates the queries but not the keys (scores no longer relative)"),
     Mutation("rng_not_restored", "train.py",
              'torch.set_rng_state(state["rng"]["torch"])', "pass",
              ("tests/test_planted_bugs.py",), "torch RNG state not restored on resume (dropout masks differ)"),
