@@ -34,7 +34,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import matplotlib.image
+from attention_lab.omp import bound_spinning
+
+bound_spinning()  # before torch loads OpenMP: a waiting thread spins briefly, then sleeps (attention_lab/omp.py)
+
+import matplotlib.image  # noqa: E402
 import numpy as np
 import torch
 

@@ -15,13 +15,10 @@ import contextlib
 import dataclasses
 import gc
 import math
-import os
 
-# OpenMP (GNU libgomp in torch's pip wheels) reads this once, when torch loads: a thread that waits for the others
-# spins 1,000 iterations, then sleeps. bench/threads.py on a 2-core AMD EPYC, training step, against
-# OMP_WAIT_POLICY=PASSIVE: 1.06x idle and 0.99x beside a busy process, where libgomp's default (300,000) is 1.04x
-# idle but 0.70x contended. A value already in the environment wins.
-os.environ.setdefault("GOMP_SPINCOUNT", "1000")
+from attention_lab.omp import bound_spinning
+
+bound_spinning()  # before torch loads OpenMP: a waiting thread spins briefly, then sleeps (attention_lab/omp.py)
 
 import signal
 import sys

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from attention_lab import omp
+
 
 def log(msg: str) -> None:
     """Progress goes to stderr, so stdout carries nothing but the tables."""
@@ -72,9 +74,9 @@ def describe_machine(device: torch.device) -> dict:
         "torch": torch.__version__,
         "device": str(device),
         "dtype": str(default_dtype(device)).replace("torch.", ""),
-        # decides how OpenMP threads wait: with the default spinning, a 2-thread op on 2 cores that another
-        # process shares can run 10-100x slower (see README); PASSIVE makes waiting threads sleep
-        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
+        # how OpenMP threads wait (attention_lab/omp.py): spinning or sleeping changes a 2-core machine's speed
+        # several-fold, idle or beside another process
+        "openmp": omp.describe(),
     }
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
@@ -90,7 +92,7 @@ def describe_machine(device: torch.device) -> dict:
 def machine_line(m: dict) -> str:
     parts = [
         f"CPU {m['cpu']} ({m['cpu_count']} cores)",
-        f"{m['torch_threads']} torch threads (OMP_WAIT_POLICY {m['omp_wait_policy']})",
+        f"{m['torch_threads']} torch threads ({m['openmp']})",
         f"torch {m['torch']}",
     ]
     if m.get("transformers"):

@@ -17,12 +17,12 @@ import os
 import sys
 import time
 
-# Before torch loads OpenMP: waiting threads sleep instead of spinning. On a CPU shared with other processes
-# spinning makes every 2-thread op wait for a descheduled thread (10-100x slower matmuls, measured); the
-# machine line of every table shows the policy in force. Export OMP_WAIT_POLICY=ACTIVE to measure spinning.
-# Only if torch is not loaded yet (as under pytest): OpenMP reads the variable once, when it loads.
-if "torch" not in sys.modules:
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from attention_lab.omp import bound_spinning
+
+# Before torch loads OpenMP, the setting train.py and sample.py use (a bounded spin, attention_lab/omp.py), so the
+# tables measure what a user gets; export OMP_WAIT_POLICY or GOMP_SPINCOUNT to measure another (the machine line
+# of every table shows the settings in force). No effect if torch is loaded already (as under pytest).
+bound_spinning()
 
 import torch  # noqa: E402
 

@@ -85,7 +85,7 @@ def test_measure_peak_flops_is_a_positive_rate():
 
 def test_table_markdown_formats_values_and_missing_cells():
     table = Table("t", "Title", {"cpu": "x", "cpu_count": 2, "torch_threads": 2, "torch": "2", "device": "cpu",
-                                 "dtype": "float32", "omp_wait_policy": "default"},
+                                 "dtype": "float32", "openmp": "OpenMP defaults"},
                   [Column("a", "A", "{:.1f}"), Column("b", "B")], rows=[{"a": 1.25, "b": None}])
     md = table.markdown()
     assert "| 1.2 | n/a |" in md, md

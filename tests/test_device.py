@@ -72,22 +72,23 @@ def test_cached_batch1_decoding_runs_in_one_thread_on_a_cpu_and_restores_the_cou
     assert state["n"] == 2, "restored after an error"
 
 
-def test_train_py_bounds_openmp_spinning_unless_the_environment_says_otherwise():
-    """GOMP_SPINCOUNT must be set before torch loads libgomp: in a fresh interpreter importing train.py, and a
-    value already in the environment wins."""
+@pytest.mark.parametrize("entry", ["train", "sample", "bench.run"])
+def test_entry_points_bound_openmp_spinning_unless_the_environment_says_otherwise(entry):
+    """GOMP_SPINCOUNT must be set before torch loads libgomp: in a fresh interpreter importing the entry point;
+    a wait setting already in the environment (GOMP_SPINCOUNT or OMP_WAIT_POLICY) wins."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
     repo = Path(__file__).resolve().parent.parent
-    code = "import train, os; print(os.environ['GOMP_SPINCOUNT'])"
-    env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
-    out = subprocess.run([sys.executable, "-c", code], cwd=repo, env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "1000", out
-    out = subprocess.run([sys.executable, "-c", code], cwd=repo, env={**env, "GOMP_SPINCOUNT": "7"},
-                         capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "7", out
-    source = (repo / "train.py").read_text()
-    assert source.index('os.environ.setdefault("GOMP_SPINCOUNT"') < source.index("import torch"), \
-        "the setting must come before torch is imported"
+    code = f"import {entry}, os; print(os.environ.get('GOMP_SPINCOUNT'), os.environ.get('OMP_WAIT_POLICY'))"
+    clean = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    cases = [({}, "1000 None"), ({"GOMP_SPINCOUNT": "7"}, "7 None"), ({"OMP_WAIT_POLICY": "PASSIVE"}, "None PASSIVE")]
+    for extra, expected in cases:
+        out = subprocess.run([sys.executable, "-c", code], cwd=repo, env={**clean, **extra}, capture_output=True,
+                             text=True, check=True)
+        assert out.stdout.strip() == expected, f"{entry} with {extra}: {out.stdout!r} (stderr {out.stderr[-500:]})"
+    source = (repo / (entry.replace(".", "/") + ".py")).read_text()
+    assert source.index("bound_spinning()") < source.index("import torch"), \
+        f"{entry}: the setting must come before torch is imported"
