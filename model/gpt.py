@@ -43,10 +43,10 @@ class MLP(nn.Module):
         self.c_fc = nn.Linear(cfg.n_embd, cfg.mlp_ratio * cfg.n_embd, bias=cfg.bias)
         self.act = MLP_ACTIVATIONS[cfg.mlp_act]()
         self.c_proj = nn.Linear(cfg.mlp_ratio * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
-        self.dropout = dropout(cfg.dropout)
+        self.dropout_p = cfg.dropout
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.dropout(self.c_proj(self.act(self.c_fc(x))))
+        return dropout(self.c_proj(self.act(self.c_fc(x))), self.dropout_p, self.training)
 
 
 class Block(nn.Module):
@@ -100,13 +100,12 @@ class GPT(nn.Module):
             dict(
                 wte=nn.Embedding(cfg.vocab_size, cfg.n_embd),
                 wpe=build_positional_encoding(cfg),
-                drop=dropout(cfg.dropout),
                 h=nn.ModuleList([Block(cfg, i) for i in range(cfg.n_layer)]),
                 ln_f=nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_eps, bias=cfg.bias),
             )
         )
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
-        self.softcap = LogitSoftcap(cfg.logit_softcap) if cfg.logit_softcap > 0 else nn.Identity()
+        self.softcap = LogitSoftcap(cfg.logit_softcap) if cfg.logit_softcap > 0 else None
         if cfg.tie_embeddings:
             # one matrix reads tokens in and scores them out (Press & Wolf 2017); saves V*C parameters
             self.lm_head.weight = self.transformer.wte.weight
@@ -174,7 +173,7 @@ class GPT(nn.Module):
         pos_emb = pe.embed(pos)
         if pos_emb is not None:
             x = x + pos_emb  # (T, C) broadcast over the batch
-        x = self.transformer.drop(x)
+        x = dropout(x, self.config.dropout, self.training)
         # the ALiBi bias is the same in every layer: compute it once, (nh, T, S)
         bias = pe.score_bias(pos, torch.arange(past + t, device=idx.device)) if pe.has_score_bias else None
         rotation = pe.rotation(pos)  # RoPE's cos/sin tables, once for every layer (None for the other encodings)
@@ -190,7 +189,9 @@ class GPT(nn.Module):
             kv_cache.advance(t)
         if last_only:
             x = x[:, [-1], :]  # (B, 1, C); a list index keeps the time dimension
-        logits = self.softcap(self.lm_head(self.transformer.ln_f(x)))  # (B, T, V)
+        logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, V)
+        if self.softcap is not None:
+            logits = self.softcap(logits)
 
         loss = None
         if targets is not None:

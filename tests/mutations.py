@@ -86,7 +86,7 @@ MUTATIONS = (
              "    if bias is not None:\n        mask = bias.masked_fill", "    if False:\n        mask = bias.masked_fill",
              ("tests/test_planted_bugs.py",), "the fused (sdpa) path ignores ALiBi's score bias"),
     Mutation("qk_norm_not_applied", "model/attention.py",
-             "q, k = self.qk_norm(q), self.qk_norm(k)", "pass",
+             "q, k = qk_norm(q), qk_norm(k)", "pass",
              ("tests/test_planted_bugs.py", "tests/test_model_options.py"), "QK-norm configured but not applied"),
     Mutation("kv_cache_positions_restart", "model/gpt.py",
              "pos = torch.arange(past, past + t, device=idx.device)", "pos = torch.arange(0, t, device=idx.device)",
