@@ -48,6 +48,7 @@ def decoders(ours, hf, prompt: torch.Tensor, n_new: int) -> dict:
         )
 
     hf_cached, hf_uncached = hf_config(True), hf_config(False)
+
     def ours_cached():
         with decoding_threads(device, cached=True):
             return generate(ours, prompt, n_new, greedy=True, use_cache=True)
