@@ -269,7 +269,7 @@ def setup_run(cfg: Config, run_dir: Path, overrides: list[str], info, device, dt
         for callback in run.callbacks:
             if hasattr(callback, "resume") and info.is_main:
                 callback.resume(run_dir, run.step)
-    log.provenance(cfg, overrides, {"data_dir": str(data.dir), "world_size": info.world_size,
+    log.provenance(cfg, overrides, {"data_dir": str(data.dir.resolve()), "world_size": info.world_size,
                                     "n_params": n_params, "peak_flops": peak, "device": str(device)})
     log.print(f"model: {n_params / 1e6:.2f}M parameters (embeddings counted once, positions not), "
               f"{model_cfg.n_layer} layers x {model_cfg.n_head} heads x {model_cfg.n_embd} wide, "

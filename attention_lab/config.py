@@ -35,6 +35,7 @@ class OptimConfig:
     min_lr: float = 1e-4  # the schedule ends here (Muon's ends at the same fraction of muon_lr)
     muon_lr: float = 0.02  # Muon's peak learning rate (name=muon)
     muon_momentum: float = 0.95
+    muon_ns_steps: int = 5  # Newton-Schulz iterations per Muon update (each: 3 matmuls per matrix)
     muon_ns_dtype: str = "auto"  # Muon's Newton-Schulz iteration: auto (bf16 on a GPU or a CPU with native bf16), float32, bfloat16
     schedule: str = "cosine"  # cosine, or wsd: warmup, constant, then linear decay over decay_frac of the run
     decay_frac: float = 0.5  # wsd: the share of the run spent decaying
@@ -57,7 +58,7 @@ class OptimConfig:
             raise ValueError(f"optim.muon_ns_dtype={self.muon_ns_dtype!r} is not one of auto, float32, bfloat16")
         if not 0.0 <= self.muon_momentum < 1.0:
             raise ValueError(f"optim.muon_momentum={self.muon_momentum} must be in [0, 1)")
-        _positive("optim", self, ("lr", "eps", "muon_lr"))
+        _positive("optim", self, ("lr", "eps", "muon_lr", "muon_ns_steps"))
         _non_negative("optim", self, ("min_lr", "warmup_steps", "weight_decay", "grad_clip"))
         if self.min_lr > self.lr:
             raise ValueError(f"optim.min_lr={self.min_lr} must not exceed optim.lr={self.lr}")

@@ -163,7 +163,7 @@ def configure_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device
     if cfg.name == "muon":
         hidden = [p for name, p in params if is_hidden_matrix(name, p)]
         muon = Muon(hidden, lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.weight_decay,
-                    ns_dtype=ns_dtype_for(cfg.muon_ns_dtype, device))
+                    ns_steps=cfg.muon_ns_steps, ns_dtype=ns_dtype_for(cfg.muon_ns_dtype, device))
         for group in muon.param_groups:
             group["base_lr"] = cfg.muon_lr
         optimizers.append(muon)

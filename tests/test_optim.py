@@ -109,6 +109,28 @@ def test_muon_iterates_in_float32_on_a_cpu_without_native_bf16(monkeypatch):
         OptimConfig(name="muon", muon_ns_dtype="fp8")
 
 
+@pytest.mark.parametrize("steps", [3, 5])
+def test_muon_ns_steps_reaches_the_iteration(steps):
+    """optim.muon_ns_steps sets how many Newton-Schulz steps an update takes: the first update of a weight is
+    -lr * orthogonalise(grad, steps) after decay (momentum from zero only scales the gradient)."""
+    cfg = OptimConfig(name="muon", muon_ns_steps=steps, muon_ns_dtype="float32")
+    muon = configure_optimizer(tiny(), cfg, CPU).optimizers[0]
+    assert all(g["ns_steps"] == steps for g in muon.param_groups)
+    torch.manual_seed(1)
+    w = torch.nn.Parameter(torch.randn(8, 32))
+    g = torch.randn(8, 32)
+    opt = Muon([w], lr=0.02, weight_decay=0.1, ns_steps=steps, ns_dtype=torch.float32)
+    start = w.detach().clone()
+    w.grad = g
+    opt.step()
+    expected = start * (1 - 0.02 * 0.1) - 0.02 * orthogonalise(g, steps, torch.float32)
+    torch.testing.assert_close(w.detach(), expected, atol=1e-6, rtol=1e-5)
+    other = start * (1 - 0.02 * 0.1) - 0.02 * orthogonalise(g, 8 - steps, torch.float32)
+    assert (w.detach() - other).abs().max() > 1e-4, "3 and 5 steps should give different updates"
+    with pytest.raises(ValueError, match="muon_ns_steps"):
+        OptimConfig(name="muon", muon_ns_steps=0)
+
+
 def test_adamw_alone_decays_every_matrix_but_the_position_table():
     model = tiny(pos_encoding="learned")
     opt = configure_optimizer(model, OptimConfig(name="adamw"), CPU)

@@ -6,6 +6,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -73,6 +74,30 @@ def test_debug_run_trains_and_writes_everything(debug_run):
     assert set(state) >= {"step", "optimizer", "sampler", "rng", "best_val_loss"}, sorted(state)
     keys = ckpt.build_model().state_dict().keys()
     assert not any(k.startswith(("_orig_mod.", "module.")) for k in keys), "wrapper prefixes leaked into weights"
+
+
+def test_evaluate_scores_the_whole_val_split_of_a_run(debug_run, tmp_path, capsys):
+    from attention_lab import evaluate
+
+    run_dir, final, _ = debug_run
+    out = tmp_path / "score.json"
+    assert evaluate.main([str(run_dir), "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    score = json.loads(out.read_text())
+    assert f"{score['bits_per_byte']:.4f} bits/byte" in printed, printed
+    meta = json.loads((Path(json.loads((run_dir / "provenance.json").read_text())["data_dir"]) / "meta.json")
+                      .read_text())
+    assert score["tokens"] == meta["val"]["tokens"] - 1, "every val token but the first is scored once"
+    # the trainer scored a sample of windows of the same checkpoint: close, not equal
+    assert score["bits_per_byte"] == pytest.approx(final["val_bpb"], rel=0.1), (score, final)
+
+    lone = tmp_path / "lone"
+    (lone / "checkpoints").mkdir(parents=True)
+    best = json.loads((run_dir / "checkpoints" / "best.json").read_text())["dir"]
+    shutil.copytree(run_dir / "checkpoints" / best, lone / "checkpoints" / best)
+    assert evaluate.main([str(lone)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "--data" in err, err
 
 
 def test_the_run_folder_holds_its_attention_film(debug_run):
