@@ -162,6 +162,14 @@ MUTATIONS = (
              'this.slider.addEventListener("input", () => this.show(+this.slider.value));', "",
              ("tests/test_viewer.py::test_film_slider_moves_through_training",),
              "the film's step slider moves but the heatmaps stay on one evaluation", browser=True),
+    Mutation("evaluate_rescores_overlap", "attention_lab/evaluate.py",
+             "        y = y.masked_fill(skip, -1)\n", "",
+             ("tests/test_evaluate.py",),
+             "whole-split scoring counts the last window's overlap twice"),
+    Mutation("muon_ns_steps_ignored", "attention_lab/optim.py",
+             "ns_steps=cfg.muon_ns_steps, ", "",
+             ("tests/test_optim.py::test_muon_ns_steps_reaches_the_iteration",),
+             "optim.muon_ns_steps is validated but Muon keeps its 5 steps"),
 )
 
 
