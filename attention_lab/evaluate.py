@@ -114,7 +114,12 @@ def _data_dir_of(run: Path, ckpt_path: Path) -> Path:
             data_dir = json.loads(prov.read_text()).get("data_dir")
             if data_dir:
                 candidates = [Path(data_dir)] + [p / data_dir for p in folder.resolve().parents]
-                return next((c for c in candidates if (c / "meta.json").exists()), Path(data_dir))
+                found = next((c for c in candidates if (c / "meta.json").exists()), None)
+                if found is None:
+                    raise ValueError(f"the prepared data {run} trained on ({data_dir}, named in {prov}) is not "
+                                     "here; prepare it again (`python train.py` with the run's data settings "
+                                     "prepares it before training) or pass --data DIR")
+                return found
     raise ValueError(f"cannot tell which prepared data {run} was trained on (no provenance.json with data_dir); "
                      "pass --data DIR (a folder under data/prepared/ holding meta.json, train.bin, val.bin)")
 

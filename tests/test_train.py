@@ -98,6 +98,12 @@ def test_evaluate_scores_the_whole_val_split_of_a_run(debug_run, tmp_path, capsy
     assert evaluate.main([str(lone)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and "--data" in err, err
+    (lone / "provenance.json").write_text(json.dumps({"data_dir": str(tmp_path / "gone")}))
+    assert evaluate.main([str(lone)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "gone" in err and "--data" in err, err
+    data_dir = json.loads((run_dir / "provenance.json").read_text())["data_dir"]
+    assert evaluate.main([str(lone), "--data", data_dir]) == 0, "--data names the prepared folder explicitly"
 
 
 def test_the_run_folder_holds_its_attention_film(debug_run):
