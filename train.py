@@ -41,7 +41,7 @@ from attention_lab.logger import RunLogger
 from attention_lab.optim import Optimizers, configure_optimizer, lr_at, lr_multiplier
 from attention_lab.runlock import RunLock, RunLocked
 from data.batches import BatchSampler, eval_batches
-from data.prepare import PreparedData, prepare_data
+from data.prepare import PreparedData, bits_per_byte, prepare_data
 from model import GPT, GPTConfig, flops_per_token, num_params
 
 # the fields that decide the shapes of the weights: a checkpoint must agree on all of them to be resumed
@@ -102,11 +102,6 @@ def evaluate(model: GPT, batches: list, device: torch.device, dtype: torch.dtype
             losses.append(model(x.to(device), y.to(device)).loss.item())
     model.train(was_training)
     return sum(losses) / len(losses)
-
-
-def bits_per_byte(loss_nats: float, meta: dict, split: str = "val") -> float:
-    """Convert nats per token into bits per UTF-8 byte of the split's text, whatever the tokenizer."""
-    return loss_nats * meta[split]["tokens"] / meta[split]["text_bytes"] / math.log(2)
 
 
 class StopRequest:

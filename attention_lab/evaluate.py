@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from data.batches import windows
-from data.prepare import PreparedData
+from data.prepare import PreparedData, bits_per_byte
 from model import GPT
 
 from .checkpoint import CheckpointError, load_checkpoint
@@ -99,10 +98,9 @@ def score_run(run: Path, which: str = "best", split: str = "val", data_dir: Path
     dev = pick_device(device)
     model = ckpt.build_model(dev)
     total, count = split_nats(model, data.tokens(split), batch_size, dev, pick_dtype(dtype, dev))
-    n_bytes = int(data.meta[split]["text_bytes"])
     nats = total / count  # per token; the split's first token has no prediction, so count = tokens - 1
-    bpb = nats * data.meta[split]["tokens"] / n_bytes / math.log(2)  # as the trainer converts (train.bits_per_byte)
-    return Score(split, count, n_bytes, nats, bpb, str(ckpt.path), ckpt.step)
+    return Score(split, count, int(data.meta[split]["text_bytes"]), nats, bits_per_byte(nats, data.meta, split),
+                 str(ckpt.path), ckpt.step)
 
 
 def _data_dir_of(run: Path, ckpt_path: Path) -> Path:
@@ -121,7 +119,8 @@ def _data_dir_of(run: Path, ckpt_path: Path) -> Path:
                                      "prepares it before training) or pass --data DIR")
                 return found
     raise ValueError(f"cannot tell which prepared data {run} was trained on (no provenance.json with data_dir); "
-                     "pass --data DIR (a folder under data/prepared/ holding meta.json, train.bin, val.bin)")
+                     "pass --data DIR (a prepared data folder holding meta.json, train.bin and val.bin: "
+                     "by default cache/data/<name>-<hash> under the folder training ran in)")
 
 
 def main(argv=None) -> int:

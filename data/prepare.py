@@ -16,6 +16,7 @@ with os.replace, so a killed run leaves temp files and no meta.json, never a tru
 import functools
 import hashlib
 import json
+import math
 import os
 import platform
 import shutil
@@ -75,6 +76,12 @@ class PreparedData:
         if split not in ("train", "val"):
             raise ValueError(f"split {split!r} is not one of train, val")
         return load_tokens(self.train_path if split == "train" else self.val_path, self.dtype)
+
+
+def bits_per_byte(loss_nats: float, meta: dict, split: str = "val") -> float:
+    """Convert nats per token into bits per UTF-8 byte of the split's text (meta.json's counts), whatever the
+    tokenizer."""
+    return loss_nats * meta[split]["tokens"] / meta[split]["text_bytes"] / math.log(2)
 
 
 def load_tokens(path, dtype) -> np.memmap:
