@@ -18,7 +18,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from attention_lab import omp
+from attention_lab.runtime import omp
+from attention_lab.runtime.device import autocast as device_autocast
+from attention_lab.runtime.device import synchronize  # noqa: F401 - re-exported for the benchmarks
+from attention_lab.runtime.flops import measure_peak_flops
 
 
 def log(msg: str) -> None:
@@ -30,29 +33,14 @@ def log(msg: str) -> None:
 # device and machine
 
 
-def resolve_device(name: str = "auto") -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda asked for, but torch.cuda.is_available() is False on this machine")
-    return device
-
-
 def default_dtype(device: torch.device) -> torch.dtype:
-    """The compute dtype benchmarks use: fp32 on CPU, bf16 (autocast) on GPU."""
+    """The compute dtype benchmarks use: fp32 on CPU (comparable across CPU kinds), bf16 (autocast) on GPU."""
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-def synchronize(device: torch.device) -> None:
-    """Wait for queued GPU work, so a timer stopped afterwards measures it; a no-op on CPU."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def autocast(device: torch.device):
-    """bf16 autocast on GPU; on CPU everything runs in fp32 (a disabled context)."""
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    """The library's autocast in the benchmarks' dtype: bf16 on GPU, none (fp32) on CPU."""
+    return device_autocast(device, default_dtype(device))
 
 
 def cpu_model() -> str:
@@ -74,7 +62,7 @@ def describe_machine(device: torch.device) -> dict:
         "torch": torch.__version__,
         "device": str(device),
         "dtype": str(default_dtype(device)).replace("torch.", ""),
-        # how OpenMP threads wait (attention_lab/omp.py): spinning or sleeping changes a 2-core machine's speed
+        # how OpenMP threads wait (attention_lab/runtime/omp.py): spinning or sleeping changes a 2-core machine's speed
         # several-fold, idle or beside another process
         "openmp": omp.describe(),
     }
@@ -228,8 +216,6 @@ class Context:
 
     def peak(self) -> float:
         if self.peak_flops is None:
-            from .peak import measure_peak_flops
-
             log("measuring the matmul peak (MFU denominator) ...")
             self.peak_flops = measure_peak_flops(self.device, default_dtype(self.device), quick=self.quick)
         return self.peak_flops

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from attention_lab.device import decoding_threads
+from attention_lab.runtime.device import decoding_threads
 from model import GPTConfig
 from model.generate import generate
 
@@ -166,7 +166,7 @@ def run(ctx: Context) -> Table:
             f"attn_implementation={hf_attention(hf)!r}; the five calls interleaved, {setting['reps']} rounds after "
             "one warmup round; ratios are medians of per-round time ratios.",
             f"Threads: ours cached as sample.py decodes ({threads_used(ctx.device)} torch thread(s): "
-            "attention_lab.device.decoding_threads), every other call with torch's threads; HF cached also with "
+            "attention_lab.runtime.device.decoding_threads), every other call with torch's threads; HF cached also with "
             "ours ('our threads'), and ours cache / HF cache compares with the faster of HF's two, round by round.",
             f"Checked before timing: every token of every decoder is a greedy choice of our model (one uncached "
             f"forward pass) up to a near-tie (within {TIE_TOL:g} x (1 + max |logit|)); near-tie tokens counts the "

@@ -17,16 +17,18 @@ import os
 import sys
 import time
 
-from attention_lab.omp import bound_spinning
+from attention_lab.runtime.omp import bound_spinning
 
-# Before torch loads OpenMP, the setting train.py and sample.py use (a bounded spin, attention_lab/omp.py), so the
+# Before torch loads OpenMP, the setting train.py and sample.py use (a bounded spin, attention_lab/runtime/omp.py), so the
 # tables measure what a user gets; export OMP_WAIT_POLICY or GOMP_SPINCOUNT to measure another (the machine line
 # of every table shows the settings in force). No effect if torch is loaded already (as under pytest).
 bound_spinning()
 
 import torch  # noqa: E402
 
-from .common import Context, describe_machine, log, resolve_device  # noqa: E402
+from attention_lab.runtime.device import pick_device  # noqa: E402
+
+from .common import Context, describe_machine, log  # noqa: E402
 
 # name -> module with run(ctx) -> Table; in this order, so the training table reuses the measured peak
 BENCHMARKS = {
@@ -56,7 +58,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu or cuda")
     args = parser.parse_args(argv)
 
-    device = resolve_device(args.device)
+    device = pick_device(args.device, "--device")
     ctx = Context(device=device, quick=args.quick, machine=describe_machine(device))
     results = {"machine": ctx.machine, "quick": args.quick, "tables": {}}
     sections = []

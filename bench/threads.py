@@ -56,7 +56,7 @@ def worker(workload: str, seconds: float, quick: bool, dtype: str) -> dict:
     """tokens/s of one workload for about `seconds` (after warmup) in this process's thread setting."""
     import torch
 
-    from attention_lab.device import autocast
+    from attention_lab.runtime.device import autocast
     from model import GPT
     from model.generate import generate_stream
 

@@ -20,11 +20,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from attention_lab.runtime.flops import matmul_probe
+from attention_lab.training.config import OptimConfig
+from attention_lab.training.optim import configure_optimizer
 from model import GPTConfig
 from model.gpt import flops_per_token, num_params
 
 from .common import Column, Context, Table, autocast, default_dtype, interleaved, log, median, paired_ratio, spread
-from .peak import matmul_probe
 from .twins import build_hf, build_ours, check_same_function, hf_attention
 
 SPEEDUP_TARGET, SPEEDUP_GOAL = 1.3, 1.6  # ours / Hugging Face tokens/s, at every size
@@ -58,13 +60,10 @@ PROBE_N = {"cpu": 1024, "cuda": 8192}
 def make_steps(case: Case, device: torch.device):
     """Two closures doing one AdamW training step each (ours, Hugging Face's), and the initial |loss diff|.
 
-    Each side trains the way its users train it. Ours: train.configure_optimizer (AdamW, decay on matrices,
+    Each side trains the way its users train it. Ours: attention_lab.training.optim.configure_optimizer (AdamW, decay on matrices,
     the fused kernel) and `model(x, y).loss`. Hugging Face: `torch.optim.AdamW(model.parameters())` and
     `model(input_ids=x, labels=x).loss`, which shifts the labels inside. Both process B x T tokens per step.
     """
-    from attention_lab.config import OptimConfig
-    from train import configure_optimizer
-
     cfg = case.cfg
     gen = torch.Generator().manual_seed(1)
     x = torch.randint(0, cfg.vocab_size, (case.batch, cfg.block_size), generator=gen).to(device)

@@ -1,7 +1,7 @@
 """Our GPT and a Hugging Face GPT2LMHeadModel with the same config and the same weights, built locally.
 
 Nothing is downloaded: the Hugging Face model is built from `GPT2Config(**hf_config_from(cfg))`, randomly
-initialised, then given our weights through model/convert.py, so both compute the same function and any
+initialised, then given our weights through attention_lab/interop/convert.py, so both compute the same function and any
 difference in speed is the implementation's.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from attention_lab.interop.convert import hf_config_from, state_dict_to_hf
 from model import GPT, GPTConfig
-from model.convert import hf_config_from, state_dict_to_hf
 
 
 def build_ours(cfg: GPTConfig, device: torch.device, seed: int = 0) -> GPT:
@@ -58,6 +58,6 @@ def check_same_function(cfg: GPTConfig, device: torch.device, seed: int = 0, tol
     diff = (a - b).abs().max().item()
     if diff > tol * (1 + a.abs().max().item()):
         raise RuntimeError(f"our GPT and its GPT2LMHeadModel twin disagree at random weights (max |logit diff| "
-                           f"{diff:.2e}): the weight mapping in model/convert.py is wrong, so the benchmark would "
+                           f"{diff:.2e}): the weight mapping in attention_lab/interop/convert.py is wrong, so the benchmark would "
                            "compare different functions")
     return diff

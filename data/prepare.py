@@ -31,8 +31,8 @@ import pyarrow.compute as pc
 import tokenizers
 from filelock import FileLock
 
-from attention_lab.files import atomic_write, fsync_dir
 from data.config import DataConfig
+from data.files import atomic_write, fsync_dir
 from data.sources import corpus_fingerprint, load_corpus
 from data.tokenizer import EOT, Tokenizer
 

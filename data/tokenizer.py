@@ -20,7 +20,7 @@ import numpy as np
 import tokenizers
 from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
 
-from attention_lab.files import atomic_write
+from data.files import atomic_write
 
 EOT = "<|endoftext|>"
 UNK = "<|unk|>"
@@ -150,6 +150,10 @@ class Tokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=False)
 
+    def text_stream(self, prefix_ids: Iterable[int] = ()) -> "TextStream":
+        """Text for token ids that arrive one at a time, after `prefix_ids` (see TextStream)."""
+        return TextStream(self._tok, prefix_ids)
+
     def token_strings(self, ids: Iterable[int]) -> list[str]:
         """One readable label per token for attention-map axes: the text that token alone decodes to,
         with newlines/tabs/control characters escaped (\\n, \\t, \\x07) and bytes of a character split
@@ -171,6 +175,48 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"Tokenizer(kind={self.kind!r}, vocab_size={self.vocab_size}, eot_id={self.eot_id})"
+
+
+class TextStream:
+    """Token ids in, printable text out, one token at a time, with constant work per token.
+
+    With byte-level BPE one character can span several tokens: a piece is handed out only once its last byte
+    is in. Uses tokenizers' own DecodeStream (prefilled with the prefix, so the first piece decodes as it would
+    after the prompt) where the installed version has it; else the same idea by hand: decode only the few
+    tokens since the last piece handed out, with the tokens just before them as context.
+    """
+
+    def __init__(self, tok: tokenizers.Tokenizer, prefix_ids: Iterable[int] = ()):
+        self._tok = tok
+        prefix = [int(i) for i in prefix_ids]
+        self._pending: list[int] = []  # ids received but not yet printed (a character still incomplete)
+        try:
+            from tokenizers.decoders import DecodeStream
+
+            self._stream = DecodeStream(ids=prefix, skip_special_tokens=False)  # tokenizers >= 0.22
+        except (ImportError, TypeError):
+            self._stream = None
+            self._context = prefix[-4:]  # enough for a decoder's leading-space rule to see the seam
+
+    def step(self, token_id: int) -> str:
+        """The text this token completes ("" while a character is still incomplete)."""
+        token_id = int(token_id)
+        if self._stream is not None:
+            piece = self._stream.step(self._tok, token_id)
+            self._pending = [] if piece is not None else self._pending + [token_id]
+            return piece or ""
+        self._pending.append(token_id)
+        before = self._tok.decode(self._context, skip_special_tokens=False)
+        text = self._tok.decode(self._context + self._pending, skip_special_tokens=False)
+        if text.endswith("\ufffd") or not text.startswith(before):
+            return ""
+        self._context, self._pending = (self._context + self._pending)[-4:], []
+        return text[len(before):]
+
+    def flush(self) -> str:
+        """Whatever is still held back (an incomplete character decodes to U+FFFD)."""
+        rest, self._pending = self._pending, []
+        return self._tok.decode(rest, skip_special_tokens=False) if rest else ""
 
 
 def _byte_to_char() -> dict[int, str]:

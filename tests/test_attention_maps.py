@@ -1,4 +1,4 @@
-"""attention_lab.attention_maps: capture, figures, TensorBoard logging; the measured head table on hand-made heads."""
+"""attention_lab.interp.figures: capture, figures, TensorBoard logging; the measured head table on hand-made heads."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.tensorboard import SummaryWriter
 
-from attention_lab.attention_maps import (
+from attention_lab.interp.capture import capture_attention
+from attention_lab.interp.figures import (
     attention_figure,
-    capture_attention,
     figure_to_array,
     log_attention_to_tensorboard,
     pool_max,
 )
-from attention_lab.heads import format_head_table, head_rows, role_scores
+from attention_lab.interp.heads import format_head_table, head_rows, role_scores
 from model import GPT, GPTConfig
 
 T = 20

@@ -12,8 +12,8 @@ import json
 import pytest
 import torch
 
+from attention_lab.runtime.flops import measure_peak_flops
 from bench.common import Column, Table, interleaved, paired_ratio
-from bench.peak import measure_peak_flops
 from bench.run import BENCHMARKS, main
 
 # the row keys each table must carry (what README and the trainer read)

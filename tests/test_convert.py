@@ -1,5 +1,5 @@
 """Parity with Hugging Face GPT-2: tiny random-init models built locally (never downloaded), weights moved by our
-converter (model/convert.py) and our file layer (attention_lab/hf.py), logits compared.
+converter (attention_lab/interop/convert.py) and our file layer (attention_lab/interop/hf.py), logits compared.
 
 Tolerances: both sides compute the same float32 function with different kernels (transformers' Conv1D + its
 attention vs our Linear + sdpa); measured, logits of size ~4 differ by ~1e-6. We assert atol=1e-5, rtol=1e-4:
@@ -23,10 +23,10 @@ import torch  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
-from attention_lab.hf import export_gpt2, load_gpt2  # noqa: E402
+from attention_lab.interop.convert import config_from_hf, state_dict_from_hf  # noqa: E402
+from attention_lab.interop.hf import export_gpt2, load_gpt2  # noqa: E402
 from data.tokenizer import Tokenizer  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from model.convert import config_from_hf, state_dict_from_hf  # noqa: E402
 
 V, BLOCK, LAYERS, HEADS, EMBD = 64, 16, 2, 4, 32
 TOL = dict(atol=1e-5, rtol=1e-4)

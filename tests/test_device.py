@@ -7,7 +7,7 @@ import contextlib
 import pytest
 import torch
 
-from attention_lab.device import autocast, pick_device, pick_dtype
+from attention_lab.runtime.device import autocast, pick_device, pick_dtype
 
 
 def test_auto_picks_cuda_only_when_there_is_one():
@@ -53,7 +53,7 @@ def test_auto_dtype_follows_this_cpus_capabilities_and_float32_autocast_is_a_no_
 def test_cached_batch1_decoding_runs_in_one_thread_on_a_cpu_and_restores_the_count(monkeypatch):
     """sample.py decodes with the cache in one CPU thread (bench/threads.py: as fast idle, not slowed by a busy
     neighbour); full forward passes keep every thread, and the count comes back afterwards, even on an error."""
-    from attention_lab.device import decoding_threads
+    from attention_lab.runtime.device import decoding_threads
 
     calls = []
     state = {"n": 2}

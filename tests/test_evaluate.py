@@ -1,4 +1,4 @@
-"""attention_lab.evaluate: whole-split scoring covers every token once and agrees with the model's own loss."""
+"""attention_lab.training.evaluate: whole-split scoring covers every token once and agrees with the model's own loss."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attention_lab.evaluate import split_nats, tiling_windows
+from attention_lab.training.evaluate import split_nats, tiling_windows
 from model import GPT, GPTConfig
 
 T = 16

@@ -1,4 +1,4 @@
-"""Export to transformers (attention_lab.export, attention_lab/hf.py, model/convert.py, attention_lab/remote_code/):
+"""Export to transformers (attention_lab.interop.export, attention_lab/interop/hf.py, attention_lab/interop/convert.py, attention_lab/interop/remote_code/):
 for every positional encoding, every model option and the default config, the loaded transformers model gives our
 logits, `pipeline("text-generation")` greedy gives sample.py --greedy's text, AutoTokenizer encodes as ours, and
 load_pretrained gives the exported model back bit for bit.
@@ -30,13 +30,20 @@ import torch  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 import sample as sample_mod  # noqa: E402
-from attention_lab import export as export_mod  # noqa: E402
-from attention_lab.checkpoint import save_checkpoint  # noqa: E402
-from attention_lab.config import compose  # noqa: E402
-from attention_lab.hf import REMOTE_CODE_DIR, REMOTE_FILES, export_pretrained, load_pretrained, remote_code_fields  # noqa: E402
+from attention_lab import sampling  # noqa: E402
+from attention_lab.interop import export as export_mod  # noqa: E402
+from attention_lab.interop.convert import FIELD_ROLES, config_from_neox, plan_export  # noqa: E402
+from attention_lab.interop.hf import (  # noqa: E402
+    REMOTE_CODE_DIR,
+    REMOTE_FILES,
+    export_pretrained,
+    load_pretrained,
+    remote_code_fields,
+)
+from attention_lab.store.checkpoint import save_checkpoint  # noqa: E402
+from attention_lab.training.config import compose  # noqa: E402
 from data.tokenizer import EOT, Tokenizer  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from model.convert import FIELD_ROLES, config_from_neox, plan_export  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 TOL = dict(atol=1e-5, rtol=1e-4)
@@ -108,7 +115,7 @@ def greedy_text_from_sample_py(model: GPT, tokenizer_json: str, tmp_path: Path, 
     """
     ckpt = save_checkpoint(tmp_path / "run" / "checkpoints", 1, model, tokenizer_json, {"val_loss": 1.0})
     capsys.readouterr()
-    monkeypatch.setattr(sample_mod, "pick_dtype", lambda name, device: torch.float32)
+    monkeypatch.setattr(sampling, "pick_dtype", lambda name, device: torch.float32)
     rc = sample_mod.main(["--checkpoint", str(ckpt), "--prompt", PROMPT, "--greedy", "--max-new-tokens",
                           str(NEW_TOKENS), "--no-attention", "--device", "cpu"])
     captured = capsys.readouterr()
@@ -142,7 +149,7 @@ def assert_pipeline_matches_sample_py(model: GPT, tokenizer_json: str, tmp_path:
 def test_every_config_field_is_classified_and_implemented_by_the_remote_code():
     names = {f.name for f in dataclasses.fields(GPTConfig)}
     assert set(FIELD_ROLES) == names, (
-        f"model/convert.py FIELD_ROLES must classify every GPTConfig field: unclassified "
+        f"attention_lab/interop/convert.py FIELD_ROLES must classify every GPTConfig field: unclassified "
         f"{sorted(names - set(FIELD_ROLES))}, stale {sorted(set(FIELD_ROLES) - names)}")
     assert set(remote_code_fields()) == names, (
         f"attention_lab/remote_code must implement every GPTConfig field: missing "

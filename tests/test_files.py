@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import attention_lab.checkpoint as checkpoint_mod
-import attention_lab.files as files_mod
-from attention_lab.checkpoint import CheckpointError, DiskFullError, load_checkpoint, save_checkpoint
-from attention_lab.files import atomic_write, write_json_atomic
+import attention_lab.store.checkpoint as checkpoint_mod
+import data.files as files_mod
+from attention_lab.store.checkpoint import CheckpointError, DiskFullError, load_checkpoint, save_checkpoint
 from data.config import DataConfig
+from data.files import atomic_write, write_json_atomic
 from data.prepare import prepare_data
 from model import GPT, GPTConfig
 

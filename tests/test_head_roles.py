@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from attention_lab import heads as H
+from attention_lab.interp import heads as H
+from attention_lab.interp import roles as R
 from model import GPT, GPTConfig
 
 T = 16
@@ -53,7 +54,7 @@ def test_perfect_induction_head_scores_one_on_induction_and_near_zero_on_previou
     # over all rows and without the exclusion, the first half (parked on key 0) counts against it
     plain = H.role_scores(a[None, None], ids, target_rows_only=False)["induction"][0, 0]
     assert plain == pytest.approx((T // 2) / T, abs=1e-9)
-    assert H.detection_score(a, np.zeros((T, T)), target_rows_only=True) == 0.0, "no target anywhere: 0"
+    assert R.detection_score(a, np.zeros((T, T)), target_rows_only=True) == 0.0, "no target anywhere: 0"
 
 
 def test_duplicate_token_head_scores_one_on_duplicates():
@@ -69,36 +70,36 @@ def test_duplicate_token_head_scores_one_on_duplicates():
 
 def test_uniform_attention_gets_the_stated_baselines():
     ids = repeated(T // 2)
-    u = H.uniform_attention(T)
+    u = R.uniform_attention(T)
     scores = H.role_scores(u[None, None], ids)
     rows = np.arange(1, T)
     assert scores["previous_token"][0, 0] == pytest.approx(np.sum(1 / (rows + 1)) / T)
     assert scores["first_token"][0, 0] == pytest.approx(np.mean(1 / (rows + 1)))
     assert scores["self"][0, 0] == pytest.approx(np.mean(1 / (rows + 1)))
     assert scores["entropy"][0, 0] == pytest.approx(1.0)
-    assert H.role_scores(H.uniform_attention(128)[None, None], repeated(64))["previous_token"][0, 0] == \
+    assert H.role_scores(R.uniform_attention(128)[None, None], repeated(64))["previous_token"][0, 0] == \
         pytest.approx(0.0346, abs=5e-4), "the docstring's T=128 baseline"
 
 
 def test_first_token_and_self_masses():
     sink = np.zeros((T, T))
     sink[:, 0] = 1.0
-    assert H.first_token_mass(sink) == pytest.approx(1.0)
-    assert H.self_mass(np.eye(T)) == pytest.approx(1.0)
-    assert H.self_mass(sink) == pytest.approx(0.0)
+    assert R.first_token_mass(sink) == pytest.approx(1.0)
+    assert R.self_mass(np.eye(T)) == pytest.approx(1.0)
+    assert R.self_mass(sink) == pytest.approx(0.0)
 
 
 def test_scores_do_not_edit_the_callers_pattern():
-    a = H.uniform_attention(T)
+    a = R.uniform_attention(T)
     before = a.copy()
-    H.detection_score(a, H.previous_token_pattern(T), exclude_first=True, exclude_self=True)
+    R.detection_score(a, R.previous_token_pattern(T), exclude_first=True, exclude_self=True)
     np.testing.assert_array_equal(a, before)
 
 
 def test_patterns_are_causal_and_match_their_definitions():
     ids = np.array([5, 7, 5, 7, 9])
-    dup = H.duplicate_token_pattern(ids)
-    ind = H.induction_pattern(ids)
+    dup = R.duplicate_token_pattern(ids)
+    ind = R.induction_pattern(ids)
     assert np.all(np.triu(dup) == 0) and np.all(np.triu(ind, k=1) == 0)
     assert dup[2, 0] == 1 and dup[3, 1] == 1 and dup.sum() == 2
     assert ind[2, 1] == 1 and ind[3, 2] == 1 and ind.sum() == 2  # 5 at 2 -> after the 5 at 0 is key 1
@@ -201,7 +202,7 @@ def test_trainer_logs_head_roles_to_tensorboard_and_files(tmp_path, data_cache):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     import train as train_mod
-    from attention_lab.config import compose
+    from attention_lab.training.config import compose
 
     cfg = compose(["experiment=debug", f"data.cache_dir={data_cache}"])
     run_dir = tmp_path / "run"
@@ -225,7 +226,7 @@ def test_trainer_logs_head_roles_to_tensorboard_and_files(tmp_path, data_cache):
     assert [r["step"] for r in records] == [10, 20]
     assert len(records[-1]["position_loss"]) == cfg.model.block_size
     # the read-back script sees the same series in the event files
-    from attention_lab import tb_report
+    from attention_lab.viewer import timeline as tb_report
 
     events = tb_report.read_events(run_dir)
     assert set(events["roles"]) == set(H.ROLES) and len(events["roles"]["induction"]) == n_layer * n_head
@@ -238,7 +239,7 @@ def test_trainer_logs_head_roles_to_tensorboard_and_files(tmp_path, data_cache):
 
 def test_head_roles_switch_off(tmp_path, data_cache):
     import train as train_mod
-    from attention_lab.config import compose
+    from attention_lab.training.config import compose
 
     cfg = compose(["experiment=debug", f"data.cache_dir={data_cache}", "train.head_roles=false"])
     train_mod.train(cfg, tmp_path / "run")

@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import json
 import math
-import time
 
 import pytest
 import torch
 
 import train as train_mod
-from attention_lab.config import OptimConfig, compose
-from attention_lab.optim import Muon, Optimizers, configure_optimizer, lr_multiplier, ns_dtype_for, orthogonalise
+from attention_lab.training.config import OptimConfig, compose
+from attention_lab.training.loop import schedule_position
+from attention_lab.training.optim import (
+    Muon,
+    Optimizers,
+    configure_optimizer,
+    lr_multiplier,
+    ns_dtype_for,
+    orthogonalise,
+)
 from model import GPT, GPTConfig
 
 CPU = torch.device("cpu")
@@ -94,7 +101,7 @@ def test_our_muon_takes_torch_muons_steps_and_state():
 def test_muon_iterates_in_float32_on_a_cpu_without_native_bf16(monkeypatch):
     """torch.optim.Muon always iterates in bfloat16: 70x slower than float32 on a 2-core AMD EPYC (no AVX512-BF16)
     at the default model's shapes, 9 s a step. auto picks float32 there, bfloat16 with AMX/AVX512-BF16 or CUDA."""
-    import attention_lab.optim as optim_mod
+    import attention_lab.training.optim as optim_mod
 
     monkeypatch.setattr(optim_mod, "cpu_has_native_bf16", lambda: False)
     assert ns_dtype_for("auto", CPU) == torch.float32
@@ -168,20 +175,10 @@ def test_wsd_schedule_is_flat_then_linear_to_the_floor():
 
 
 def test_time_budget_moves_the_schedule_on_a_slow_machine():
-    cfg = compose(["experiment=debug", "train.max_minutes=10", "train.max_steps=1000"])
-
-    class FakeRun:
-        pass
-
-    run = FakeRun()
-    run.cfg, run.step = cfg, 100
-    run.session_start = time.time() - 6 * 60  # 60% of the budget spent after 10% of the steps
-    assert train_mod.schedule_position(run) == pytest.approx(600, abs=2)
-    run.session_start = time.time()
-    assert train_mod.schedule_position(run) == 100, "a fast machine follows its steps"
-    run.cfg = compose(["experiment=debug"])
-    run.cfg.train.max_minutes = None
-    assert train_mod.schedule_position(run) == 100
+    # 60% of a 10-minute budget spent after 10% of 1000 steps: the schedule is at 60%
+    assert schedule_position(100, 6 * 60, 1000, 10) == pytest.approx(600, abs=2)
+    assert schedule_position(100, 0.0, 1000, 10) == 100, "a fast machine follows its steps"
+    assert schedule_position(100, 6 * 60, 1000, None) == 100, "without a budget the schedule follows the steps"
 
 
 def test_a_checkpoint_with_another_optimizer_count_is_a_clear_error():

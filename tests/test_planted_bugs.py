@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import train as train_mod
-from attention_lab.config import compose
+from attention_lab.training.config import compose
 from model import GPT, GPTConfig
 
 
@@ -98,8 +98,8 @@ def test_resume_is_exact_with_dropout_on(tmp_path, data_cache):
 
 def test_init_from_really_starts_from_the_source_weights(tmp_path, data_cache):
     """Planted bug: init_from builds a fresh model of the source's shape instead of loading its weights."""
-    from attention_lab.checkpoint import load_checkpoint
-    from attention_lab.hf import export_gpt2
+    from attention_lab.interop.hf import export_gpt2
+    from attention_lab.store.checkpoint import load_checkpoint
     from data.prepare import prepare_data
 
     cfg = compose(["experiment=debug", f"data.cache_dir={data_cache}"])
@@ -121,18 +121,19 @@ def test_init_from_really_starts_from_the_source_weights(tmp_path, data_cache):
 def test_sampling_flags_reach_the_sampler(tmp_path, data_cache, monkeypatch):
     """Planted bug: --temperature / --top-k / --top-p parsed but not passed on."""
     import sample
+    from attention_lab import sampling
 
     run = tmp_path / "run"
     train_mod.train(compose(["experiment=debug", f"data.cache_dir={data_cache}", "train.max_steps=2",
                              "train.eval_interval=2", "train.sample_tokens=0", "train.head_roles=false"]), run)
     seen = {}
-    real = sample.generate_stream
+    real = sampling.generate_stream
 
     def spy(model, idx, max_new_tokens, **kw):
         seen.update(kw)
         yield from real(model, idx, max_new_tokens, **kw)
 
-    monkeypatch.setattr(sample, "generate_stream", spy)
+    monkeypatch.setattr(sampling, "generate_stream", spy)
     code = sample.main(["--run", str(run), "--prompt", "To be", "--max-new-tokens", "3", "--temperature", "0.55",
                         "--top-k", "7", "--top-p", "0.85", "--seed", "1", "--no-attention"])
     assert code == 0
@@ -159,7 +160,7 @@ def test_every_planted_bug_still_targets_real_code():
 def test_the_benchmarks_twin_check_fails_when_q_and_k_are_swapped(monkeypatch):
     """Planted bug: q and k swapped in the GPT-2 converter. At GPT-2's init the bench's loss check saw 4.6e-5."""
     import bench.twins as twins
-    from model import convert
+    from attention_lab.interop import convert
 
     cfg = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32, pos_encoding="learned")
     cpu = torch.device("cpu")

@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from attention_lab.runlock import LOCK_NAME, OWNER_NAME, RunLock, RunLocked
+from attention_lab.store.layout import RunLayout
+from attention_lab.store.runlock import RunLock, RunLocked
 
 REPO = Path(__file__).resolve().parent.parent
 
 HOLDER = """
 import sys, time
-from attention_lab.runlock import RunLock
+from attention_lab.store.runlock import RunLock
 with RunLock(sys.argv[1]):
     print("locked", flush=True)
     time.sleep(60)
@@ -46,23 +47,23 @@ def test_a_second_process_is_refused_naming_the_folder_and_the_holders_pid(tmp_p
         message = str(info.value)
         assert str(tmp_path) in message, f"the folder is not named: {message}"
         assert f"process {holder.pid}" in message, f"the holder's pid {holder.pid} is not named: {message}"
-        assert json.loads((tmp_path / OWNER_NAME).read_text())["pid"] == holder.pid, "the refused one overwrote it"
+        assert json.loads(RunLayout(tmp_path).lock_owner.read_text())["pid"] == holder.pid, "the refused one overwrote it"
     finally:
         holder.kill()
         holder.wait()
     # killed (no chance to clean up): its lock must not block the next trainer
     with RunLock(tmp_path):
-        assert json.loads((tmp_path / OWNER_NAME).read_text())["pid"] == os.getpid()
-    assert not (tmp_path / OWNER_NAME).exists(), "the holder record should go when the lock is released"
+        assert json.loads(RunLayout(tmp_path).lock_owner.read_text())["pid"] == os.getpid()
+    assert not RunLayout(tmp_path).lock_owner.exists(), "the holder record should go when the lock is released"
 
 
 def test_a_stale_lock_file_of_a_dead_process_does_not_block(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    (tmp_path / LOCK_NAME).write_text("")
-    (tmp_path / OWNER_NAME).write_text(json.dumps({"pid": dead.pid, "host": "here", "started": time.time()}))
+    (RunLayout(tmp_path).lock).write_text("")
+    RunLayout(tmp_path).lock_owner.write_text(json.dumps({"pid": dead.pid, "host": "here", "started": time.time()}))
     with RunLock(tmp_path):
-        assert json.loads((tmp_path / OWNER_NAME).read_text())["pid"] == os.getpid()
+        assert json.loads(RunLayout(tmp_path).lock_owner.read_text())["pid"] == os.getpid()
 
 
 def test_the_lock_is_released_on_an_exception_and_can_be_taken_again(tmp_path):
@@ -75,7 +76,7 @@ def test_the_lock_is_released_on_an_exception_and_can_be_taken_again(tmp_path):
 
 def test_train_refuses_a_locked_run_folder_before_writing_anything(tmp_path, data_cache):
     import train as train_mod
-    from attention_lab.config import compose
+    from attention_lab.training.config import compose
 
     run_dir = tmp_path / "run"
     holder = start_holder(run_dir)
@@ -87,4 +88,4 @@ def test_train_refuses_a_locked_run_folder_before_writing_anything(tmp_path, dat
         holder.send_signal(signal.SIGKILL)
         holder.wait()
     written = sorted(p.name for p in run_dir.iterdir())
-    assert written == sorted([LOCK_NAME, OWNER_NAME]), f"the refused trainer wrote into the folder: {written}"
+    assert written == sorted([RunLayout(run_dir).lock.name, RunLayout(run_dir).lock_owner.name]), f"the refused trainer wrote into the folder: {written}"

@@ -19,7 +19,8 @@ from tensorboard.backend.event_processing.event_multiplexer import EventMultiple
 from tensorboard.util.tensor_util import make_ndarray
 
 import sample
-from attention_lab.checkpoint import load_checkpoint, save_checkpoint
+from attention_lab.sampling import generate_text
+from attention_lab.store.checkpoint import load_checkpoint, save_checkpoint
 from data.tokenizer import Tokenizer
 from model import GPT, GPTConfig
 
@@ -79,8 +80,8 @@ def test_greedy_is_the_same_with_and_without_cache(run_dir, loaded, capsys):
     model, tok = loaded
     prompt = tok.encode("JULIET:")
     kw = dict(greedy=True, temperature=1.0)
-    cached = sample.generate_text(model, tok, prompt, 70, use_cache=True, **kw)  # 77 tokens: slides past 32
-    uncached = sample.generate_text(model, tok, prompt, 70, use_cache=False, **kw)
+    cached = generate_text(model, tok, prompt, 70, use_cache=True, **kw)  # 77 tokens: slides past 32
+    uncached = generate_text(model, tok, prompt, 70, use_cache=False, **kw)
     assert len(cached) == 70, f"asked for 70 tokens, got {len(cached)}"
     assert cached == uncached, f"greedy decoding differs with the KV cache:\n{cached}\n{uncached}"
     args = ("--run", run_dir, "--prompt", "JULIET:", "--max-new-tokens", 50, "--greedy", "--no-attention")
@@ -94,7 +95,7 @@ def test_streamed_text_is_the_decoded_continuation(loaded):
     pieces: list[str] = []
     prompt = tok.encode("O Romeo")
     gen = torch.Generator().manual_seed(5)
-    new = sample.generate_text(model, tok, prompt, 60, generator=gen, on_text=pieces.append)
+    new = generate_text(model, tok, prompt, 60, generator=gen, on_text=pieces.append)
     assert "".join(pieces) == tok.decode(new), "the streamed pieces must add up to the decoded continuation"
     assert len(pieces) > 10, f"text should arrive piece by piece, got {len(pieces)} pieces"
 
@@ -105,8 +106,8 @@ def test_stream_decoder_holds_back_partial_utf8_of_byte_level_bpe():
     ids = tok.encode(prompt + text)
     n_prompt = len(tok.encode(prompt))
     assert len(ids) - n_prompt > len(text), "fixture: some characters should span several byte tokens"
-    stream = sample.StreamDecoder(tok, ids[:n_prompt])
-    pieces = [stream.push(i) for i in ids[n_prompt:]] + [stream.flush()]
+    stream = tok.text_stream(ids[:n_prompt])
+    pieces = [stream.step(i) for i in ids[n_prompt:]] + [stream.flush()]
     assert not any("\ufffd" in p for p in pieces), f"a partial UTF-8 character was printed: {pieces}"
     assert "".join(pieces) == text, f"streamed {''.join(pieces)!r}, want {text!r}"
 

@@ -17,8 +17,10 @@ import pytest
 import torch
 
 import train as train_mod
-from attention_lab.checkpoint import HOOK_ENV, CheckpointError, load_checkpoint
-from attention_lab.config import CONFIG_DIR, compose
+from attention_lab.store.checkpoint import HOOK_ENV, CheckpointError, load_checkpoint
+from attention_lab.training.config import CONFIG_DIR, OptimConfig, compose
+from attention_lab.training.optim import configure_optimizer, lr_at
+from attention_lab.training.start import TrainingError
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -77,7 +79,7 @@ def test_debug_run_trains_and_writes_everything(debug_run):
 
 
 def test_evaluate_scores_the_whole_val_split_of_a_run(debug_run, tmp_path, capsys):
-    from attention_lab import evaluate
+    from attention_lab.training import evaluate
 
     run_dir, final, _ = debug_run
     out = tmp_path / "score.json"
@@ -163,7 +165,7 @@ def test_resume_refuses_a_checkpoint_of_another_shape(debug_run, tmp_path, data_
     run_dir, _, _ = debug_run
     before = tree_digest(run_dir / "checkpoints")
     cfg = debug_config(data_cache, "model.n_layer=3", f"train.resume={run_dir}")
-    with pytest.raises(train_mod.TrainingError, match="n_layer"):
+    with pytest.raises(TrainingError, match="n_layer"):
         train_mod.train(cfg, tmp_path / "other")
     assert tree_digest(run_dir / "checkpoints") == before, "a refused resume modified the checkpoint"
 
@@ -194,7 +196,7 @@ def test_nan_loss_stops_with_a_clear_message_and_keeps_the_checkpoint(tmp_path, 
         return (float("nan"), norm) if calls["n"] == 13 else (loss, norm)
 
     monkeypatch.setattr(train_mod, "train_step", step_then_nan)
-    with pytest.raises(train_mod.TrainingError, match=r"became nan at step 13.*last good checkpoint"):
+    with pytest.raises(TrainingError, match=r"became nan at step 13.*last good checkpoint"):
         train_mod.train(debug_config(data_cache, "train.sample_tokens=0"), run_dir)
     assert load_checkpoint(run_dir, "latest").step == 10, "the last good checkpoint (step 10) must survive"
 
@@ -222,7 +224,7 @@ def test_block_size_larger_than_the_corpus_is_a_clear_error(tmp_path):
     text.write_text("to be or not to be, that is the question\n" * 3)
     cfg = compose(["experiment=debug", "data=text", f"data.files=[{text}]", "data.tokenizer=char",
                    f"data.cache_dir={tmp_path / 'cache'}", "data.val_fraction=0.5", "model.block_size=512"])
-    with pytest.raises((train_mod.TrainingError, ValueError), match="block_size"):
+    with pytest.raises((TrainingError, ValueError), match="block_size"):
         train_mod.train(cfg, tmp_path / "run")
 
 
@@ -237,10 +239,9 @@ def test_every_config_composes():
 
 
 def test_lr_schedule_warms_up_then_decays_to_min():
-    from attention_lab.config import OptimConfig
 
     oc = OptimConfig(lr=1e-3, min_lr=1e-4, warmup_steps=10)
-    lrs = [train_mod.lr_at(s, oc, 100) for s in range(120)]
+    lrs = [lr_at(s, oc, 100) for s in range(120)]
     assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3), lrs[:10]
     assert all(a <= b for a, b in zip(lrs[:10], lrs[1:10])), "warmup must increase"
     assert all(a >= b for a, b in zip(lrs[10:100], lrs[11:101])), "cosine must not increase"
@@ -250,12 +251,11 @@ def test_lr_schedule_warms_up_then_decays_to_min():
 def test_weight_decay_only_on_matrices():
     """The decayed set is exactly the 2-D weights other than the position table, and not empty (a check on each
     decayed parameter alone holds when nothing is decayed)."""
-    from attention_lab.config import OptimConfig
     from model import GPT, GPTConfig
 
     model = GPT(GPTConfig(vocab_size=32, block_size=8, n_layer=1, n_head=2, n_embd=16, pos_encoding="learned",
                           bias=True))
-    opt = train_mod.configure_optimizer(model, OptimConfig(name="adamw", weight_decay=0.1), torch.device("cpu"))
+    opt = configure_optimizer(model, OptimConfig(name="adamw", weight_decay=0.1), torch.device("cpu"))
     name = {id(p): n for n, p in model.named_parameters()}
     decayed = {name[id(p)] for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
     plain = {name[id(p)] for g in opt.param_groups if g["weight_decay"] == 0 for p in g["params"]}
@@ -267,7 +267,7 @@ def test_weight_decay_only_on_matrices():
 
 def _spawn_training(run_dir: Path, cache: Path, *overrides: str, hook: str | None = None) -> subprocess.Popen:
     """train.py in a subprocess. hook: "<point>@<step>:<marker>" stops its save of <step> at <point>
-    (attention_lab/checkpoint.py HOOK_POINTS), where it writes <marker> and waits until the marker is deleted."""
+    (attention_lab/store/checkpoint.py HOOK_POINTS), where it writes <marker> and waits until the marker is deleted."""
     cmd = [sys.executable, "train.py", "experiment=debug", f"data.cache_dir={cache}", f"hydra.run.dir={run_dir}",
            "train.eval_interval=5", "train.sample_tokens=0", "train.head_roles=false", "train.tensorboard=false",
            *overrides]
@@ -326,7 +326,7 @@ def _complete_step_dirs(root: Path) -> list[int]:
 
 
 # SIGKILL at each point of saving the step-4 checkpoint (the step-2 one is complete): which checkpoint each
-# pointer must then name, and whether step_4 is in place. The points are attention_lab/checkpoint.py's HOOK_POINTS.
+# pointer must then name, and whether step_4 is in place. The points are attention_lab/store/checkpoint.py's HOOK_POINTS.
 KILL_POINTS = {
     "writing": (2, 2, False),         # the temp folder half written
     "before_publish": (2, 2, False),  # the temp folder complete, not yet renamed into place
@@ -408,7 +408,7 @@ def test_two_process_ddp_matches_one_process_with_the_same_global_batch(tmp_path
 
 def test_init_from_gpt2_weights_starts_from_them_and_resumes(tmp_path, data_cache, debug_run):
     """train.init_from loads a GPT-2-format folder (here: one exported from a tiny model, no download)."""
-    from attention_lab.hf import export_gpt2
+    from attention_lab.interop.hf import export_gpt2
     from model import GPT, GPTConfig
 
     _, _, cfg = debug_run

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import train as train_mod
-from attention_lab.config import compose
+from attention_lab.training.config import compose
 from data.sources import DatasetUnavailable
 
 REPO = Path(__file__).resolve().parent.parent
@@ -63,7 +63,7 @@ def test_unreachable_hub_dataset_error_says_what_to_check_when_online(tmp_path, 
 
 DISK_FILLS_AT_THE_SECOND_SAVE = """
 import errno
-import attention_lab.checkpoint as checkpoint
+import attention_lab.store.checkpoint as checkpoint
 real, calls = checkpoint.save_model, []
 def save_model(*args, **kwargs):
     calls.append(1)

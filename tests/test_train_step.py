@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import train as train_mod
-from attention_lab.checkpoint import load_checkpoint
-from attention_lab.config import compose
+from attention_lab.store.checkpoint import load_checkpoint
+from attention_lab.training.config import compose
 from model import GPT, GPTConfig
 
 CPU = torch.device("cpu")

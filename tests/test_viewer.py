@@ -1,4 +1,4 @@
-"""attention_lab/viewer.py: the attention pages' data (plain Python) and what a person sees in a real browser.
+"""attention_lab/viewer/page.py: the attention pages' data (plain Python) and what a person sees in a real browser.
 
 The browser tests drive Debian's Chromium headless through selenium and chromedriver, from file://, with no
 network. Without Chromium they are skipped and say how to install it; REQUIRE_BROWSER_TESTS=1 (.ci/run sets it)
@@ -22,9 +22,9 @@ import pytest
 import torch
 
 import sample
-from attention_lab import viewer
-from attention_lab.checkpoint import save_checkpoint
-from attention_lab.heads import role_scores
+from attention_lab.interp.heads import role_scores
+from attention_lab.store.checkpoint import save_checkpoint
+from attention_lab.viewer import page as viewer
 from data.tokenizer import Tokenizer
 from model import GPT, GPTConfig
 
@@ -66,7 +66,7 @@ def scores_of(a: np.ndarray, ids: np.ndarray) -> dict[str, np.ndarray]:
 
 def write_run(run_dir: Path, n_layer: int, n_head: int, t: int, steps: list[int], *, changes: list[dict] | None = None,
               heads: bool = True, metrics: bool = True, probe: bool = True) -> Path:
-    """The files the trainer writes at every evaluation (attention_lab/callbacks.py), made up: head 0 sharpens
+    """The files the trainer writes at every evaluation (attention_lab/training/callbacks.py), made up: head 0 sharpens
     from uniform to previous-token over the steps."""
     folder = run_dir / "attention"
     folder.mkdir(parents=True, exist_ok=True)
@@ -252,7 +252,7 @@ def test_command_line(tmp_path, capsys):
 def test_assets_ship_as_package_data():
     tomllib = pytest.importorskip("tomllib", reason="Python >= 3.11 reads pyproject.toml")
     cfg = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
-    package = f"attention_lab.{viewer.ASSETS}"
+    package = f"{viewer.__package__}.{viewer.ASSETS}"
     assert package in cfg["tool"]["setuptools"]["packages"], f"{package} must be listed in pyproject's packages"
     globs = cfg["tool"]["setuptools"]["package-data"][package]
     assets = Path(viewer.__file__).parent / viewer.ASSETS

@@ -1,4 +1,6 @@
-"""Device and precision choices shared by train.py and sample.py, with fallbacks to the CPU."""
+"""Device and precision: which device and dtype a run uses, autocast, eval mode, GPU synchronisation, threads.
+
+Shared by train.py, sample.py, the library and bench/ (one set of helpers, no copies)."""
 
 from __future__ import annotations
 
@@ -73,3 +75,20 @@ def decoding_threads(device: torch.device, cached: bool):
     finally:
         torch.set_num_threads(before)
 
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work, so a timer stopped afterwards measures it; a no-op on the CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@contextlib.contextmanager
+def eval_mode(model: torch.nn.Module):
+    """The model in eval mode (no dropout) inside the block, its own mode restored after, even on an error."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)

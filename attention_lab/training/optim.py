@@ -23,8 +23,8 @@ from collections import defaultdict
 import torch
 import torch.nn as nn
 
-from .config import OptimConfig
-from .device import cpu_has_native_bf16
+from attention_lab.runtime.device import cpu_has_native_bf16
+from attention_lab.training.config import OptimConfig
 
 # Keller Jordan's quintic Newton-Schulz coefficients (as in torch.optim.Muon): the largest slope at zero, so five
 # steps push every singular value of the normalised update into about [0.7, 1.2]

@@ -1,4 +1,4 @@
-"""Attention maps: capture them from a model, draw them, log them (what each head does: attention_lab/heads.py).
+"""Attention maps drawn: heatmaps per layer, role fingerprints, loss-by-position and role timelines.
 
 Shapes: L n_layer, nh n_head, T tokens (at most block_size), H x W image pixels.
 
@@ -14,47 +14,10 @@ import warnings
 from collections.abc import Sequence
 
 import numpy as np
-import torch
 from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
-
-
-def _plain_module(model: torch.nn.Module) -> torch.nn.Module:
-    """Unwrap torch.compile (`_orig_mod`) and DDP (`module`): capture runs the plain module, eagerly."""
-    while True:
-        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
-        if not isinstance(inner, torch.nn.Module):
-            return model
-        model = inner
-
-
-@torch.no_grad()
-def capture_attention(model: torch.nn.Module, idx) -> np.ndarray:
-    """Every layer's attention weights over one sequence: float32 (L, nh, T, T).
-
-    idx: token ids (T,) or (B, T) tensor, or a list of ints; only the first row and its last block_size
-    tokens are used. The model runs in eval mode (no dropout) and in float32 (any surrounding autocast is
-    switched off); its training mode is restored afterwards.
-    """
-    model = _plain_module(model)
-    device = next(model.parameters()).device
-    idx = torch.as_tensor(idx, dtype=torch.long, device=device)
-    if idx.dim() == 1:
-        idx = idx[None]  # (1, T)
-    if idx.dim() != 2 or idx.size(1) == 0:
-        raise ValueError(f"capture_attention needs token ids of shape (T,) or (B, T), T >= 1; got {tuple(idx.shape)}")
-    idx = idx[:1, -model.config.block_size :]  # (1, T)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.autocast(device_type=device.type, enabled=False):
-            out = model(idx, return_attention=True)
-    finally:
-        model.train(was_training)
-    # n_layer x (1, nh, T, T) -> (L, nh, T, T)
-    return torch.stack([a[0] for a in out.attentions]).float().cpu().numpy()
 
 
 def token_label(s: str, max_chars: int = 12) -> str:
@@ -197,7 +160,7 @@ def log_attention_to_tensorboard(
     """Add one heatmap image per layer to a SummaryWriter: tags `<tag_prefix>/layer_00`, ...
 
     weights (L, nh, T, T); labels: the T token strings. With token_ids, also add the measured head-role table
-    (attention_lab/heads.py) as text under `<tag_prefix>/head_summary`. Returns the tags written; the caller
+    (attention_lab/interp/heads.py) as text under `<tag_prefix>/head_summary`. Returns the tags written; the caller
     flushes/closes the writer.
     """
     w = np.asarray(weights)
@@ -209,7 +172,7 @@ def log_attention_to_tensorboard(
         tags.append(tag)
     if token_ids is not None:
         tag = f"{tag_prefix}/head_summary"
-        from .heads import format_head_table, head_rows, role_scores
+        from attention_lab.interp.heads import format_head_table, head_rows, role_scores
 
         table = format_head_table(head_rows(role_scores(w, np.asarray(list(token_ids))[-w.shape[-1]:])))
         writer.add_text(tag, markdown_code(table), step)

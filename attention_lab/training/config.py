@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from data.config import DataConfig
 from model import GPTConfig
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"  # attention_lab/training/config.py -> the repo
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -30,7 +30,7 @@ SCHEDULES = ("cosine", "wsd")
 
 @dataclass
 class OptimConfig:
-    name: str = "adamw"  # adamw, or muon: Muon for the blocks' matrices, AdamW for the rest (attention_lab/optim.py)
+    name: str = "adamw"  # adamw, or muon: Muon for the blocks' matrices, AdamW for the rest (attention_lab/training/optim.py)
     lr: float = 1e-3  # AdamW's peak learning rate, reached after warmup
     min_lr: float = 1e-4  # the schedule ends here (Muon's ends at the same fraction of muon_lr)
     muon_lr: float = 0.02  # Muon's peak learning rate (name=muon)
@@ -89,7 +89,7 @@ class TrainConfig:
     sample_tokens: int = 200  # text generated at each evaluation for TensorBoard
     probe_prompt: str = "ROMEO:\nBut soft, what light through yonder window breaks?"
     tensorboard: bool = True
-    head_roles: bool = True  # measure every head's role (attention_lab/heads.py) at evaluations
+    head_roles: bool = True  # measure every head's role (attention_lab/interp/heads.py) at evaluations
     head_roles_every: int = 1  # ... at every this-many-th evaluation
     head_ablation: bool = True  # ... and the loss change when each head alone is zeroed
     probe_batch: int = 8  # sequences in the repeated-tokens probe and the validation windows it scores
@@ -142,7 +142,7 @@ def main_process_dir(path: str) -> str:
     """The run directory for the main process; a scratch one for the other torchrun ranks.
 
     Every rank runs Hydra, and each stamps its run directory with its own clock; the trainer uses rank 0's
-    (attention_lab.distributed.same_on_all), so the others keep their Hydra files out of runs/.
+    (attention_lab.runtime.distributed.same_on_all), so the others keep their Hydra files out of runs/.
     """
     rank = os.environ.get("RANK", "0")
     if rank == "0":

@@ -3,7 +3,7 @@
     python -m attention_lab.viewer runs/<name>/<time>          # the run's film -> <run>/attention.html
     python -m attention_lab.viewer runs/<name>/<time>/samples/<time>   # a sample folder: attention.npy + tokens.json
 
-A page is one file: the template, style and script of attention_lab/viewer_assets/ and one JSON data island
+A page is one file: the template, style and script of attention_lab/viewer/assets/ and one JSON data island
 filled here. Nothing is fetched at view time, so it opens from disk, offline, in any recent browser.
 
 Shapes: L n_layer, nh n_head, T tokens. Attention travels as uint8 levels q = round(255 * sqrt(w)) of each head's
@@ -36,9 +36,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .files import atomic_write, human_bytes
+from attention_lab.interp.roles import MEASURES, Role
+from attention_lab.store.layout import RunLayout, SampleLayout
+from data.files import atomic_write, human_bytes
 
-ASSETS = "viewer_assets"
+ASSETS = "assets"
 SCRIPTS = ("explorer.js", "charts.js", "main.js")  # concatenated in this order into the page's one script
 # Raw bytes of attention levels a film may hold (base64 adds a third): about 4.8 MB of page, so a film stays under
 # 5 MB; beyond it, evaluations are dropped evenly (the first, the last and phase changes kept). A 6-layer, 6-head
@@ -48,25 +50,6 @@ FILM_MAX_BYTES = 3_600_000
 # only the last tokens that fit are shown.
 SAMPLE_MAX_BYTES = 48_000_000
 MAX_TRAIN_POINTS = 1500  # training-loss points in the film's chart (every k-th line of metrics.jsonl)
-
-# role -> (short name on the heatmaps, label, unit); roles not listed get their own name.
-ROLES = {
-    "previous_token": ("prev", "previous token", "score"),
-    "duplicate_token": ("dup", "duplicate token", "score"),
-    "induction": ("ind", "induction", "score"),
-    "first_token": ("first", "first token (sink)", "score"),
-    "self": ("self", "self", "score"),
-    "entropy": ("ent", "entropy", "score"),
-    "ablation_probe": ("\u0394probe", "ablation, probe", "nats"),
-    "ablation_val": ("\u0394val", "ablation, validation", "nats"),
-    "ablation": ("\u0394loss", "ablation", "nats"),
-}
-ABLATION_HELP = {
-    "ablation_probe": "loss change (nats/token) on the probe's repeated half when this head alone is zeroed",
-    "ablation_val": "loss change (nats/token) on validation text when this head alone is zeroed",
-    "ablation": "loss change (nats/token) on this text when this head alone is zeroed",
-}
-
 
 # ------------------------------------------------------------------------------------------------------------
 # encoding
@@ -127,19 +110,15 @@ def _clean(obj):
 
 
 def role_info(roles) -> dict:
-    """{role: {"short", "label", "unit", "help"}} in ROLES's order, then the others in the order given."""
-    try:
-        from .heads import ROLE_HELP
-    except ImportError:  # pragma: no cover - heads.py needs torch, always present in this project
-        ROLE_HELP = {}
+    """{role: {"short", "label", "unit", "help"}} in the role table's order (attention_lab/interp/roles.py), then
+    any others in the order given."""
     roles = list(dict.fromkeys(roles))
-    ordered = [r for r in ROLES if r in roles] + [r for r in roles if r not in ROLES]
+    ordered = [r for r in MEASURES if r in roles] + [r for r in roles if r not in MEASURES]
     out = {}
-    for role in ordered:
-        short, label, unit = ROLES.get(role, (role[:6], role.replace("_", " "),
-                                              "nats" if role.startswith("ablation") else "score"))
-        out[role] = {"short": short, "label": label, "unit": unit,
-                     "help": ROLE_HELP.get(role) or ABLATION_HELP.get(role, "")}
+    for name in ordered:
+        m = MEASURES.get(name) or Role(name, name[:6], name.replace("_", " "), "",
+                                       "nats" if name.startswith("ablation") else "score")
+        out[name] = {"short": m.short, "label": m.label, "unit": m.unit, "help": m.help}
     return out
 
 
@@ -193,7 +172,7 @@ def write_sample_page(path, attention, tokens: Sequence[str], head_scores: Mappi
     """Write one forward pass's attention as an interactive page (atomically); returns its path.
 
     attention: float (L, nh, T, T), rows summing to 1 over keys <= query; tokens: the T display strings;
-    head_scores: optional {role: (L, nh)}: attention_lab.heads.ROLES (0..1) and ablation effects ("ablation",
+    head_scores: optional {role: (L, nh)}: attention_lab.interp.roles.ROLES (0..1) and ablation effects ("ablation",
     "ablation_probe", "ablation_val": loss change in nats when the head is zeroed). Beyond max_bytes of weights
     (uint8, lower triangles) only the last tokens that fit are kept, and the page says so.
     """
@@ -265,14 +244,12 @@ def _pick_frames(steps: Sequence[int], n_max: int, keep: Sequence[int] = ()) -> 
 def film_data(run_dir, *, max_bytes: int = FILM_MAX_BYTES) -> tuple[dict, str]:
     """(data island, title) of a run's film; every missing or unreadable part becomes a note on the page."""
     run_dir = Path(run_dir)
-    folder = run_dir / "attention"
+    run = RunLayout(run_dir)
+    folder = run.attention
     notes: list[str] = []
 
     frames: list[tuple[int, np.ndarray]] = []
-    for p in sorted(folder.glob("step_*.npy")):
-        m = re.fullmatch(r"step_(\d+)\.npy", p.name)
-        if not m:
-            continue
+    for step, p in run.frames().items():
         try:  # memory-mapped: only the frames the page keeps are read in full
             a = np.load(p, mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError) as e:
@@ -281,7 +258,7 @@ def film_data(run_dir, *, max_bytes: int = FILM_MAX_BYTES) -> tuple[dict, str]:
         if a.ndim != 4 or a.shape[2] != a.shape[3]:
             notes.append(f"{p.name} has shape {a.shape}, not (n_layer, n_head, T, T); left out")
             continue
-        frames.append((int(m.group(1)), a))
+        frames.append((step, a))
     frames.sort(key=lambda f: f[0])
     if frames:
         shape = frames[-1][1].shape
@@ -295,7 +272,7 @@ def film_data(run_dir, *, max_bytes: int = FILM_MAX_BYTES) -> tuple[dict, str]:
         notes.append(f"no attention folder in {run_dir}: this run recorded no attention maps (an older run?)")
 
     records: dict[int, dict] = {}
-    heads_path = folder / "heads.jsonl"
+    heads_path = run.heads
     if heads_path.exists():
         for r in _read_jsonl(heads_path):
             records[r["step"]] = r  # a resumed run may repeat a step: the later line wins
@@ -304,7 +281,7 @@ def film_data(run_dir, *, max_bytes: int = FILM_MAX_BYTES) -> tuple[dict, str]:
     records = dict(sorted(records.items()))
 
     changes: list[dict] = []
-    pc_path = folder / "phase_changes.json"
+    pc_path = run.phase_changes
     if pc_path.exists():
         try:
             raw = json.loads(pc_path.read_text(encoding="utf-8"))
@@ -317,7 +294,7 @@ def film_data(run_dir, *, max_bytes: int = FILM_MAX_BYTES) -> tuple[dict, str]:
 
     curves: dict[str, dict[int, float]] = {k: {} for k in ("train_loss", "val_loss", "val_bpb", "probe_first_loss",
                                                             "probe_repeat_loss", "icl_score")}
-    metrics_path = run_dir / "metrics.jsonl"
+    metrics_path = run.metrics
     if metrics_path.exists():
         for r in _read_jsonl(metrics_path):
             if "val_loss" in r:
@@ -354,7 +331,7 @@ def film_data(run_dir, *, max_bytes: int = FILM_MAX_BYTES) -> tuple[dict, str]:
 
     tokens = [f"#{i}" for i in range(t)]
     description = ""
-    probe_path = folder / "probe.json"
+    probe_path = run.probe
     if probe_path.exists():
         try:
             probe = json.loads(probe_path.read_text(encoding="utf-8"))
@@ -423,7 +400,7 @@ def build_film(run_dir, *, max_bytes: int = FILM_MAX_BYTES) -> Path:
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir} is not a folder")
     data, title = film_data(run_dir, max_bytes=max_bytes)
-    path = run_dir / "attention.html"
+    path = RunLayout(run_dir).film
     page = render_page(data, title)
     with atomic_write(path) as f:
         f.write(page)
@@ -436,20 +413,21 @@ def build_film(run_dir, *, max_bytes: int = FILM_MAX_BYTES) -> Path:
 
 def page_for_sample_folder(folder: Path) -> Path:
     """attention.html for a folder sample.py wrote (attention.npy, tokens.json, summary.json if there)."""
-    tokens = json.loads((folder / "tokens.json").read_text(encoding="utf-8"))["tokens"]
-    weights = np.load(folder / "attention.npy", allow_pickle=False)
+    sample = SampleLayout(folder)
+    tokens = json.loads(sample.tokens.read_text(encoding="utf-8"))["tokens"]
+    weights = np.load(sample.weights, allow_pickle=False)
     scores: dict[str, list] = {}
-    summary = folder / "summary.json"
+    summary = sample.summary
     if summary.exists():  # {"heads": [{"layer", "head", <role>: value, "ablation": value, ...}]}
         rows = json.loads(summary.read_text(encoding="utf-8")).get("heads", [])
         n_layer, n_head = weights.shape[:2]
-        for role in list(ROLES) + ["ablation"]:
+        for role in MEASURES:
             if rows and all(role in r for r in rows):
                 grid = np.full((n_layer, n_head), np.nan)
                 for r in rows:
                     grid[r["layer"], r["head"]] = r[role]
                 scores[role] = grid
-    return write_sample_page(folder / "attention.html", weights, tokens, scores, title=f"{folder.name}: attention")
+    return write_sample_page(sample.page, weights, tokens, scores, title=f"{folder.name}: attention")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -467,10 +445,10 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     try:
-        if (folder / "attention.npy").exists() and (folder / "tokens.json").exists():
+        if SampleLayout(folder).is_sample():
             path = page_for_sample_folder(folder)
         else:
-            if not any((folder / n).exists() for n in ("attention", "metrics.jsonl")):
+            if not RunLayout(folder).is_run():
                 print(f"error: {folder} holds no attention/ folder or metrics.jsonl; give a run folder "
                       "(runs/<name>/<time>) or a sample folder (attention.npy + tokens.json)", file=sys.stderr)
                 return 2

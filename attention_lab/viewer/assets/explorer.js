@@ -1,5 +1,5 @@
 "use strict";
-// attention-lab's attention pages (attention_lab/viewer.py fills the JSON island #data). Everything runs from a
+// attention-lab's attention pages (attention_lab/viewer/page.py fills the JSON island #data). Everything runs from a
 // file on disk: no network, no libraries.
 //
 // Shapes: L layers, H heads, T tokens. A frame is one forward pass: for every (layer, head) the lower triangle of

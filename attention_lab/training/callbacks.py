@@ -2,22 +2,40 @@
 
 The loop calls `on_evaluate(ctx)` on each callback after the validation loss is known, on the main process
 only, with the model in eval mode. A callback may add numbers to `ctx.metrics` (they land in metrics.jsonl and
-in TensorBoard under `val/`) and write what it likes through `ctx.log`. A new probe is a new class here, not a
-new branch in the loop.
+in TensorBoard under `val/`) and write what it likes through `ctx.log`. `after_evaluate(ctx)` runs once the
+evaluation's metrics line and checkpoint are written (the film reads them). `resume(run_dir, step)` lets a
+callback pick up what an earlier session of the run recorded. A new probe is a new class here, not a new branch
+in the loop; `build_callbacks` says which run.
 """
 
 from __future__ import annotations
 
+import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from model import GPT, generate
-
-from .files import atomic_write, write_json_atomic
-from .logger import RunLogger
+from attention_lab.interp.capture import capture_attention
+from attention_lab.interp.figures import (
+    figure_to_array,
+    log_attention_to_tensorboard,
+    position_loss_figure,
+    role_fingerprint_figure,
+)
+from attention_lab.interp.heads import PhaseChangeDetector, head_name, measure_heads, repeated_tokens_probe
+from attention_lab.interp.roles import ROLES, TRACKED_ROLES
+from attention_lab.runtime.device import autocast
+from attention_lab.store.layout import RunLayout
+from attention_lab.store.logger import RunLogger
+from attention_lab.training.config import Config
+from attention_lab.viewer.page import build_film
+from data.batches import eval_batches
+from data.files import atomic_write, write_json_atomic
+from data.prepare import PreparedData
+from model import GPT, GPTConfig, generate
 
 
 @dataclass
@@ -32,8 +50,14 @@ class EvalContext:
 
 
 class Callback:
-    def on_evaluate(self, ctx: EvalContext) -> None:  # pragma: no cover - interface
-        raise NotImplementedError
+    def on_evaluate(self, ctx: EvalContext) -> None:
+        """After the validation loss, before the metrics line and the checkpoint are written."""
+
+    def after_evaluate(self, ctx: EvalContext) -> None:
+        """After the metrics line and the checkpoint are written."""
+
+    def resume(self, run_dir: Path, step: int) -> None:
+        """A resumed run: what an earlier session recorded up to `step` is on disk."""
 
 
 class TextSample(Callback):
@@ -55,24 +79,23 @@ class ProbeAttention(Callback):
     """The probe prompt's attention maps: heatmaps in TensorBoard and one float16 array per evaluation.
 
     Writes run_dir/attention/probe.json once and attention/step_XXXXXXXX.npy (L, nh, T, T) at every
-    evaluation: the frames of the run's attention film (attention_lab/viewer.py).
+    evaluation: the frames of the run's attention film (attention_lab/viewer/page.py).
     """
 
     def __init__(self, tokenizer, prompt_ids: list[int], description: str = "the probe prompt"):
         self.tokenizer, self.prompt_ids, self.description = tokenizer, prompt_ids, description
 
     def on_evaluate(self, ctx: EvalContext) -> None:
-        from .attention_maps import capture_attention
-
         weights = capture_attention(ctx.model, torch.tensor([self.prompt_ids], device=ctx.device))
         labels = self.tokenizer.token_strings(self.prompt_ids)
-        ctx.log.attention(weights, labels, ctx.step)
-        folder = ctx.run_dir / "attention"
-        folder.mkdir(parents=True, exist_ok=True)
-        if not (folder / "probe.json").exists():
-            write_json_atomic(folder / "probe.json", {"tokens": labels, "ids": list(self.prompt_ids),
-                                                      "description": self.description})
-        with atomic_write(folder / f"step_{ctx.step:08d}.npy", "wb") as f:
+        if ctx.log.writer is not None:
+            log_attention_to_tensorboard(ctx.log.writer, weights, labels, ctx.step, "attention")
+        run = RunLayout(ctx.run_dir)
+        run.attention.mkdir(parents=True, exist_ok=True)
+        if not run.probe.exists():
+            write_json_atomic(run.probe, {"tokens": labels, "ids": list(self.prompt_ids),
+                                          "description": self.description})
+        with atomic_write(run.frame(ctx.step), "wb") as f:
             np.save(f, weights.astype(np.float16))
 
 
@@ -87,8 +110,6 @@ class HeadRoles(Callback):
 
     def __init__(self, probe: torch.Tensor, val_x: torch.Tensor, val_y: torch.Tensor, *, every: int = 1,
                  ablate: bool = True, lookback: int = 3):
-        from .heads import PhaseChangeDetector
-
         self.probe, self.val_x, self.val_y = probe, val_x, val_y
         self.every, self.ablate = every, ablate
         self.detector = PhaseChangeDetector(lookback=lookback)
@@ -102,9 +123,7 @@ class HeadRoles(Callback):
         """Replay the evaluations an earlier session of this run recorded (up to `step`), so phase changes are
         measured against the whole history and each is reported once; drop records past `step` (they came
         after the checkpoint this run resumes from)."""
-        import json
-
-        path = run_dir / "attention" / "heads.jsonl"
+        path = RunLayout(run_dir).heads
         if not path.exists():
             return
         kept = [r for r in map(json.loads, path.read_text(encoding="utf-8").splitlines()) if r["step"] <= step]
@@ -120,10 +139,6 @@ class HeadRoles(Callback):
                                                                       model["probe_repeat_loss"])]
 
     def on_evaluate(self, ctx: EvalContext) -> None:
-        from .attention_maps import figure_to_array, position_loss_figure, role_fingerprint_figure
-        from .device import autocast
-        from .heads import ROLES, head_name, measure_heads
-
         self.calls += 1
         if (self.calls - 1) % self.every:
             return
@@ -166,7 +181,7 @@ class HeadRoles(Callback):
                     writer.add_scalar(f"ablation/{name}/{head_name(layer, head)}", float(v), ctx.step)
         for key, v in report.model_metrics().items():
             writer.add_scalar(f"model/{key}", v, ctx.step)
-        shown = {r: report.scores[r] for r in ("previous_token", "induction", "duplicate_token", "first_token")}
+        shown = {r: report.scores[r] for r in TRACKED_ROLES}
         if report.ablation_probe is not None:
             shown["ablation (probe repeat, nats)"] = report.ablation_probe
         fig = role_fingerprint_figure(shown, f"head roles at step {ctx.step} (repeated-tokens probe)")
@@ -178,8 +193,6 @@ class HeadRoles(Callback):
 
     def layout(self) -> dict:
         """TensorBoard custom-scalars layout: one chart per role (a line per head), ablation, model curves."""
-        from .heads import ROLES
-
         charts = {role: ["Multiline", [f"heads/{role}/.*"]] for role in ROLES}
         return {
             "head roles (repeated-tokens probe)": charts,
@@ -190,11 +203,58 @@ class HeadRoles(Callback):
         }
 
     def _write_files(self, ctx: EvalContext, record: dict) -> None:
-        import json
-
-        folder = ctx.run_dir / "attention"
-        folder.mkdir(parents=True, exist_ok=True)
-        with open(folder / "heads.jsonl", "a", encoding="utf-8") as f:
+        run = RunLayout(ctx.run_dir)
+        run.attention.mkdir(parents=True, exist_ok=True)
+        with open(run.heads, "a", encoding="utf-8") as f:
             f.write(json.dumps({k: v for k, v in record.items() if k != "phase_changes"}) + "\n")
         if record["phase_changes"]:
-            write_json_atomic(folder / "phase_changes.json", self.changes)
+            write_json_atomic(run.phase_changes, self.changes)
+
+
+class Film(Callback):
+    """<run>/attention.html, the training film, rebuilt from what this and every earlier evaluation wrote (after
+    metrics.jsonl has the evaluation's line). A page that cannot be built costs a warning, never the run."""
+
+    def __init__(self):
+        self.path: Path | None = None
+        self.seconds = 0.0  # spent rewriting it this session
+
+    def after_evaluate(self, ctx: EvalContext) -> None:
+        t0 = time.time()
+        try:
+            path = build_film(ctx.run_dir)
+        except (OSError, ValueError, KeyError) as e:
+            ctx.log.print(f"warning: the attention film was not rewritten: {e}")
+            return
+        if self.path is None:
+            ctx.log.print(f"attention film: {path} (rewritten at every evaluation; open it in a browser)")
+        self.path = path
+        self.seconds += time.time() - t0
+
+
+def build_callbacks(cfg: Config, data: PreparedData, model_cfg: GPTConfig) -> list[Callback]:
+    """What runs at every evaluation besides the validation loss (main process only)."""
+    tc = cfg.train
+    tokenizer = data.tokenizer
+    probe_ids = tokenizer.encode(tc.probe_prompt)[-model_cfg.block_size:] or [tokenizer.eot_id]
+    callbacks = [TextSample(tokenizer, probe_ids, tc.sample_tokens, tc.seed), ProbeAttention(tokenizer, probe_ids)]
+    if tc.head_roles:
+        callbacks.append(head_roles_callback(cfg, data, model_cfg))
+    if tc.film:
+        callbacks.append(Film())
+    return callbacks
+
+
+def head_roles_callback(cfg: Config, data: PreparedData, model_cfg: GPTConfig) -> HeadRoles:
+    """Role scores on a repeated-random-tokens probe (tokens the training split holds) and on validation windows."""
+    tc = cfg.train
+    # the probe feeds 2 * half - 1 tokens, so both halves fit the context; 64 random tokens are plenty to
+    # tell copying from guessing, and a longer probe would only make every evaluation slower
+    half = min(model_cfg.block_size // 2, 64)
+    probe = repeated_tokens_probe(np.unique(data.tokens("train")), half, tc.probe_batch, seed=tc.seed)
+    val = eval_batches(data.tokens("val"), model_cfg.block_size, 4 * tc.probe_batch, 1)  # loss by position: 4x
+    val_x, val_y = next(iter(val))
+    # a phase change may take a fifth of the run to complete (the induction preset's: 400 of 2000 steps):
+    # look a quarter of the run back, at least 3 evaluations
+    lookback = max(3, round(0.25 * tc.max_steps / (tc.eval_interval * tc.head_roles_every)))
+    return HeadRoles(probe, val_x, val_y, every=tc.head_roles_every, ablate=tc.head_ablation, lookback=lookback)

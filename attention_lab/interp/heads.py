@@ -1,37 +1,9 @@
-"""What each attention head does, measured: role scores, a built-in probe, ablation, phase changes.
+"""What each head does over training, measured: the repeated-tokens probe, per-head ablation, the loss by
+position, phase changes, and the summary table. Pure: no files, no printing, no logging. The trainer calls
+measure_heads at every evaluation (attention_lab/training/callbacks.py); sample.py's report calls role_scores,
+ablation_effects and the table once on the user's text. The role scores themselves: attention_lab/interp/roles.py.
 
-Pure functions: no files, no printing, no logging. The trainer calls them at every evaluation
-(attention_lab/head_callback.py) and sample.py calls them once on the user's prompt.
-
-Shapes: B batch, L n_layer, nh n_head, T tokens, A an attention pattern (..., T, T) whose rows (queries) sum
-to 1 over the keys they may see (keys <= query).
-
-Role scores (the "mul" form of TransformerLens's `detect_head`): for a role's detection pattern D (T, T) of 0/1,
-
-    score(A, D) = sum(A * D) / sum(A)                              summed over every query row and key
-
-i.e. the share of all attention mass that lands where the role says it should. Options drop parts of A first
-(on a copy, never the caller's array): `exclude_first` zeroes key 0 (the "attention sink" most heads park
-mass on), `exclude_self` zeroes the diagonal, and `target_rows_only` keeps only the query rows for which D
-has a target at all. The trainer scores duplicate-token and induction heads with target_rows_only: on the
-probe (random tokens, then the same tokens again) the first half's rows have nothing to copy, so over all
-rows even a perfect induction head would score only about 0.5; over the repeat's rows it scores 1. This is
-the "induction stripe" mean of the TransformerLens tutorials, in detect_head's form.
-
-    previous_token   D[i, j] = 1 if j == i - 1
-    duplicate_token  D[i, j] = 1 if j < i and ids[j] == ids[i]           (an earlier copy of the query's token)
-    induction        D[i, j] = 1 if 1 <= j <= i and ids[j - 1] == ids[i] (the token after an earlier copy:
-                                                                          prefix matching, then copy)
-
-and three summaries of where the mass goes, each averaged over query rows i >= 1 (row 0 has one key):
-
-    first_token      A[i, 0]                          mass on the first key ("sink")
-    self             A[i, i]                          mass on the query's own position
-    entropy          H(A[i, :i+1]) / log(i + 1)       0: one key takes everything; 1: uniform over the i+1 keys
-
-Uniform causal attention is the baseline: each row i spreads 1/(i+1) over its keys, so previous_token scores
-(1/T) * sum_{i=1}^{T-1} 1/(i+1) (0.035 at T = 128, 0.058 at T = 64), first_token and self score the mean of
-1/(i+1) over rows i >= 1, and entropy scores 1.
+Shapes: B batch, L n_layer, nh n_head, T tokens.
 """
 
 from __future__ import annotations
@@ -43,107 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-ROLES = ("previous_token", "duplicate_token", "induction", "first_token", "self", "entropy")
-ROLE_HELP = {
-    "previous_token": "attends to the token just before the query",
-    "duplicate_token": "attends to earlier copies of the query's own token",
-    "induction": "attends to the token that followed an earlier copy of the query's token (prefix matching)",
-    "first_token": "parks attention on the first token (an attention sink)",
-    "self": "attends to the query's own position",
-    "entropy": "how spread out: 0 = one key, 1 = uniform",
-}
-
-
-# ------------------------------------------------------------------------------------------------------------
-# detection patterns and scores
-
-
-def previous_token_pattern(t: int) -> np.ndarray:
-    return np.eye(t, k=-1)
-
-
-def duplicate_token_pattern(ids: Sequence[int]) -> np.ndarray:
-    ids = np.asarray(ids)
-    same = ids[:, None] == ids[None, :]
-    return np.tril(same, k=-1).astype(np.float64)
-
-
-def induction_pattern(ids: Sequence[int]) -> np.ndarray:
-    ids = np.asarray(ids)
-    t = len(ids)
-    d = np.zeros((t, t))
-    d[:, 1:] = ids[:, None] == ids[None, :-1]  # key j's predecessor j-1 holds the query's token
-    return np.tril(d)  # only keys the query can see
-
-
-def detection_score(a: np.ndarray, d: np.ndarray, *, exclude_first: bool = False, exclude_self: bool = False,
-                    target_rows_only: bool = False) -> np.ndarray:
-    """sum(A * D) / sum(A) over the last two axes: a (..., T, T), d (T, T) -> (...).
-
-    With target_rows_only, only query rows where d has a target count (0 where no row has one).
-    """
-    a = np.array(a, dtype=np.float64)  # a copy: the exclusions below must not edit the caller's pattern
-    if target_rows_only:
-        a[..., ~np.asarray(d).any(-1), :] = 0.0
-    if exclude_first:
-        a[..., :, 0] = 0.0
-    if exclude_self:
-        idx = np.arange(a.shape[-1])
-        a[..., idx, idx] = 0.0
-    total = a.sum(axis=(-2, -1))
-    return (a * d).sum(axis=(-2, -1)) / np.where(total > 0, total, 1.0)
-
-
-def first_token_mass(a: np.ndarray) -> np.ndarray:
-    a = np.asarray(a, dtype=np.float64)
-    return a[..., 1:, 0].mean(-1)
-
-
-def self_mass(a: np.ndarray) -> np.ndarray:
-    a = np.asarray(a, dtype=np.float64)
-    return np.diagonal(a, axis1=-2, axis2=-1)[..., 1:].mean(-1)
-
-
-def normalised_entropy(a: np.ndarray) -> np.ndarray:
-    a = np.asarray(a, dtype=np.float64)
-    t = a.shape[-1]
-    plogp = np.where(a > 0, a * np.log(np.where(a > 0, a, 1.0)), 0.0)
-    h = -plogp.sum(-1)[..., 1:]  # (..., T-1): rows 1..T-1
-    return (h / np.log(np.arange(2, t + 1))).mean(-1)
-
-
-def role_scores(attn: np.ndarray, ids: np.ndarray, *, exclude_first: bool = False, exclude_self: bool = False,
-                target_rows_only: bool = True) -> dict[str, np.ndarray]:
-    """Every role's score per head, averaged over the batch: attn (B, L, nh, T, T), ids (B, T) -> role: (L, nh).
-
-    exclude_first / exclude_self apply to the three detection-pattern scores, as in TransformerLens;
-    target_rows_only to the duplicate-token and induction scores (previous_token has a target in every row
-    but the first).
-    """
-    attn = np.asarray(attn, dtype=np.float64)
-    ids = np.asarray(ids)
-    if attn.ndim == 4:
-        attn, ids = attn[None], ids[None]
-    b, n_layer, n_head, t, _ = attn.shape
-    if ids.shape != (b, t):
-        raise ValueError(f"role_scores: ids of shape {ids.shape} do not match attention {attn.shape}")
-    opts = {"exclude_first": exclude_first, "exclude_self": exclude_self}
-    out = {role: np.zeros((n_layer, n_head)) for role in ROLES}
-    for a, seq in zip(attn, ids):
-        out["previous_token"] += detection_score(a, previous_token_pattern(t), **opts)
-        out["duplicate_token"] += detection_score(a, duplicate_token_pattern(seq), **opts,
-                                                  target_rows_only=target_rows_only)
-        out["induction"] += detection_score(a, induction_pattern(seq), **opts, target_rows_only=target_rows_only)
-        out["first_token"] += first_token_mass(a)
-        out["self"] += self_mass(a)
-        out["entropy"] += normalised_entropy(a)
-    return {role: v / b for role, v in out.items()}
-
-
-def uniform_attention(t: int) -> np.ndarray:
-    """The causal uniform pattern (T, T): row i spreads 1/(i+1) over keys 0..i."""
-    return np.tril(np.ones((t, t))) / np.arange(1, t + 1)[:, None]
-
+from attention_lab.interp.roles import MEASURES, ROLE_TABLE, ROLES, role_scores
 
 # ------------------------------------------------------------------------------------------------------------
 # the built-in probe: random tokens, repeated
@@ -395,29 +267,9 @@ class PhaseChangeDetector:
         return found
 
 
-def describe_heads(scores: dict[str, np.ndarray], threshold: float = 0.3,
-                   ablation: np.ndarray | None = None) -> list[str]:
-    """One line per head whose best role score reaches `threshold` (entropy and self excluded), strongest first."""
-    roles = ("previous_token", "induction", "duplicate_token", "first_token")
-    lines = []
-    n_layer, n_head = scores[roles[0]].shape
-    for layer in range(n_layer):
-        for head in range(n_head):
-            best = max(roles, key=lambda r: scores[r][layer, head])
-            value = float(scores[best][layer, head])
-            if value >= threshold:
-                extra = f", ablation +{ablation[layer, head]:.3f} nats" if ablation is not None else ""
-                lines.append((value, f"{head_name(layer, head)} {best} {value:.2f}{extra}"))
-    return [text for _, text in sorted(lines, key=lambda p: -p[0])]
-
-
-
-TABLE_ROLES = ("previous_token", "duplicate_token", "induction", "first_token", "self")
-
-
 def head_label(scores: dict[str, np.ndarray], layer: int, head: int, threshold: float = 0.4) -> str:
     """The head's strongest measured role if it reaches `threshold`, else "mixed"."""
-    best = max(TABLE_ROLES, key=lambda r: scores[r][layer, head])
+    best = max((r.name for r in ROLE_TABLE if r.names_heads), key=lambda r: scores[r][layer, head])
     return best if scores[best][layer, head] >= threshold else "mixed"
 
 
@@ -437,8 +289,7 @@ def head_rows(scores: dict[str, np.ndarray], ablation: np.ndarray | None = None)
 
 def format_head_table(rows: Sequence[dict]) -> str:
     """head_rows -> a fixed-width table with a legend line."""
-    cols = (("prev", "previous_token"), ("dup", "duplicate_token"), ("induc", "induction"), ("first", "first_token"),
-            ("self", "self"), ("entr", "entropy"))
+    cols = [(MEASURES[role].short, role) for role in ROLES]
     has_ablation = bool(rows) and "ablation" in rows[0]
     header = f"{'head':>5}  {'role':<15}" + "".join(f"{c:>7}" for c, _ in cols) + ("  ablation" if has_ablation else "")
     lines = [header]
@@ -447,6 +298,6 @@ def format_head_table(rows: Sequence[dict]) -> str:
         if has_ablation:
             line += f"  {r['ablation']:+8.3f}"
         lines.append(line)
-    lines.append("scores: share of attention on each role's target (attention_lab/heads.py); entr: entropy, 1 = uniform"
+    lines.append("scores: share of attention on each role's target (attention_lab/interp/roles.py); ent: entropy, 1 = uniform"
                  + ("; ablation: loss change (nats/token) on this text when the head is zeroed" if has_ablation else ""))
     return "\n".join(lines)

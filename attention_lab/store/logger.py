@@ -14,7 +14,8 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from .files import write_json_atomic
+from attention_lab.store.layout import RunLayout
+from data.files import write_json_atomic
 
 PACKAGES = ("torch", "numpy", "datasets", "tokenizers", "hydra-core", "omegaconf", "tensorboard", "safetensors",
             "transformers")
@@ -45,6 +46,7 @@ class RunLogger:
 
     def __init__(self, run_dir: Path, enabled: bool = True, tensorboard: bool = True):
         self.run_dir = Path(run_dir)
+        self.layout = RunLayout(self.run_dir)
         self.enabled = enabled
         self.use_tensorboard = tensorboard
         self._writer = None
@@ -57,7 +59,7 @@ class RunLogger:
         if self._writer is None and self.enabled and self.use_tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._writer = SummaryWriter(log_dir=str(self.run_dir / "tb"))
+            self._writer = SummaryWriter(log_dir=str(self.layout.tb))
         return self._writer
 
     def print(self, *args) -> None:
@@ -68,17 +70,17 @@ class RunLogger:
         print(line, flush=True)
         if self._console is None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._console = open(self.run_dir / "console.log", "a", encoding="utf-8")
+            self._console = open(self.layout.console, "a", encoding="utf-8")
         self._console.write(line.lstrip("\n") + "\n")
         self._console.flush()
 
     def provenance(self, config, overrides: list[str], extra: dict | None = None) -> None:
         if not self.enabled:
             return
-        repo = Path(__file__).resolve().parent.parent
+        repo = Path(__file__).resolve().parents[2]  # attention_lab/store/logger.py -> the repo
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(self.run_dir / "config.json", dataclasses.asdict(config))
-        write_json_atomic(self.run_dir / "provenance.json", {
+        write_json_atomic(self.layout.config, dataclasses.asdict(config))
+        write_json_atomic(self.layout.provenance, {
             "argv": sys.argv,
             "overrides": overrides,
             "git": git_commit(repo),
@@ -94,7 +96,7 @@ class RunLogger:
             return
         if self._metrics is None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._metrics = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8")
+            self._metrics = open(self.layout.metrics, "a", encoding="utf-8")
         self._metrics.write(json.dumps({"step": step, **values}) + "\n")
         self._metrics.flush()
         if self.writer is not None and tb_prefix is not None:
@@ -106,12 +108,6 @@ class RunLogger:
         if self.writer is not None:
             # TensorBoard renders text as markdown: indent four spaces so line breaks and spacing survive
             self.writer.add_text(tag, "    " + text.replace("\n", "\n    "), step)
-
-    def attention(self, weights, labels: list[str], step: int) -> None:
-        if self.writer is not None:
-            from .attention_maps import log_attention_to_tensorboard
-
-            log_attention_to_tensorboard(self.writer, weights, labels, step, "attention")
 
     def hparams(self, hparams: dict, final_metrics: dict) -> None:
         if self.writer is not None:

@@ -1,4 +1,4 @@
-"""Hugging Face folders: the file and network side of model/convert.py.
+"""Hugging Face folders: the file and network side of attention_lab/interop/convert.py.
 
     export_pretrained(model, "out", tokenizer_json)   a folder AutoModelForCausalLM / AutoTokenizer / pipeline load:
         learned, sinusoidal, no positions -> GPT2LMHeadModel; rope -> GPTNeoXForCausalLM; anything else (ALiBi,
@@ -8,7 +8,7 @@
     export_gpt2(model, "out")                         export_pretrained, refusing anything but GPT-2
 
 Exporting needs no `transformers`; loading the result does. The mapping of names and shapes lives in
-model/convert.py; the remote code in attention_lab/remote_code/.
+attention_lab/interop/convert.py; the remote code in attention_lab/interop/remote_code/.
 """
 
 from __future__ import annotations
@@ -25,9 +25,7 @@ import tokenizers
 import torch
 from safetensors.torch import load_file, save_file
 
-from data.tokenizer import EOT, UNK, Tokenizer
-from model import GPT, GPTConfig
-from model.convert import (
+from attention_lab.interop.convert import (
     HINT_KEY,
     ExportPlan,
     config_from_hf,
@@ -42,8 +40,9 @@ from model.convert import (
     state_dict_to_hf,
     state_dict_to_neox,
 )
-
-from .files import make_temp_dir, publish_dir
+from data.files import make_temp_dir, publish_dir
+from data.tokenizer import EOT, UNK, Tokenizer
+from model import GPT, GPTConfig
 
 CONFIG = "config.json"
 SAFETENSORS = "model.safetensors"
@@ -165,7 +164,7 @@ def config_and_state_dict(hf_config: dict, hf_sd: dict[str, torch.Tensor], where
         return cfg, sd
     raise ValueError(
         f"{where / CONFIG} describes a {model_type!r} model; only {', '.join(MODEL_TYPES)} folders load "
-        "(what attention_lab.export writes, and GPT-2 checkpoints)"
+        "(what attention_lab.interop.export writes, and GPT-2 checkpoints)"
     )
 
 
@@ -187,7 +186,7 @@ def load_gpt2(name_or_path: str | os.PathLike, *, revision: str | None = None) -
     if hf_config.get("model_type", "gpt2") != "gpt2":
         raise ValueError(
             f"{directory / CONFIG} describes a {hf_config['model_type']!r} model; only gpt2 loads here "
-            "(load_pretrained reads every folder attention_lab.export writes)"
+            "(load_pretrained reads every folder attention_lab.interop.export writes)"
         )
     cfg, sd = config_and_state_dict(hf_config, _read_weights(directory), directory)
     model = GPT(cfg)

@@ -3,7 +3,7 @@
     learned | sinusoidal | none positions  ->  GPT2LMHeadModel     (model_type "gpt2")
     rope positions                         ->  GPTNeoXForCausalLM  (model_type "gpt_neox")
     anything neither expresses exactly     ->  our own code shipped in the export (model_type "attention_lab",
-                                               loaded with trust_remote_code=True; attention_lab/remote_code/)
+                                               loaded with trust_remote_code=True; attention_lab/interop/remote_code/)
 
 `plan_export(cfg)` picks the target and says why; every GPTConfig field must be listed in FIELD_ROLES, so a new
 model option makes the exporter refuse until someone decides how it maps, instead of being silently dropped.
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .config import GPTConfig
-from .positions import sinusoidal_table
+from model.config import GPTConfig
+from model.positions import sinusoidal_table
 
 HINT_KEY = "attention_lab"  # every exported config.json carries the GPTConfig it came from under this key
 
@@ -103,7 +103,7 @@ def plan_export(cfg: GPTConfig, remote_code: bool = False) -> ExportPlan:
         raise ValueError(
             f"cannot export: GPTConfig field(s) {', '.join(unknown)} are unknown to the exporter, so it cannot tell "
             "whether the exported model would compute the same function. Add each to FIELD_ROLES in "
-            "model/convert.py (and to the remote code in attention_lab/remote_code/ if it changes the math)."
+            "attention_lab/interop/convert.py (and to the remote code in attention_lab/interop/remote_code/ if it changes the math)."
         )
     reasons = native_blockers(cfg)
     if remote_code and not reasons:

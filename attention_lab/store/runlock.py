@@ -21,8 +21,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-LOCK_NAME = ".train.lock"
-OWNER_NAME = ".train.lock.json"
+from attention_lab.store.layout import RunLayout
 
 
 class RunLocked(RuntimeError):
@@ -32,7 +31,7 @@ class RunLocked(RuntimeError):
 def read_owner(run_dir: Path) -> dict | None:
     """The holder record the last trainer wrote, or None if there is none or it is unreadable."""
     try:
-        owner = json.loads((Path(run_dir) / OWNER_NAME).read_text(encoding="utf-8"))
+        owner = json.loads(RunLayout(run_dir).lock_owner.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return owner if isinstance(owner, dict) else None
@@ -62,7 +61,7 @@ class RunLock:
 
     def acquire(self) -> "RunLock":
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(str(self.run_dir / LOCK_NAME), timeout=self.timeout)
+        lock = FileLock(str(RunLayout(self.run_dir).lock), timeout=self.timeout)
         try:
             lock.acquire()
         except Timeout:
@@ -75,7 +74,7 @@ class RunLock:
         owner = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
                  "command": " ".join([os.path.basename(sys.executable), *sys.argv])}
         # plain write, not atomic: only the holder writes it, and a reader copes with a torn file (no pid shown)
-        (self.run_dir / OWNER_NAME).write_text(json.dumps(owner) + "\n", encoding="utf-8")
+        RunLayout(self.run_dir).lock_owner.write_text(json.dumps(owner) + "\n", encoding="utf-8")
         return self
 
     def release(self) -> None:
@@ -83,7 +82,7 @@ class RunLock:
             # the record goes first: once the lock is free a new holder may write its own
             try:
                 if (read_owner(self.run_dir) or {}).get("pid") == os.getpid():
-                    (self.run_dir / OWNER_NAME).unlink()
+                    RunLayout(self.run_dir).lock_owner.unlink()
             except OSError:
                 pass
             self._lock.release()

@@ -1,6 +1,6 @@
 """Checkpoints on disk: written atomically, found by pointer, loaded with clear errors.
 
-A run directory holds
+A run directory holds (the names: attention_lab/store/layout.py)
 
     checkpoints/step_00000500/      one complete checkpoint per directory:
         model.safetensors           the plain module's weights (never compile/DDP-wrapped names)
@@ -29,12 +29,12 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 
+from attention_lab.store.layout import STEP_PREFIX, CheckpointFiles, RunLayout, pointer_path, step_name
+from data.files import describe_disk, is_disk_full, make_temp_dir, publish_dir, write_json_atomic
+from data.tokenizer import Tokenizer
 from model import GPT, GPTConfig
 
-from .files import describe_disk, is_disk_full, make_temp_dir, publish_dir, write_json_atomic
-
-FILES = ("model.safetensors", "model_config.json", "tokenizer.json", "meta.json")
-STEP_PREFIX = "step_"
+C = CheckpointFiles
 
 # Test hook: with ATTENTION_LAB_CHECKPOINT_HOOK="<point>@<step>:<marker file>" in the environment, the save of
 # checkpoint <step> stops at <point>, writes the marker file and waits (up to 120 s) until it is deleted, so a
@@ -85,17 +85,17 @@ def save_checkpoint(
     """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    name = f"{STEP_PREFIX}{step:08d}"
+    name = step_name(step)
     final = root / name
     tmp = make_temp_dir(root, prefix=f".{name}.")  # the umask's folder mode, not mkdtemp's private 0700
     try:
-        save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        save_model(model, str(tmp / C.WEIGHTS), metadata={"format": "pt"})
         _hook("writing", step)
-        (tmp / "model_config.json").write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
-        (tmp / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
+        (tmp / C.CONFIG).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
+        (tmp / C.TOKENIZER).write_text(tokenizer_json, encoding="utf-8")
         if train_state is not None:
-            torch.save(train_state, tmp / "train_state.pt")
-        (tmp / "meta.json").write_text(json.dumps({"step": step, **meta}, indent=2, sort_keys=True) + "\n")
+            torch.save(train_state, tmp / C.TRAIN_STATE)
+        (tmp / C.META).write_text(json.dumps({"step": step, **meta}, indent=2, sort_keys=True) + "\n")
         if final.exists():  # re-saving the same step (e.g. Ctrl-C right after a periodic save)
             shutil.rmtree(final)
         _hook("before_publish", step)
@@ -109,10 +109,10 @@ def save_checkpoint(
         raise
     pointer = {"dir": name, "step": step, **{k: v for k, v in meta.items() if k in ("val_loss", "val_bpb")}}
     try:
-        write_json_atomic(root / "latest.json", pointer)
+        write_json_atomic(pointer_path(root, "latest"), pointer)
         _hook("after_latest", step)
         if best:
-            write_json_atomic(root / "best.json", pointer)
+            write_json_atomic(pointer_path(root, "best"), pointer)
             _hook("after_best", step)
     except OSError as e:
         if is_disk_full(e, root):
@@ -137,7 +137,7 @@ def disk_full_message(root: Path, step: int) -> str:
 
 def _read_pointer(root: Path, which: str) -> str | None:
     try:
-        return json.loads((root / f"{which}.json").read_text())["dir"]
+        return json.loads(pointer_path(root, which).read_text())["dir"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -164,9 +164,10 @@ def find_checkpoint(path: Path, which: str = "best") -> Path:
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"no such run or checkpoint: {path}. Check the path, or list runs with `ls runs/`.")
-    if (path / "model.safetensors").exists() or (path / "model_config.json").exists():
+    if (path / C.WEIGHTS).exists() or (path / C.CONFIG).exists():
         return path
-    root = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    run = RunLayout(path)
+    root = run.checkpoints if run.checkpoints.is_dir() else path
     for pointer in ((which, "latest") if which == "best" else (which,)):
         name = _read_pointer(root, pointer)
         if name and (root / name).is_dir():
@@ -183,14 +184,17 @@ def find_checkpoint(path: Path, which: str = "best") -> Path:
 def latest_run(runs_root: Path = Path("runs")) -> Path:
     """The most recently modified run under runs_root that has a checkpoint."""
     runs_root = Path(runs_root)
-    runs = [p.parent for p in runs_root.glob("**/checkpoints") if p.is_dir() and _step_dirs(p)]
+    runs = [p.parent for p in runs_root.glob(f"**/{RunLayout(runs_root).checkpoints.name}") if p.is_dir() and _step_dirs(p)]
     if not runs:
         raise CheckpointError(
             f"no trained run found under {runs_root.resolve()}. Train one with `python train.py`, "
             "or pass --run / --checkpoint."
         )
-    return max(runs, key=lambda p: (p / "checkpoints" / "latest.json").stat().st_mtime
-               if (p / "checkpoints" / "latest.json").exists() else p.stat().st_mtime)
+    def last_saved(run: Path) -> float:
+        pointer = RunLayout(run).latest_pointer
+        return pointer.stat().st_mtime if pointer.exists() else run.stat().st_mtime
+
+    return max(runs, key=last_saved)
 
 
 @dataclass
@@ -208,10 +212,10 @@ class Checkpoint:
         """
         model = GPT(config or self.config)
         try:
-            missing, unexpected = load_model(model, str(self.path / "model.safetensors"), strict=False)
+            missing, unexpected = load_model(model, str(self.path / C.WEIGHTS), strict=False)
         except (SafetensorError, OSError, RuntimeError) as e:
             raise CheckpointError(
-                f"{self.path / 'model.safetensors'} cannot be read ({e}). The file is corrupt or was written by "
+                f"{self.path / C.WEIGHTS} cannot be read ({e}). The file is corrupt or was written by "
                 "another model; use another checkpoint of the run (checkpoints/step_*) or retrain."
             ) from e
         # tied weights are stored once, so lm_head.weight may be reported missing
@@ -222,8 +226,21 @@ class Checkpoint:
             )
         return model.to(device).eval()
 
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer the model was trained with; CheckpointError if it cannot be read or does not fit."""
+        try:
+            tokenizer = Tokenizer.from_str(self.tokenizer_json)
+        except Exception as e:  # noqa: BLE001 - the tokenizers library raises plain Exception for bad JSON
+            raise CheckpointError(f"{self.path / CheckpointFiles.TOKENIZER} cannot be read as a tokenizer ({e})") from e
+        if tokenizer.vocab_size > self.config.vocab_size:
+            raise CheckpointError(
+                f"{self.path}: the tokenizer has {tokenizer.vocab_size} tokens but the model only "
+                f"{self.config.vocab_size}; tokenizer.json belongs to another model"
+            )
+        return tokenizer
+
     def train_state(self, map_location="cpu") -> dict:
-        f = self.path / "train_state.pt"
+        f = self.path / C.TRAIN_STATE
         if not f.exists():
             raise CheckpointError(f"{self.path} has no train_state.pt, so training cannot resume from it")
         try:
@@ -235,14 +252,14 @@ class Checkpoint:
 def load_checkpoint(path: Path, which: str = "best") -> Checkpoint:
     """Read a checkpoint's config, meta and tokenizer (weights are read by Checkpoint.build_model)."""
     ckpt = find_checkpoint(path, which)
-    missing = [f for f in FILES if not (ckpt / f).exists()]
+    missing = [f for f in C.REQUIRED if not (ckpt / f).exists()]
     if missing:
         raise CheckpointError(
             f"checkpoint {ckpt} is incomplete: missing {', '.join(missing)}. Use another checkpoint of the run."
         )
     try:
-        cfg = GPTConfig.from_dict(json.loads((ckpt / "model_config.json").read_text()))
-        meta = json.loads((ckpt / "meta.json").read_text())
+        cfg = GPTConfig.from_dict(json.loads((ckpt / C.CONFIG).read_text()))
+        meta = json.loads((ckpt / C.META).read_text())
     except ValueError as e:
         raise CheckpointError(f"checkpoint {ckpt} has an unreadable or invalid config/meta: {e}") from e
-    return Checkpoint(ckpt, cfg, meta, (ckpt / "tokenizer.json").read_text(encoding="utf-8"), int(meta.get("step", 0)))
+    return Checkpoint(ckpt, cfg, meta, (ckpt / C.TOKENIZER).read_text(encoding="utf-8"), int(meta.get("step", 0)))

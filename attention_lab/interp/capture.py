@@ -1,0 +1,45 @@
+"""Attention capture: every layer's and head's weights over one sequence, from the plain module, in float32.
+
+Shapes: L n_layer, nh n_head, T tokens (at most block_size).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def _plain_module(model: torch.nn.Module) -> torch.nn.Module:
+    """Unwrap torch.compile (`_orig_mod`) and DDP (`module`): capture runs the plain module, eagerly."""
+    while True:
+        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
+        if not isinstance(inner, torch.nn.Module):
+            return model
+        model = inner
+
+
+@torch.no_grad()
+def capture_attention(model: torch.nn.Module, idx) -> np.ndarray:
+    """Every layer's attention weights over one sequence: float32 (L, nh, T, T).
+
+    idx: token ids (T,) or (B, T) tensor, or a list of ints; only the first row and its last block_size
+    tokens are used. The model runs in eval mode (no dropout) and in float32 (any surrounding autocast is
+    switched off); its training mode is restored afterwards.
+    """
+    model = _plain_module(model)
+    device = next(model.parameters()).device
+    idx = torch.as_tensor(idx, dtype=torch.long, device=device)
+    if idx.dim() == 1:
+        idx = idx[None]  # (1, T)
+    if idx.dim() != 2 or idx.size(1) == 0:
+        raise ValueError(f"capture_attention needs token ids of shape (T,) or (B, T), T >= 1; got {tuple(idx.shape)}")
+    idx = idx[:1, -model.config.block_size :]  # (1, T)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.autocast(device_type=device.type, enabled=False):
+            out = model(idx, return_attention=True)
+    finally:
+        model.train(was_training)
+    # n_layer x (1, nh, T, T) -> (L, nh, T, T)
+    return torch.stack([a[0] for a in out.attentions]).float().cpu().numpy()

@@ -1,0 +1,78 @@
+"""The machine's measured matmul peak: the denominator of model FLOPs utilisation (MFU).
+
+A datasheet peak assumes every core at full clock doing nothing else; what a model can hope for is what the
+BLAS reaches on large square matmuls, **in the dtype the run computes in**: a bf16 matmul on a CPU with
+AVX512-BF16 runs about 2x a float32 one and on an AMX Xeon 4-8x, so dividing a bf16 run's FLOP/s by the
+float32 peak overstates MFU by that factor. On a shared machine a busy moment lowers the measurement, so the
+best of several samples is taken. bench/peak.py prints the same measurement as a table.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from attention_lab.runtime.device import synchronize
+
+# big enough to reach the BLAS's peak, small enough that all take ~1-2 s on 2 CPU cores
+CPU_SIZES = (512, 1024, 2048)
+GPU_SIZES = (4096, 8192)
+QUICK_SIZES = (256,)
+MIN_SAMPLE_S = 0.08  # one timed sample repeats the matmul until it lasts about this long
+QUICK_SAMPLE_S = 0.01
+
+
+def matmul_probe(n: int, device: torch.device, dtype: torch.dtype) -> tuple[Callable[[], None], float]:
+    """A callable doing one (n, n) @ (n, n) matmul into a preallocated output, and its FLOPs (2 n^3)."""
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    a = torch.randn(n, n, generator=gen).to(device=device, dtype=dtype)
+    b = torch.randn(n, n, generator=gen).to(device=device, dtype=dtype)
+    out = torch.empty(n, n, device=device, dtype=dtype)  # preallocated: page faults are not matmul time
+
+    def fn() -> None:
+        torch.mm(a, b, out=out)
+
+    return fn, 2.0 * n**3
+
+
+def _seconds_per_call(fn: Callable[[], None], n: int, device: torch.device, max_s: float = float("inf")) -> float:
+    """Over n calls, or as many as fit in max_s (a shared CPU can slow a call 100x mid-measurement)."""
+    synchronize(device)
+    t0 = time.perf_counter()
+    done = 0
+    while done < n:
+        fn()
+        done += 1
+        if time.perf_counter() - t0 > max_s:
+            break
+    synchronize(device)
+    return (time.perf_counter() - t0) / done
+
+
+def matmul_rates(device: torch.device | str, dtype: torch.dtype, sizes: tuple[int, ...] | None = None,
+                 samples: int = 5, min_s: float = MIN_SAMPLE_S) -> dict[int, list[float]]:
+    """FLOP/s of every timed sample, per matmul size (default sizes: the device's)."""
+    device = torch.device(device)
+    sizes = sizes or (GPU_SIZES if device.type == "cuda" else CPU_SIZES)
+    rates: dict[int, list[float]] = {}
+    for n in sizes:
+        fn, flops = matmul_probe(n, device, dtype)
+        fn()  # warmup: BLAS thread pool, packing buffers, GPU kernel selection
+        inner = max(1, round(min_s / _seconds_per_call(fn, 1, device)))
+        rates[n] = [flops / _seconds_per_call(fn, inner, device, max_s=4 * min_s) for _ in range(samples)]
+    return rates
+
+
+def measure_peak_flops(device: torch.device | str, dtype: torch.dtype, quick: bool = False,
+                       samples: int = 5) -> float:
+    """Best FLOP/s of square matmuls in `dtype` (the run's compute dtype); about 1.5 s on 2 CPU cores.
+
+    quick=True times one small size (tests).
+    """
+    if quick:
+        rates = matmul_rates(device, dtype, QUICK_SIZES, samples=2, min_s=QUICK_SAMPLE_S)
+    else:
+        rates = matmul_rates(device, dtype, samples=samples)
+    return max(max(r) for r in rates.values())

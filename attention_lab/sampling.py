@@ -1,0 +1,72 @@
+"""Text in, text out: a prompt encoded for a model's context, and its continuation generated and streamed as
+text piece by piece (model/generate.py does the token-level sampling; this adds the tokenizer, the dtype and
+the decoding threads). sample.py is the command line over it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+
+import torch
+
+from attention_lab.runtime.device import autocast, decoding_threads, pick_dtype
+from data.tokenizer import Tokenizer
+from model import GPT, generate_stream
+
+
+def encode_prompt(tokenizer: Tokenizer, text: str, block_size: int) -> tuple[list[int], list[str]]:
+    """Prompt text -> (at most block_size token ids, never empty; warnings for the user)."""
+    notes = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ids = tokenizer.encode(text) if text else []
+    notes += [f"prompt: {w.message}" for w in caught]  # e.g. characters a char vocabulary never saw -> <|unk|>
+    if not ids:
+        if text:
+            notes.append("the prompt encodes to no tokens")
+        return [tokenizer.eot_id], notes  # start from a document boundary, as the training data does
+    if len(ids) > block_size:
+        notes.append(f"the prompt is {len(ids)} tokens, longer than the model's context (block_size={block_size}); "
+                     f"keeping its last {block_size} tokens")
+        ids = ids[-block_size:]
+    return ids, notes
+
+
+def generate_text(
+    model: GPT,
+    tokenizer: Tokenizer,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.8,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    greedy: bool = False,
+    use_cache: bool = True,
+    generator: torch.Generator | None = None,
+    on_text: Callable[[str], None] | None = None,
+    dtype: str = "auto",
+) -> list[int]:
+    """Continue prompt_ids (1 <= len <= block_size); return the max_new_tokens generated ids.
+
+    on_text receives the decoded continuation piece by piece as tokens arrive (data.tokenizer.TextStream:
+    constant work per token). The context slides past block_size (model.generate.generate_stream); with a bf16
+    dtype the forward passes run under autocast.
+    """
+    device = next(model.parameters()).device
+    idx = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)  # (1, T)
+    stream = tokenizer.text_stream(prompt_ids) if on_text is not None else None
+    new_ids: list[int] = []
+    cached = use_cache and len(prompt_ids) + max_new_tokens <= model.config.block_size  # no window rebuilds
+    with autocast(device, pick_dtype(dtype, device)), decoding_threads(device, cached):
+        for nxt in generate_stream(
+            model, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy,
+            use_cache=use_cache, generator=generator,
+        ):  # nxt (1, 1)
+            new_ids.append(int(nxt.item()))
+            if stream is not None and (piece := stream.step(new_ids[-1])):
+                on_text(piece)
+    if stream is not None and (rest := stream.flush()):
+        on_text(rest)
+    return new_ids

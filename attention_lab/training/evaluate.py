@@ -1,0 +1,152 @@
+"""Bits per byte of a trained run on a whole split: every token of the held-out text scored once.
+
+    python -m attention_lab.evaluate runs/default/2026-11-23_13-44-07
+    python -m attention_lab.evaluate RUN --which latest --split train --json score.json
+
+The trainer's evaluation reads a fixed sample of windows (train.eval_batches batches of train.batch_size), which
+is quick but depends on the batch size: two runs with different batch sizes are scored on different text. This
+command scores the whole split the same way for every run, so it is what recipe comparisons should quote. The
+split is cut into consecutive windows of the model's context; each window predicts all its tokens from the
+tokens before them in the window, and the last window is moved back to end at the split's end, scoring only
+the tokens no earlier window scored. So each of the split's n - 1 next tokens is predicted exactly once, with
+between 0 and block_size - 1 tokens of context (as in training).
+
+bits per byte = total nats / ln 2 / the split's UTF-8 bytes (whatever the tokenizer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from attention_lab.runtime.device import autocast, pick_device, pick_dtype
+from attention_lab.store.checkpoint import CheckpointError, load_checkpoint
+from data.batches import windows
+from data.prepare import PreparedData, bits_per_byte
+from model import GPT
+
+
+def tiling_windows(n_tokens: int, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Window starts covering tokens[0:n] once, and per window the first target index it scores.
+
+    Targets are positions 1..n-1 (position i is predicted from positions < i). Window s reads tokens[s : s+T+1]
+    and predicts targets s+1 .. s+T; the last window ends at n-1, so it re-reads text an earlier window scored
+    and skips those targets (first_scored > 0 for it only).
+    """
+    if n_tokens < block_size + 1:
+        raise ValueError(f"{n_tokens} tokens is less than one window of block_size+1 = {block_size + 1}")
+    starts = list(range(0, n_tokens - block_size, block_size))  # full windows, start + T + 1 <= n
+    covered = starts[-1] + block_size  # targets 1..covered are scored
+    first = [0] * len(starts)
+    if covered < n_tokens - 1:
+        last = n_tokens - block_size - 1
+        starts.append(last)
+        first.append(covered - last)  # targets last+1 .. covered were scored already
+    return np.asarray(starts, dtype=np.int64), np.asarray(first, dtype=np.int64)
+
+
+@torch.no_grad()
+def split_nats(model: GPT, tokens: np.ndarray, batch_size: int = 8, device: torch.device | str = "cpu",
+               dtype: torch.dtype = torch.float32) -> tuple[float, int]:
+    """(summed next-token cross-entropy in nats, tokens scored) over the whole token array, each scored once."""
+    device = torch.device(device)
+    block_size = model.config.block_size
+    starts, first = tiling_windows(len(tokens), block_size)
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for i in range(0, len(starts), batch_size):
+        x, y = windows(tokens, starts[i:i + batch_size], block_size)
+        skip = torch.arange(block_size)[None, :] < torch.from_numpy(first[i:i + batch_size])[:, None]
+        y = y.masked_fill(skip, -1)
+        with autocast(device, dtype):
+            logits = model(x.to(device)).logits
+        y = y.to(device)
+        total += F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-1, reduction="sum").item()
+        count += int((y >= 0).sum())
+    model.train(was_training)
+    return total, count
+
+
+@dataclass
+class Score:
+    split: str
+    tokens: int
+    bytes: int
+    nats_per_token: float
+    bits_per_byte: float
+    checkpoint: str
+    step: int
+
+
+def score_run(run: Path, which: str = "best", split: str = "val", data_dir: Path | None = None,
+              batch_size: int = 8, device: str = "auto", dtype: str = "float32") -> Score:
+    ckpt = load_checkpoint(run, which)
+    data_dir = data_dir or _data_dir_of(Path(run), ckpt.path)
+    data = PreparedData.open(data_dir)
+    if data.meta["vocab_size"] > ckpt.config.vocab_size:
+        raise ValueError(f"{data_dir} has a vocabulary of {data.meta['vocab_size']} tokens but the model "
+                         f"{ckpt.config.vocab_size}: it is another run's data; pass --data")
+    dev = pick_device(device)
+    model = ckpt.build_model(dev)
+    total, count = split_nats(model, data.tokens(split), batch_size, dev, pick_dtype(dtype, dev))
+    nats = total / count  # per token; the split's first token has no prediction, so count = tokens - 1
+    return Score(split, count, int(data.meta[split]["text_bytes"]), nats, bits_per_byte(nats, data.meta, split),
+                 str(ckpt.path), ckpt.step)
+
+
+def _data_dir_of(run: Path, ckpt_path: Path) -> Path:
+    """The prepared data folder the run's provenance.json names (relative to where training ran: tried from
+    here and from the folders above the run)."""
+    for folder in (run, ckpt_path.parent.parent):
+        prov = folder / "provenance.json"
+        if prov.exists():
+            data_dir = json.loads(prov.read_text()).get("data_dir")
+            if data_dir:
+                candidates = [Path(data_dir)] + [p / data_dir for p in folder.resolve().parents]
+                found = next((c for c in candidates if (c / "meta.json").exists()), None)
+                if found is None:
+                    raise ValueError(f"the prepared data {run} trained on ({data_dir}, named in {prov}) is not "
+                                     "here; prepare it again (`python train.py` with the run's data settings "
+                                     "prepares it before training) or pass --data DIR")
+                return found
+    raise ValueError(f"cannot tell which prepared data {run} was trained on (no provenance.json with data_dir); "
+                     "pass --data DIR (a prepared data folder holding meta.json, train.bin and val.bin: "
+                     "by default cache/data/<name>-<hash> under the folder training ran in)")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("run", type=Path, help="a run folder (runs/<name>/<time>) or one checkpoint folder")
+    p.add_argument("--which", choices=("best", "latest"), default="best")
+    p.add_argument("--split", choices=("val", "train"), default="val")
+    p.add_argument("--data", type=Path, help="the prepared data folder (default: the one the run trained on)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "auto"), default="float32",
+                   help="autocast dtype; float32 (default) scores every run the same way on any machine")
+    p.add_argument("--json", type=Path, help="also write the score to this JSON file")
+    args = p.parse_args(argv)
+    if args.batch_size < 1:
+        p.error(f"--batch-size {args.batch_size} must be >= 1")
+    try:
+        score = score_run(args.run, args.which, args.split, args.data, args.batch_size, args.device, args.dtype)
+    except (CheckpointError, ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{score.split}: {score.bits_per_byte:.4f} bits/byte ({score.nats_per_token:.4f} nats/token over "
+          f"{score.tokens:,} tokens, {score.bytes:,} bytes), checkpoint {score.checkpoint} (step {score.step})")
+    if args.json:
+        args.json.write_text(json.dumps(score.__dict__, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

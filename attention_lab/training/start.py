@@ -1,0 +1,82 @@
+"""What a run starts from: the model's config checked against the corpus, and its weights: a fresh model,
+this run's (or train.resume's) latest checkpoint, or GPT-2's weights (train.init_from)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from attention_lab.store.checkpoint import load_checkpoint
+from attention_lab.store.layout import RunLayout
+from attention_lab.training.config import Config
+from data.prepare import PreparedData
+from model import GPT, GPTConfig
+
+# the fields that decide the shapes of the weights: a checkpoint must agree on all of them to be resumed
+SHAPE_FIELDS = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", "pos_encoding",
+                "tie_embeddings", "mlp_ratio")
+
+
+class TrainingError(RuntimeError):
+    """A problem the user can fix (bad config for this corpus, checkpoint mismatch, diverged loss)."""
+
+
+def resolve_model_config(cfg: Config, data: PreparedData) -> GPTConfig:
+    """The model config with the tokenizer's vocabulary size, checked against the corpus."""
+    model_cfg = dataclasses.replace(cfg.model, vocab_size=data.meta["vocab_size"])
+    for split in ("train", "val"):
+        n = data.meta[split]["tokens"]
+        if n < model_cfg.block_size + 1:
+            raise TrainingError(
+                f"the {split} split has {n} tokens, fewer than one context window plus one "
+                f"(model.block_size={model_cfg.block_size}); lower model.block_size or use a larger corpus"
+            )
+    return model_cfg
+
+
+def check_resumable(saved: GPTConfig, wanted: GPTConfig, where: Path) -> None:
+    diff = [f"{f}: checkpoint {getattr(saved, f)!r}, config {getattr(wanted, f)!r}"
+            for f in SHAPE_FIELDS if getattr(saved, f) != getattr(wanted, f)]
+    if diff:
+        raise TrainingError(
+            f"cannot resume from {where}: the checkpoint's model has another shape ({'; '.join(diff)}). "
+            "Use the same model settings as the checkpoint, or start a fresh run (another hydra.run.dir, "
+            "without train.resume)."
+        )
+
+
+def load_model(cfg: Config, model_cfg: GPTConfig, data: PreparedData, run_dir: Path, say=print):
+    """The model from this run's (or train.resume's) latest checkpoint, from GPT-2 weights, or fresh.
+
+    Returns (model on the CPU, its config, the checkpoint's train state (TrainState.state_dict) or None,
+    the checkpoint's meta.json or {}).
+    """
+    tc = cfg.train
+    has_checkpoint = RunLayout(run_dir).latest_pointer.exists()
+    resume_from = Path(tc.resume) if tc.resume else (run_dir if has_checkpoint else None)
+    if resume_from is not None:
+        ckpt = load_checkpoint(resume_from, which="latest")
+        if tc.init_from:  # the run began from GPT-2 weights: the checkpoint has that model's shape
+            model_cfg = dataclasses.replace(model_cfg, **{f: getattr(ckpt.config, f) for f in SHAPE_FIELDS})
+        check_resumable(ckpt.config, model_cfg, ckpt.path)
+        if ckpt.tokenizer_json != data.tokenizer.to_str():
+            raise TrainingError(
+                f"cannot resume from {ckpt.path}: it was trained with another tokenizer than the prepared data's "
+                f"({data.dir}). Use the same data settings as that run."
+            )
+        model = ckpt.build_model("cpu", model_cfg)  # this run's dropout and backend, the checkpoint's weights
+        state = ckpt.train_state()
+        say(f"resuming from {ckpt.path} (step {state['step']})")
+        return model, model_cfg, state, ckpt.meta
+    if tc.init_from:
+        from attention_lab.interop.hf import load_gpt2
+
+        model = load_gpt2(tc.init_from)
+        if model.config.vocab_size != model_cfg.vocab_size:
+            raise TrainingError(
+                f"train.init_from={tc.init_from} has a {model.config.vocab_size}-token vocabulary but the prepared "
+                f"data's tokenizer has {model_cfg.vocab_size}; use that model's tokenizer: "
+                "data.tokenizer=file data.tokenizer_file=<its tokenizer.json>"
+            )
+        return model, model.config, None, {}
+    return GPT(model_cfg), model_cfg, None, {}
