@@ -170,6 +170,31 @@ MUTATIONS = (
              "ns_steps=cfg.muon_ns_steps, ", "",
              ("tests/test_optim.py::test_muon_ns_steps_reaches_the_iteration",),
              "optim.muon_ns_steps is validated but Muon keeps its 5 steps"),
+    # the house's rule (tests/test_layering.py)
+    Mutation("interp_imports_store", "attention_lab/interp/heads.py",
+             "from attention_lab.interp.roles import", "from attention_lab.store.layout import RunLayout  # noqa: F401\n"
+             "from attention_lab.interp.roles import",
+             ("tests/test_layering.py",), "interpretability code reaches up into the run-folder storage"),
+    # the headline numbers (tests/test_headline_numbers.py, tests/test_viewer.py, tests/test_train_step.py)
+    Mutation("text_bytes_counts_characters", "data/prepare.py",
+             '"text_bytes": [len(t.encode("utf-8")) for t in texts]', '"text_bytes": [len(t) for t in texts]',
+             ("tests/test_headline_numbers.py",), "bits per byte divides by characters, not UTF-8 bytes"),
+    Mutation("best_val_not_restored", "attention_lab/training/state.py",
+             'state["step"], state["best_val_loss"], state["tokens_seen"]', 'state["step"], float("inf"), state["tokens_seen"]',
+             ("tests/test_headline_numbers.py::test_best_checkpoint_is_the_lowest_validation_loss",),
+             "a resumed run forgets its best loss: a worse evaluation becomes best.json"),
+    Mutation("prune_drops_the_best", "attention_lab/store/checkpoint.py",
+             '(_read_pointer(root, "best"), _read_pointer(root, "latest"))', '(_read_pointer(root, "latest"),)',
+             ("tests/test_headline_numbers.py::test_best_checkpoint_is_the_lowest_validation_loss",),
+             "pruning old checkpoints deletes the best one (best.json then dangles)"),
+    Mutation("page_swaps_layer_and_head", "attention_lab/viewer/assets/explorer.js",
+             "base(l, h) { return (l * this.H + h) * this.n; }", "base(l, h) { return (h * this.L + l) * this.n; }",
+             ("tests/test_viewer.py::test_the_weights_a_person_reads_are_attention_npy",),
+             "the page reads another head's weights than attention.npy holds", browser=True),
+    Mutation("peak_in_float32", "train.py",
+             "measure_peak_flops(device, dtype)", "measure_peak_flops(device, torch.float32)",
+             ("tests/test_train_step.py::test_mfu_divides_by_the_matmul_peak_of_the_runs_own_dtype",),
+             "a bf16 run's MFU is divided by the float32 matmul peak"),
 )
 
 

@@ -148,3 +148,23 @@ def test_compile_trains_the_same_numbers_and_saves_the_plain_module(tmp_path, da
     # and the compiled run's checkpoint resumes without compile
     final = train_mod.train(compose(common[:2] + ["train.max_steps=6"] + common[3:]), tmp_path / "compiled")
     assert final["step"] == 6
+
+
+def test_mfu_divides_by_the_matmul_peak_of_the_runs_own_dtype(tmp_path, data_cache, monkeypatch):
+    """A bf16 run's MFU is measured against the bf16 matmul peak (2-8x the float32 one on CPUs with AVX512-BF16
+    or AMX), not against float32's, which would overstate it by that factor."""
+    asked = []
+
+    def peak(device, dtype, **kw):
+        asked.append(dtype)
+        return {torch.float32: 1e11, torch.bfloat16: 4e11}[dtype]
+
+    monkeypatch.setattr(train_mod, "measure_peak_flops", peak)
+    run = tmp_path / "bf16"
+    train_mod.train(compose(["experiment=debug", f"data.cache_dir={data_cache}", "train.dtype=bfloat16",
+                             "train.peak_flops=null", "train.max_steps=2", "train.eval_interval=2",
+                             "train.log_interval=1", "train.sample_tokens=0", "train.head_roles=false",
+                             "train.film=false"]), run)
+    assert asked == [torch.bfloat16], f"the peak was measured in {asked}, the run computes in bfloat16"
+    provenance = json.loads((run / "provenance.json").read_text())
+    assert provenance["peak_flops"] == 4e11 and provenance["peak_dtype"] == "bfloat16", provenance

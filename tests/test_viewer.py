@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import sample
-from attention_lab.interp.heads import role_scores
+from attention_lab.interp.roles import role_scores
 from attention_lab.store.checkpoint import save_checkpoint
 from attention_lab.viewer import page as viewer
 from data.tokenizer import Tokenizer
@@ -579,3 +579,56 @@ def test_a_broken_page_fails_the_harness(browser, sample_page, tmp_path, break_i
         open_page(browser, path)
     want = "boot_typo is not defined" if break_it == "a typo in the script" else "an attention frame holds"
     assert want in str(caught.value), f"the harness should report the browser's error: {caught.value}"
+
+
+@pytest.fixture(scope="module")
+def sampled_page(tmp_path_factory) -> tuple[Path, np.ndarray]:
+    """What sample.py writes for a small model with sharp, head-specific attention: the page and attention.npy."""
+    tmp = tmp_path_factory.mktemp("sampled")
+    text = "Whether 'tis nobler in the mind to suffer the slings and arrows of outrageous fortune. " * 3
+    tok = Tokenizer.train_char([[text]])
+    torch.manual_seed(3)
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=40, n_layer=2, n_head=3, n_embd=24,
+                          pos_encoding="learned"))
+    with torch.no_grad():
+        for block in model.transformer.h:  # sharper queries and keys: peaked weights, different in every head
+            block.attn.c_attn.weight[: 2 * 24] *= 12
+    ckpt = save_checkpoint(tmp / "run" / "checkpoints", 1, model, tok.to_str(), {"val_loss": 1.0})
+    out = tmp / "out"
+    assert sample.main(["--checkpoint", str(ckpt), "--prompt", "Whether 'tis nobler in the", "--max-new-tokens",
+                        "12", "--seed", "0", "--out", str(out), "--device", "cpu"]) == 0
+    weights = np.load(out / "attention.npy")
+    assert weights.shape[:2] == (2, 3) and weights.max() > 0.5, "fixture: some head should be sharp"
+    return out / "attention.html", weights
+
+
+def test_the_weights_a_person_reads_are_attention_npy(browser, sampled_page):
+    """For every layer, several queries and every head, the page's table of the largest weights names the keys
+    with the largest weights in sample.py's attention.npy, with their values (to the page's 8-bit precision)."""
+    from selenium.webdriver.support.ui import Select
+
+    path, weights = sampled_page
+    n_layer, n_head, t, _ = weights.shape
+    open_page(browser, path)
+    toks = css(browser, "#tokens .tok")
+    assert len(toks) == t
+    for layer in range(n_layer):
+        Select(css(browser, "#hv-layer")[0]).select_by_value(str(layer))
+        for q in (t - 1, t // 2, 5):
+            hover(browser, toks[q])
+            for h in range(n_head):
+                row = css(browser, f'#weights tr[data-head="{h}"]')[0].text
+                shown = [(int(k), float(w)) for k, w in re.findall(r"#(\d+) (\d\.\d{3})", row)]
+                assert len(shown) == min(5, q + 1), f"L{layer}H{h} query {q}: {row!r}"
+                want = weights[layer, h, q]
+                for k, w in shown:
+                    tol = 2 * np.sqrt(want[k]) / 510 + 1 / 255**2 + 6e-4  # one 8-bit sqrt level, then 3 decimals
+                    assert k <= q and abs(w - want[k]) <= tol, (
+                        f"layer {layer}, head {h}, query {q}, key {k}: the page shows {w:.3f}, attention.npy "
+                        f"holds {want[k]:.4f}")
+                smallest_shown = min(want[k] for k, _ in shown)
+                hidden = [want[k] for k in range(q + 1) if k not in {k for k, _ in shown}]
+                assert not hidden or max(hidden) <= smallest_shown + 0.01, (
+                    f"layer {layer}, head {h}, query {q}: a key with weight {max(hidden):.3f} is missing from the "
+                    f"page's top five ({row!r})")
+    assert_quiet(browser, "reading the weights")
