@@ -13,7 +13,6 @@ loop (optimizer steps; every eval_interval an evaluation, the callbacks and a ch
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gc
 import math
 import sys
@@ -96,7 +95,7 @@ class Run:
     scaler: torch.amp.GradScaler | None
     val_batches: list
     callbacks: list[Callback]
-    flops_per_step: float
+    n_params: int
     peak_flops: float  # the matmul peak in the run's dtype: the MFU denominator
     last_eval: dict = field(default_factory=dict)  # the latest evaluation's metrics (also from a checkpoint)
     session_start: float = field(default_factory=time.time)  # when this process's loop began (time budget)
@@ -105,6 +104,10 @@ class Run:
     def tokens_per_step(self) -> int:
         tc = self.cfg.train
         return tc.batch_size * tc.grad_accum * self.info.world_size * self.model_cfg.block_size
+
+    @property
+    def flops_per_step(self) -> float:
+        return flops_per_token(self.model_cfg, self.n_params) * self.tokens_per_step
 
 
 def setup_run(cfg: Config, run_dir: Path, overrides: list[str], info, device, dtype, log: RunLogger) -> Run:
@@ -126,26 +129,23 @@ def setup_run(cfg: Config, run_dir: Path, overrides: list[str], info, device, dt
     n_params = num_params(raw_model)
     # the MFU denominator: the matmul peak in the dtype the run computes in (bf16 runs 2-8x float32 on some CPUs)
     peak = tc.peak_flops or measure_peak_flops(device, dtype) * info.world_size
-    tokens_per_step = tc.batch_size * tc.grad_accum * info.world_size * model_cfg.block_size
     run = Run(cfg, RunLayout(run_dir), overrides, info, device, dtype, log, data, model_cfg, raw_model, model, state,
               torch.amp.GradScaler(device.type) if dtype == torch.float16 else None,
               eval_batches(data.tokens("val"), model_cfg.block_size, tc.batch_size, tc.eval_batches),
-              build_callbacks(cfg, data, model_cfg) if info.is_main else [],
-              flops_per_token(model_cfg, n_params) * tokens_per_step, peak)
+              build_callbacks(cfg, data, model_cfg) if info.is_main else [], n_params, peak)
     if saved is not None:
         state.load_state_dict(saved)
         run.last_eval = {k: v for k, v in saved_meta.items() if k in ("val_loss", "val_bpb")}
         for callback in run.callbacks:
             callback.resume(run_dir, state.step)
-    log.provenance(cfg, overrides, {"data_dir": str(data.dir.resolve()), "world_size": info.world_size,
-                                    "n_params": n_params, "peak_flops": peak, "peak_dtype": str(dtype).removeprefix(
-                                        "torch."), "device": str(device)})
+    log.provenance(cfg, overrides, {"data_dir": str(data.dir.resolve()), "world_size": info.world_size, "n_params":
+                                    n_params, "peak_flops": peak, "peak_dtype": str(dtype)[6:], "device": str(device)})
     log.print(f"model: {n_params / 1e6:.2f}M parameters (embeddings counted once, positions not), "
               f"{model_cfg.n_layer} layers x {model_cfg.n_head} heads x {model_cfg.n_embd} wide, "
               f"{model_cfg.pos_encoding} positions, context {model_cfg.block_size}; device {device}, "
               f"{str(dtype).removeprefix('torch.')}" + (f", {info.world_size} processes" if info.enabled else ""))
     log.print(f"data: {data.meta['train']['tokens']:,} train / {data.meta['val']['tokens']:,} val tokens, "
-              f"vocab {model_cfg.vocab_size} ({data.meta['tokenizer']}); {tokens_per_step:,} tokens per step; "
+              f"vocab {model_cfg.vocab_size} ({data.meta['tokenizer']}); {run.tokens_per_step:,} tokens per step; "
               f"run dir {run_dir}")
     return run
 
@@ -260,11 +260,7 @@ def finish(run: Run, start_step: int, elapsed: float, interrupted: bool) -> dict
              "val_bpb": run.last_eval.get("val_bpb", float("nan")), "best_val_loss": state.best_val,
              "minutes": elapsed / 60, "steps_this_session": trained, "seconds_film": film.seconds if film else 0.0}
     if run.info.is_main and not interrupted and trained > 0:
-        hp = {f"model.{k}": v for k, v in dataclasses.asdict(run.model_cfg).items()}
-        hp |= {f"optim.{k}": v for k, v in dataclasses.asdict(run.cfg.optim).items()}
-        hp |= {"train.batch_size": run.cfg.train.batch_size, "train.max_steps": run.cfg.train.max_steps,
-               "data.name": run.cfg.data.name}
-        run.log.hparams(hp, {"val_loss": final["val_loss"], "val_bpb": final["val_bpb"], "best_val_loss": state.best_val})
+        run.log.hparams(run.cfg.hparams(run.model_cfg), {"val_loss": final["val_loss"], "val_bpb": final["val_bpb"], "best_val_loss": state.best_val})
     where = run.layout.checkpoints
     if trained == 0:
         last = (f"; last evaluation: val loss {final['val_loss']:.4f} nats/token, {final['val_bpb']:.3f} bits/byte"

@@ -12,16 +12,14 @@ import os
 import platform
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from attention_lab.runtime import omp
-from attention_lab.runtime.device import autocast as device_autocast
 from attention_lab.runtime.device import synchronize  # noqa: F401 - re-exported for the benchmarks
-from attention_lab.runtime.flops import measure_peak_flops
+from attention_lab.runtime.flops import measure_peak_flops, time_calls
 
 
 def log(msg: str) -> None:
@@ -36,11 +34,6 @@ def log(msg: str) -> None:
 def default_dtype(device: torch.device) -> torch.dtype:
     """The compute dtype benchmarks use: fp32 on CPU (comparable across CPU kinds), bf16 (autocast) on GPU."""
     return torch.bfloat16 if device.type == "cuda" else torch.float32
-
-
-def autocast(device: torch.device):
-    """The library's autocast in the benchmarks' dtype: bf16 on GPU, none (fp32) on CPU."""
-    return device_autocast(device, default_dtype(device))
 
 
 def cpu_model() -> str:
@@ -92,24 +85,6 @@ def machine_line(m: dict) -> str:
 
 # ----------------------------------------------------------------------------------------------------------
 # timing
-
-
-def time_calls(fn: Callable[[], object], n: int, device: torch.device, max_s: float = float("inf")) -> float:
-    """Seconds per call over n calls, or over as many as fit in max_s when the calls slow down on the way.
-
-    The bound matters on a shared CPU: a call timed at 0.1 ms during calibration may take 15 ms a moment
-    later (another process holds a core), and n calls fixed from the fast one would then run for minutes.
-    """
-    synchronize(device)
-    t0 = time.perf_counter()
-    done = 0
-    while done < n:
-        fn()
-        done += 1
-        if time.perf_counter() - t0 > max_s:
-            break
-    synchronize(device)
-    return (time.perf_counter() - t0) / done
 
 
 def interleaved(

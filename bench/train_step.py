@@ -20,13 +20,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from attention_lab.runtime.device import autocast
 from attention_lab.runtime.flops import matmul_probe
 from attention_lab.training.config import OptimConfig
 from attention_lab.training.optim import configure_optimizer
 from model import GPTConfig
 from model.gpt import flops_per_token, num_params
 
-from .common import Column, Context, Table, autocast, default_dtype, interleaved, log, median, paired_ratio, spread
+from .common import Column, Context, Table, default_dtype, interleaved, log, median, paired_ratio, spread
 from .twins import build_hf, build_ours, check_same_function, hf_attention
 
 SPEEDUP_TARGET, SPEEDUP_GOAL = 1.3, 1.6  # ours / Hugging Face tokens/s, at every size
@@ -60,11 +61,11 @@ PROBE_N = {"cpu": 1024, "cuda": 8192}
 def make_steps(case: Case, device: torch.device):
     """Two closures doing one AdamW training step each (ours, Hugging Face's), and the initial |loss diff|.
 
-    Each side trains the way its users train it. Ours: attention_lab.training.optim.configure_optimizer (AdamW, decay on matrices,
-    the fused kernel) and `model(x, y).loss`. Hugging Face: `torch.optim.AdamW(model.parameters())` and
+    Each side trains the way its users train it. Ours: attention_lab.training.optim.configure_optimizer (AdamW,
+    decay on matrices, the fused kernel) and `model(x, y).loss`. Hugging Face: `torch.optim.AdamW(model.parameters())` and
     `model(input_ids=x, labels=x).loss`, which shifts the labels inside. Both process B x T tokens per step.
     """
-    cfg = case.cfg
+    cfg, dtype = case.cfg, default_dtype(device)
     gen = torch.Generator().manual_seed(1)
     x = torch.randint(0, cfg.vocab_size, (case.batch, cfg.block_size), generator=gen).to(device)
     y = torch.randint(0, cfg.vocab_size, (case.batch, cfg.block_size), generator=gen).to(device)
@@ -73,11 +74,11 @@ def make_steps(case: Case, device: torch.device):
     hf = build_hf(ours, device).train()
 
     def ours_loss():
-        with autocast(device):
+        with autocast(device, dtype):
             return ours(x, y).loss
 
     def hf_loss():
-        with autocast(device):
+        with autocast(device, dtype):
             # use_cache=False: a training step has no use for a KV cache (the default would build one)
             return hf(input_ids=x, labels=x, use_cache=False).loss
 

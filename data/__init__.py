@@ -5,6 +5,8 @@
     tokenizer.py  byte-level BPE, char-level and file tokenizers behind one small class
     prepare.py    tokenize once, write train.bin / val.bin / tokenizer.json / meta.json into a keyed cache
     batches.py    seeded random-window sampler with saveable state; fixed evaluation windows
+    files.py      atomic, durable writes and disk-full detection (attention_lab/store/ writes runs with them too)
 
-Kept free of imports so that `from data.config import DataConfig` stays cheap.
+Imports nothing of the project above it (attention_lab/__init__.py states the rule, tests/test_layering.py checks
+it). Kept free of imports so that `from data.config import DataConfig` stays cheap.
 """

@@ -1,4 +1,5 @@
-"""The GPT, as pure math: no file I/O, logging or optimizer in this package."""
+"""The GPT, as pure math: no file I/O, logging or optimizer in this package, and no import of the rest of the
+project (attention_lab/__init__.py states the rule; tests/test_layering.py checks it)."""
 
 from .attention import CausalSelfAttention, KVCache
 from .config import ATTENTION_BACKENDS, POSITION_ENCODINGS, GPTConfig

@@ -113,10 +113,6 @@ def plan_export(cfg: GPTConfig, remote_code: bool = False) -> ExportPlan:
     return ExportPlan("gpt2" if cfg.pos_encoding in GPT2_POSITIONS else "gpt_neox", [])
 
 
-def hint_from(cfg: GPTConfig) -> dict:
-    return cfg.to_dict()
-
-
 def _check_target(cfg: GPTConfig, target: str) -> None:
     plan = plan_export(cfg)
     if plan.target != target:

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from attention_lab.interop.hf import export_pretrained
+from attention_lab.runtime import cli
 from attention_lab.store.checkpoint import CheckpointError, load_checkpoint
 
 
@@ -48,13 +49,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parse_args(argv)
     except SystemExit as e:  # argparse printed the usage and its error (or --help)
         return e.code if isinstance(e.code, int) else 2
-    try:
-        ckpt = load_checkpoint(args.source, args.which)
-        model = ckpt.build_model("cpu")
-        result = export_pretrained(model, args.out, ckpt.tokenizer_json, remote_code=args.remote_code)
-    except (CheckpointError, ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return cli.run(lambda: export(args), CheckpointError)
+
+
+def export(args: argparse.Namespace) -> None:
+    ckpt = load_checkpoint(args.source, args.which)
+    result = export_pretrained(ckpt.build_model("cpu"), args.out, ckpt.tokenizer_json, remote_code=args.remote_code)
     cfg = ckpt.config
     print(f"exported {ckpt.path} (step {ckpt.step}; {cfg.n_layer} layers x {cfg.n_head} heads x {cfg.n_embd} wide, "
           f"{cfg.pos_encoding} positions, context {cfg.block_size}) as {result.plan.architecture} to {result.path}")
@@ -67,7 +67,6 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"    AutoModelForCausalLM.from_pretrained({str(result.path)!r}{trust})\n"
           f"    AutoTokenizer.from_pretrained({str(result.path)!r}{trust})\n"
           f"    pipeline('text-generation', model={str(result.path)!r}{trust})")
-    return 0
 
 
 if __name__ == "__main__":

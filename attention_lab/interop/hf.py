@@ -194,12 +194,6 @@ def load_gpt2(name_or_path: str | os.PathLike, *, revision: str | None = None) -
     return model.eval()
 
 
-def load_pretrained_tokenizer(name_or_path: str | os.PathLike) -> Tokenizer | None:
-    """The tokenizer.json of an exported folder as our Tokenizer, or None if the folder has none."""
-    path = Path(os.path.expanduser(os.fspath(name_or_path))) / TOKENIZER
-    return Tokenizer.from_file(path) if path.is_file() else None
-
-
 # ----------------------------------------------------------------------------------------------------- export
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from attention_lab.runtime.device import eval_mode
+
 
 def _plain_module(model: torch.nn.Module) -> torch.nn.Module:
     """Unwrap torch.compile (`_orig_mod`) and DDP (`module`): capture runs the plain module, eagerly."""
@@ -34,12 +36,7 @@ def capture_attention(model: torch.nn.Module, idx) -> np.ndarray:
     if idx.dim() != 2 or idx.size(1) == 0:
         raise ValueError(f"capture_attention needs token ids of shape (T,) or (B, T), T >= 1; got {tuple(idx.shape)}")
     idx = idx[:1, -model.config.block_size :]  # (1, T)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.autocast(device_type=device.type, enabled=False):
-            out = model(idx, return_attention=True)
-    finally:
-        model.train(was_training)
+    with eval_mode(model), torch.autocast(device_type=device.type, enabled=False):
+        out = model(idx, return_attention=True)
     # n_layer x (1, nh, T, T) -> (L, nh, T, T)
     return torch.stack([a[0] for a in out.attentions]).float().cpu().numpy()

@@ -37,8 +37,13 @@ def matmul_probe(n: int, device: torch.device, dtype: torch.dtype) -> tuple[Call
     return fn, 2.0 * n**3
 
 
-def _seconds_per_call(fn: Callable[[], None], n: int, device: torch.device, max_s: float = float("inf")) -> float:
-    """Over n calls, or as many as fit in max_s (a shared CPU can slow a call 100x mid-measurement)."""
+def time_calls(fn: Callable[[], object], n: int, device: torch.device, max_s: float = float("inf")) -> float:
+    """Seconds per call over n calls, or over as many as fit in max_s when the calls slow down on the way.
+
+    The bound matters on a shared CPU: a call timed at 0.1 ms during calibration may take 15 ms a moment
+    later (another process holds a core), and n calls fixed from the fast one would then run for minutes.
+    bench/ times everything with it too.
+    """
     synchronize(device)
     t0 = time.perf_counter()
     done = 0
@@ -60,8 +65,8 @@ def matmul_rates(device: torch.device | str, dtype: torch.dtype, sizes: tuple[in
     for n in sizes:
         fn, flops = matmul_probe(n, device, dtype)
         fn()  # warmup: BLAS thread pool, packing buffers, GPU kernel selection
-        inner = max(1, round(min_s / _seconds_per_call(fn, 1, device)))
-        rates[n] = [flops / _seconds_per_call(fn, inner, device, max_s=4 * min_s) for _ in range(samples)]
+        inner = max(1, round(min_s / time_calls(fn, 1, device)))
+        rates[n] = [flops / time_calls(fn, inner, device, max_s=4 * min_s) for _ in range(samples)]
     return rates
 
 

@@ -8,6 +8,7 @@ sees a DictConfig.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -73,7 +74,7 @@ class OptimConfig:
 class TrainConfig:
     seed: int = 1337
     device: str = "auto"  # auto: cuda if available, else cpu
-    dtype: str = "auto"  # auto: bfloat16 autocast on a GPU that supports it, float32 otherwise
+    dtype: str = "auto"  # auto: bf16 autocast on a GPU that has it or a CPU with AMX/AVX512-BF16; float32 elsewhere
     compile: bool = False  # torch.compile the model (GPU; slow to start on CPU)
     batch_size: int = 16  # sequences per micro-batch per process
     grad_accum: int = 1  # micro-batches per optimizer step
@@ -124,6 +125,12 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     name: str = "run"  # a label for the run, shown in TensorBoard's hparams
 
+    def hparams(self, model: GPTConfig) -> dict:
+        """The run's settings as TensorBoard's hparams plugin compares them (model: the resolved model config)."""
+        hp = {f"model.{k}": v for k, v in dataclasses.asdict(model).items()}
+        hp |= {f"optim.{k}": v for k, v in dataclasses.asdict(self.optim).items()}
+        return hp | {"train.batch_size": self.train.batch_size, "train.max_steps": self.train.max_steps,
+                     "data.name": self.data.name}
 
 
 def _positive(section: str, obj: Any, names: tuple[str, ...]) -> None:

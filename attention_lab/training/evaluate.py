@@ -26,8 +26,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from attention_lab.runtime.device import autocast, pick_device, pick_dtype
+from attention_lab.runtime import cli
+from attention_lab.runtime.device import autocast, eval_mode, pick_device, pick_dtype
 from attention_lab.store.checkpoint import CheckpointError, load_checkpoint
+from attention_lab.store.layout import RunLayout
 from data.batches import windows
 from data.prepare import PreparedData, bits_per_byte
 from model import GPT
@@ -59,19 +61,18 @@ def split_nats(model: GPT, tokens: np.ndarray, batch_size: int = 8, device: torc
     device = torch.device(device)
     block_size = model.config.block_size
     starts, first = tiling_windows(len(tokens), block_size)
-    was_training = model.training
-    model.eval()
     total, count = 0.0, 0
-    for i in range(0, len(starts), batch_size):
-        x, y = windows(tokens, starts[i:i + batch_size], block_size)
-        skip = torch.arange(block_size)[None, :] < torch.from_numpy(first[i:i + batch_size])[:, None]
-        y = y.masked_fill(skip, -1)
-        with autocast(device, dtype):
-            logits = model(x.to(device)).logits
-        y = y.to(device)
-        total += F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-1, reduction="sum").item()
-        count += int((y >= 0).sum())
-    model.train(was_training)
+    with eval_mode(model):
+        for i in range(0, len(starts), batch_size):
+            x, y = windows(tokens, starts[i:i + batch_size], block_size)
+            skip = torch.arange(block_size)[None, :] < torch.from_numpy(first[i:i + batch_size])[:, None]
+            y = y.masked_fill(skip, -1)
+            with autocast(device, dtype):
+                logits = model(x.to(device)).logits
+            y = y.to(device)
+            total += F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-1,
+                                     reduction="sum").item()
+            count += int((y >= 0).sum())
     return total, count
 
 
@@ -106,7 +107,7 @@ def _data_dir_of(run: Path, ckpt_path: Path) -> Path:
     """The prepared data folder the run's provenance.json names (relative to where training ran: tried from
     here and from the folders above the run)."""
     for folder in (run, ckpt_path.parent.parent):
-        prov = folder / "provenance.json"
+        prov = RunLayout(folder).provenance
         if prov.exists():
             data_dir = json.loads(prov.read_text()).get("data_dir")
             if data_dir:
@@ -136,16 +137,15 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.batch_size < 1:
         p.error(f"--batch-size {args.batch_size} must be >= 1")
-    try:
-        score = score_run(args.run, args.which, args.split, args.data, args.batch_size, args.device, args.dtype)
-    except (CheckpointError, ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return cli.run(lambda: report(args), CheckpointError)
+
+
+def report(args: argparse.Namespace) -> None:
+    score = score_run(args.run, args.which, args.split, args.data, args.batch_size, args.device, args.dtype)
     print(f"{score.split}: {score.bits_per_byte:.4f} bits/byte ({score.nats_per_token:.4f} nats/token over "
           f"{score.tokens:,} tokens, {score.bytes:,} bytes), checkpoint {score.checkpoint} (step {score.step})")
     if args.json:
         args.json.write_text(json.dumps(score.__dict__, indent=1) + "\n")
-    return 0
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from attention_lab.interp.roles import MEASURES, Role
+from attention_lab.runtime import cli
 from attention_lab.store.layout import RunLayout, SampleLayout
 from data.files import atomic_write, human_bytes
 
@@ -441,21 +442,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     folder = args.folder
     if not folder.is_dir():
-        print(f"error: {folder} is not a folder; give a run folder (runs/<name>/<time>) or a sample folder",
-              file=sys.stderr)
-        return 2
+        return cli.fail(f"{folder} is not a folder; give a run folder (runs/<name>/<time>) or a sample folder")
+    if not SampleLayout(folder).is_sample() and not RunLayout(folder).is_run():
+        return cli.fail(f"{folder} holds no attention/ folder or metrics.jsonl; give a run folder "
+                        "(runs/<name>/<time>) or a sample folder (attention.npy + tokens.json)")
     try:
         if SampleLayout(folder).is_sample():
             path = page_for_sample_folder(folder)
         else:
-            if not RunLayout(folder).is_run():
-                print(f"error: {folder} holds no attention/ folder or metrics.jsonl; give a run folder "
-                      "(runs/<name>/<time>) or a sample folder (attention.npy + tokens.json)", file=sys.stderr)
-                return 2
             path = build_film(folder, max_bytes=int(args.max_mb * 1e6))
     except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:
-        print(f"error: cannot build the page for {folder}: {e}", file=sys.stderr)
-        return 2
+        return cli.fail(f"cannot build the page for {folder}: {e}")
     print(f"{path} ({human_bytes(path.stat().st_size)}): open it in a browser, e.g. file://{path.resolve()}")
     return 0
 

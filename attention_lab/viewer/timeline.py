@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from attention_lab.interp.roles import ROLES, TRACKED_ROLES
+from attention_lab.runtime import cli
 from attention_lab.store.layout import RunLayout
 
 TAG = re.compile(r"^heads/(?P<role>[a-z_]+)/L(?P<layer>\d+)H(?P<head>\d+)$")
@@ -85,12 +86,10 @@ def main(argv=None) -> int:
     try:
         events = read_events(args.run_dir)
     except FileNotFoundError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return cli.fail(e)
     if not events["roles"]:
-        print(f"error: {args.run_dir} has no head-role scalars (heads/<role>/L<l>H<h>); was it trained with "
-              "train.head_roles=false, or before head roles were logged?", file=sys.stderr)
-        return 2
+        return cli.fail(f"{args.run_dir} has no head-role scalars (heads/<role>/L<l>H<h>); was it trained with "
+                        "train.head_roles=false, or before head roles were logged?")
     rows = timeline(events)
     print(format_timeline(rows))
     print(f"\nroles logged: {', '.join(r for r in ROLES if r in events['roles'])}; "
