@@ -60,6 +60,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
                    help="autocast dtype; auto: bf16 on GPUs and on CPUs with native bf16, else float32")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole context at every step")
+    p.add_argument("--keep-first", type=int, default=0,
+                   help="past the context, keep the first N tokens in the window (StreamingLLM's sinks; default 0)")
     p.add_argument("--out", type=Path, default=None, help="attention output folder (default <run>/samples/<time>)")
     p.add_argument("--no-attention", action="store_true", help="only generate: no attention files or TensorBoard")
     p.add_argument("--no-html", action="store_true", help="no attention.html (the interactive page) beside the maps")
@@ -76,6 +78,7 @@ def check_args(args: argparse.Namespace) -> None:
         ("--top-p", args.top_p, args.top_p is None or 0.0 < args.top_p <= 1.0,
          "in (0, 1], e.g. 0.9 (leave it out to sample from every token)"),
         ("--num-samples", args.num_samples, args.num_samples >= 1, "1 or more"),
+        ("--keep-first", args.keep_first, args.keep_first >= 0, "0 or more, below the model's block_size"),
     )
     for flag, value, ok, allowed in checks:
         if not ok:
@@ -114,6 +117,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         device = pick_device(args.device, "--device")
         ckpt = load_checkpoint(args.checkpoint or args.run or latest_run(args.runs_root), args.which)
         model, tok = ckpt.build_model(device), ckpt.tokenizer()
+        if args.keep_first >= ckpt.config.block_size:
+            raise ValueError(f"--keep-first must be below the model's block_size {ckpt.config.block_size}, got "
+                             f"{args.keep_first}")
         prompt_text = read_prompt(args)
     except (CheckpointError, *cli.USER_ERRORS) as e:
         return cli.fail(e)
@@ -138,7 +144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             t0 = time.perf_counter()
             new_ids = generate_text(model, tok, prompt_ids, args.max_new_tokens, temperature=args.temperature,
                                     top_k=args.top_k, top_p=args.top_p, greedy=args.greedy,
-                                    use_cache=not args.no_cache, generator=generator, on_text=write, dtype=args.dtype)
+                                    use_cache=not args.no_cache, generator=generator, on_text=write, dtype=args.dtype,
+                                    keep_first=args.keep_first)
             write("\n")
             seconds = time.perf_counter() - t0
             say(f"[{len(new_ids)} tokens in {seconds:.2f} s, {len(new_ids) / max(seconds, 1e-9):.1f} tokens/s]")

@@ -47,22 +47,24 @@ def generate_text(
     generator: torch.Generator | None = None,
     on_text: Callable[[str], None] | None = None,
     dtype: str = "auto",
+    keep_first: int = 0,
 ) -> list[int]:
     """Continue prompt_ids (1 <= len <= block_size); return the max_new_tokens generated ids.
 
     on_text receives the decoded continuation piece by piece as tokens arrive (data.tokenizer.TextStream:
-    constant work per token). The context slides past block_size (model.generate.generate_stream); with a bf16
-    dtype the forward passes run under autocast.
+    constant work per token). The context slides past block_size (model.generate.generate_stream), keeping the
+    first keep_first tokens (StreamingLLM); with a bf16 dtype the forward passes run under autocast.
     """
     device = next(model.parameters()).device
     idx = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)  # (1, T)
     stream = tokenizer.text_stream(prompt_ids) if on_text is not None else None
     new_ids: list[int] = []
-    cached = use_cache and len(prompt_ids) + max_new_tokens <= model.config.block_size  # no window rebuilds
+    # cached decoding without window rebuilds: one small matrix-vector step per token
+    cached = use_cache and (len(prompt_ids) + max_new_tokens <= model.config.block_size or model.config.bounded_cache)
     with autocast(device, pick_dtype(dtype, device)), decoding_threads(device, cached):
         for nxt in generate_stream(
             model, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy,
-            use_cache=use_cache, generator=generator,
+            use_cache=use_cache, generator=generator, keep_first=keep_first,
         ):  # nxt (1, 1)
             new_ids.append(int(nxt.item()))
             if stream is not None and (piece := stream.step(new_ids[-1])):

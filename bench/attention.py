@@ -1,154 +1,223 @@
-"""One attention layer, `math` vs `sdpa` backend: forward + backward time and peak memory as T grows.
+"""The quadratic wall, measured: one attention call as the context grows, and the variants that answer it.
 
-The math backend materialises the (B, nh, T, T) scores and weights, so its memory grows as T²; the fused
-kernel (flash attention on CPU and GPU) works in tiles and keeps O(T) memory. Time tends to T² for both
-as the T² attention products outgrow the T·C² projections (T > 2C).
+Three tables:
+  attention   one attention call (batch 1, the baby model's 6 heads of 64), T = 256 ... 16,384, forward and
+              forward + backward, per method:
+                explicit       model.attention.math_attention: the (nh, T, T) scores and weights in memory; it stops
+                               where its predicted memory passes MEMORY_BUDGET (the prediction is printed: the wall)
+                sdpa causal    torch's fused kernel, is_causal
+                sdpa + window  sdpa with a dense sliding-window mask (W = 256): it still computes every block (and
+                               on the CPU first turns the mask into a T x T float tensor): the honest no-saving row
+                window blocks  model.attention.local_attention (W = 256): blocks of W queries against 2W keys
+                linear         model.linear_attention.chunked: elu+1 features, chunks of 64
+              time(2T) / time(T) is printed beside the FLOP prediction: 4 for the quadratic methods, 2 for the
+              window and linear ones.
+  kv_cache    bytes a decoding cache holds per token of context, against the context length, for multi-head,
+              grouped-query (2 kv heads), multi-query, window (W = 256) and linear attention: computed from the
+              shapes and measured from the cache's own tensors after a prefill.
+  decode      milliseconds per decoded token against the cached length (256 ... 8,192), the baby shape (6 layers,
+              6 heads, 384 wide, RoPE), for the same five.
 
-Peak memory is what torch allocates during one forward + backward on top of what existed before (weights,
-input, output gradient):
-  GPU  torch.cuda.max_memory_allocated after reset_peak_memory_stats
-  CPU  torch.profiler(profile_memory=True): the running sum of its allocation events (+size, -size on free),
-       taken in time order; its maximum is the peak.
+Peak memory (CPU): torch.profiler(profile_memory=True) allocation events, the maximum of their running sum
+(bench/common.py's peak_bytes); on a GPU torch.cuda.max_memory_allocated.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from model import GPTConfig
-from model.attention import CausalSelfAttention
-from model.positions import build_positional_encoding
+from model import GPT, GPTConfig
+from model.attention import local_attention, masked_sdpa, math_attention, visible_keys
+from model.linear_attention import chunked
+from model.positions import PositionalEncoding
 
-from .common import Column, Context, Table, interleaved, log, median, paired_ratio, synchronize
+from .common import Column, Context, Table, log, median, peak_bytes, time_calls
 
-FULL = dict(ts=(128, 256, 512, 1024, 2048), batch=1, n_embd=384, n_head=6, reps=5)
-QUICK = dict(ts=(16, 32), batch=1, n_embd=32, n_head=2, reps=2)
+FULL = dict(ts=(256, 512, 1024, 2048, 4096, 8192, 16384), heads=6, hs=64, window=256, reps=3,
+            cached=(256, 1024, 2048, 4096, 8192), decode_steps=24)
+QUICK = dict(ts=(32, 64), heads=2, hs=8, window=16, reps=1, cached=(16, 32), decode_steps=2)
+MEMORY_BUDGET = 4 * 2**30  # bytes the explicit path may use; beyond it, only its prediction is printed
 MIB = 2**20
+METHODS = ("explicit", "sdpa causal", "sdpa + window", "window blocks", "linear")
+GROWTH = {"explicit": 4, "sdpa causal": 4, "sdpa + window": 4, "window blocks": 2, "linear": 2}
 
 
-def peak_bytes(fn, device: torch.device) -> int | None:
-    """Bytes allocated by fn at its peak, beyond what was allocated before it ran (None if unmeasurable)."""
-    if device.type == "cuda":
-        synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device)
-        fn()
-        synchronize(device)
-        return torch.cuda.max_memory_allocated(device) - before
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    try:
-        from torch._C._profiler import _EventType
-
-        tree = prof.profiler.kineto_results.experimental_event_tree()
-    except (AttributeError, ImportError):  # the event tree is an experimental API; report n/a without it
-        return None
-    events, stack = [], list(tree)
-    while stack:
-        e = stack.pop()
-        if e.tag == _EventType.Allocation and e.extra_fields.device.type == "cpu":
-            events.append((e.start_time_ns, e.extra_fields.alloc_size))
-        stack.extend(e.children)
-    running = peak = 0
-    for _, size in sorted(events):
-        running += size
-        peak = max(peak, running)
-    return peak
+def explicit_bytes(t: int, heads: int) -> int:
+    """What the explicit path holds at its peak in forward + backward: scores, weights, the boolean mask and
+    the weights' gradient, each (nh, T, T), 4 bytes (the mask 1)."""
+    return heads * t * t * (4 + 4 + 4 + 1)
 
 
-def layer_step(backend: str, t: int, setting: dict, device: torch.device, state: dict | None):
-    """A closure running forward + backward of one CausalSelfAttention at sequence length t."""
-    cfg = GPTConfig(
-        block_size=t, n_layer=1, n_head=setting["n_head"], n_embd=setting["n_embd"], dropout=0.0, attn_backend=backend
-    )
-    torch.manual_seed(0)
-    layer = CausalSelfAttention(cfg).to(device).train()
-    if state is not None:
-        layer.load_state_dict(state)  # the same weights for both backends
-    pe = build_positional_encoding(cfg).to(device)
-    rotation = pe.rotation(torch.arange(t, device=device))  # cos/sin tables for RoPE, None otherwise
-    gen = torch.Generator().manual_seed(3)
-    x = torch.randn(setting["batch"], t, cfg.n_embd, generator=gen).to(device).requires_grad_()
-    dy = torch.randn(setting["batch"], t, cfg.n_embd, generator=gen).to(device)
+def call(method: str, t: int, s: dict, device: torch.device, backward: bool):
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, s["heads"], t, s["hs"], generator=gen).to(device).requires_grad_(backward)
+               for _ in range(3))
+    dy = torch.randn(1, s["heads"], t, s["hs"], generator=gen).to(device)
+    pos = torch.arange(t, device=device)
+    pe, w = PositionalEncoding(), s["window"]
+    fns = {
+        "explicit": lambda: math_attention(q, k, v, visible_keys(pos, pos))[0],
+        "sdpa causal": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
+        "sdpa + window": lambda: masked_sdpa(q, k, v, visible_keys(pos, pos, w)),
+        "window blocks": lambda: local_attention(q, k, v, w, pe),
+        "linear": lambda: chunked(q, k, v),
+    }
 
     def step() -> None:
-        y = layer(x, pe, rotation)[0]  # (y, weights, values): only y is timed
-        y.backward(dy)
-        # freed here, not at the next call's start: a peak measurement then starts with no stale gradients
-        x.grad = None
-        layer.zero_grad(set_to_none=True)
+        with torch.set_grad_enabled(backward):
+            y = fns[method]()
+            if backward:
+                y.backward(dy)
+                q.grad = k.grad = v.grad = None
 
-    return step, layer
-
-
-def growth_exponent(ts: list[int], values: list[float]) -> float:
-    """Least-squares slope of log(value) against log(T): value ~ T^slope."""
-    xs, ys = [math.log(t) for t in ts], [math.log(v) for v in values]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return step
 
 
-def run(ctx: Context) -> Table:
-    setting = QUICK if ctx.quick else FULL
-    device = ctx.device
-    rows = []
-    for t in setting["ts"]:
-        log(f"attention: T={t} ...")
-        math_step, layer = layer_step("math", t, setting, device, None)
-        sdpa_step, _ = layer_step("sdpa", t, setting, device, layer.state_dict())
-        times = interleaved({"math": math_step, "sdpa": sdpa_step}, device, reps=setting["reps"], warmup=2,
-                            min_sample_s=0.005 if ctx.quick else 0.05)
-        mem_math, mem_sdpa = peak_bytes(math_step, device), peak_bytes(sdpa_step, device)
-        score_bytes = setting["batch"] * setting["n_head"] * t * t * 4  # one fp32 (B, nh, T, T) tensor
-        rows.append(
-            {
-                "T": t,
-                "math_ms": median(times["math"]) * 1e3,
-                "sdpa_ms": median(times["sdpa"]) * 1e3,
-                "speedup": paired_ratio(times["math"], times["sdpa"]),
-                "math_mib": None if mem_math is None else mem_math / MIB,
-                "sdpa_mib": None if mem_sdpa is None else mem_sdpa / MIB,
-                "memory_ratio": None if not (mem_math and mem_sdpa) else mem_math / mem_sdpa,
-                "scores_mib": score_bytes / MIB,
-            }
-        )
-    # exponents over the longer sequences, where the T² terms dominate (all of them in quick mode)
-    tail = [r for r in rows if r["T"] >= 512] if not ctx.quick else rows
-    ts = [r["T"] for r in tail]
-    summary = {f"{k}_exponent": growth_exponent(ts, [r[k] for r in tail]) for k in ("math_ms", "sdpa_ms")}
-    if all(r["math_mib"] and r["sdpa_mib"] for r in tail):
-        summary.update({f"{k}_exponent": growth_exponent(ts, [r[k] for r in tail]) for k in ("math_mib", "sdpa_mib")})
-    method = "torch.cuda.max_memory_allocated" if device.type == "cuda" else (
-        "torch.profiler(profile_memory=True) allocation events, peak of their running sum"
-    )
-    labels = {"math_ms": "math time", "sdpa_ms": "sdpa time", "math_mib": "math memory", "sdpa_mib": "sdpa memory"}
-    growth = ", ".join(f"{labels[k.removesuffix('_exponent')]} ~ T^{v:.2f}" for k, v in summary.items())
+def wall(ctx: Context, s: dict) -> Table:
+    rows, last = [], {}
+    for t in s["ts"]:
+        for method in METHODS:
+            row = {"T": t, "method": method}
+            if method == "explicit" and explicit_bytes(t, s["heads"]) > MEMORY_BUDGET:
+                row["note"] = f"not run: would need {explicit_bytes(t, s['heads']) / 2**30:.1f} GiB"
+                rows.append(row)
+                log(f"attention: T={t} {method}: {row['note']}")
+                continue
+            log(f"attention: T={t} {method} ...")
+            fwd, both = call(method, t, s, ctx.device, False), call(method, t, s, ctx.device, True)
+            both()  # warmup
+            fwd()
+            row["fwd_ms"] = median([time_calls(fwd, 1, ctx.device) for _ in range(s["reps"])]) * 1e3
+            row["both_ms"] = median([time_calls(both, 1, ctx.device) for _ in range(s["reps"])]) * 1e3
+            mem = peak_bytes(both, ctx.device)
+            row["peak_mib"] = None if mem is None else mem / MIB
+            if method in last:
+                row["growth"] = row["both_ms"] / last[method]
+                row["predicted"] = GROWTH[method]
+            last[method] = row["both_ms"]
+            rows.append(row)
+    summary = {}
+    big = max(s["ts"])
+    by = {(r["T"], r["method"]): r for r in rows}
+    if by.get((big, "window blocks"), {}).get("both_ms") and by.get((big, "sdpa causal"), {}).get("both_ms"):
+        summary["window_speedup_at_max_T"] = by[(big, "sdpa causal")]["both_ms"] / by[(big, "window blocks")]["both_ms"]
+    blocks = [r["peak_mib"] for r in rows if r["method"] == "window blocks" and r.get("peak_mib")]
+    if len(blocks) > 1:
+        summary["window_peak_mib_per_1k_tokens"] = {r["T"]: r["peak_mib"] / r["T"] * 1024 for r in rows
+                                                    if r["method"] == "window blocks" and r.get("peak_mib")}
     return Table(
         name="attention",
-        title="Attention backends, one layer forward + backward: math vs sdpa",
+        title="The quadratic wall: one attention call, forward and forward + backward",
         machine=ctx.machine,
-        columns=[
-            Column("T", "T"),
-            Column("math_ms", "math ms", "{:.2f}"),
-            Column("sdpa_ms", "sdpa ms", "{:.2f}"),
-            Column("speedup", "math / sdpa time", "{:.2f}x"),
-            Column("math_mib", "math peak MiB", "{:.2f}"),
-            Column("sdpa_mib", "sdpa peak MiB", "{:.2f}"),
-            Column("memory_ratio", "math / sdpa memory", "{:.1f}x"),
-            Column("scores_mib", "one B·nh·T² fp32 tensor MiB", "{:.2f}"),
-        ],
+        columns=[Column("T", "T"), Column("method", "method"), Column("fwd_ms", "forward ms", "{:.1f}"),
+                 Column("both_ms", "fwd + bwd ms", "{:.1f}"), Column("peak_mib", "peak MiB (fwd + bwd)", "{:.1f}"),
+                 Column("growth", "time(T) / time(T/2)", "{:.2f}"), Column("predicted", "FLOP prediction", "{}"),
+                 Column("note", "note")],
         rows=rows,
-        notes=[
-            f"CausalSelfAttention (c_attn, attention, c_proj), batch {setting['batch']}, C {setting['n_embd']}, "
-            f"{setting['n_head']} heads, learned positions (no rotation), dropout 0; same weights for both backends.",
-            f"Time: the two interleaved, {setting['reps']} rounds after 2 warmups, medians; "
-            "math / sdpa = median of per-round time ratios.",
-            f"Peak memory: bytes allocated during one forward + backward beyond those before it; method: {method}.",
-            f"Growth over T >= {ts[0]}: {growth}.",
-        ],
+        notes=[f"batch 1, {s['heads']} heads of {s['hs']} (the baby model's), q, k, v given; window W = "
+               f"{s['window']}; linear: elu+1 features, chunks of 64; median of {s['reps']} after a warmup.",
+               f"The explicit path stops where its (nh, T, T) tensors would pass {MEMORY_BUDGET / 2**30:.0f} GiB.",
+               "Peak memory: allocations during one forward + backward beyond those before it."],
         summary=summary,
     )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# decoding: the cache and the cost per token
+
+
+VARIANTS = {
+    "multi-head": {},
+    "grouped-query (2 kv heads)": {"n_kv_head": 2},
+    "multi-query": {"n_kv_head": 1},
+    "window (W = 256)": {"window": 256},
+    "linear": {"attention": "linear", "pos_encoding": "none"},
+}
+
+
+def decode_model(variant: dict, block: int, quick: bool) -> GPT:
+    shape = dict(n_layer=2, n_head=2, n_embd=16) if quick else dict(n_layer=6, n_head=6, n_embd=384)
+    window = {"window": 16} if quick and "window" in variant else {}
+    cfg = GPTConfig(vocab_size=4096, block_size=block, pos_encoding="rope", bias=False, **shape)
+    cfg = GPTConfig(**(cfg.to_dict() | variant | window))
+    torch.manual_seed(0)
+    return GPT(cfg).eval()
+
+
+def cache_bytes(cache) -> int:
+    total = 0
+    for k, v, state in zip(cache.k, cache.v, cache.state):
+        total += sum(x.numel() * x.element_size() for x in (k, v) if x is not None)
+        if state is not None:
+            total += sum(x.numel() * x.element_size() for x in state)
+    return total
+
+
+def predicted_bytes(cfg: GPTConfig, length: int) -> int:
+    """What the cache must hold (float32): per layer, keys and values of min(length, W) tokens x nkv heads x hs,
+    or linear attention's hs x hs sums and hs normaliser per head (its size does not grow with length)."""
+    hs = cfg.head_size
+    if cfg.attention == "linear":
+        return cfg.n_layer * cfg.n_head * (hs * hs + hs) * 4
+    kept = sum(min(length, cfg.layer_window(i) or length) for i in range(cfg.n_layer))
+    return 2 * kept * cfg.kv_heads * hs * 4
+
+
+def decode(ctx: Context, s: dict) -> list[Table]:
+    lengths = s["cached"]
+    block = max(lengths) + s["decode_steps"] + 8
+    cache_rows, time_rows = [], []
+    for name, variant in VARIANTS.items():
+        model = decode_model(variant, block, ctx.quick).to(ctx.device)
+        for length in lengths:
+            log(f"decode: {name}, {length} cached ...")
+            ids = torch.randint(0, 4096, (1, length + s["decode_steps"]), generator=torch.Generator().manual_seed(1))
+            ids = ids.to(ctx.device)
+            with torch.inference_mode():
+                cache = model.new_kv_cache()
+                model(ids[:, :length], kv_cache=cache, last_only=True)
+                measured = cache_bytes(cache)
+                cache_rows.append({"variant": name, "length": length, "computed": predicted_bytes(model.config, length),
+                                   "measured": measured, "per_token": measured / length})
+                steps = iter(range(length, length + s["decode_steps"]))
+                torch.set_num_threads(1)  # as sample.py decodes (attention_lab/runtime/device.py decoding_threads)
+                try:
+                    n = s["decode_steps"]
+                    seconds = time_calls(lambda: model(ids[:, [next(steps)]], kv_cache=cache, last_only=True), n,
+                                         ctx.device)
+                finally:
+                    torch.set_num_threads(ctx.machine.get("torch_threads") or torch.get_num_threads())
+            time_rows.append({"variant": name, "length": length, "ms": seconds * 1e3})
+    base = {r["length"]: r["ms"] for r in time_rows if r["variant"] == "multi-head"}
+    for r in time_rows:
+        r["vs_mha"] = base[r["length"]] / r["ms"]
+    longest = max(lengths)
+    summary = {r["variant"]: r["vs_mha"] for r in time_rows if r["length"] == longest}
+    linear = [r["ms"] for r in time_rows if r["variant"] == "linear"]
+    summary["linear_ms_longest_over_shortest"] = linear[-1] / linear[0]
+    shape = "2 layers, 2 heads, 16 wide" if ctx.quick else "6 layers, 6 heads of 64, 384 wide (baby)"
+    cache_table = Table(
+        name="kv_cache", title="Decoding cache: bytes per token of context", machine=ctx.machine,
+        columns=[Column("variant", "variant"), Column("length", "cached tokens"),
+                 Column("computed", "computed bytes", "{:,}"), Column("measured", "measured bytes", "{:,}"),
+                 Column("per_token", "bytes / token", "{:,.0f}")],
+        rows=cache_rows,
+        notes=[f"{shape}, float32, RoPE (linear: no positions); measured: the cache's tensors after a prefill."],
+    )
+    time_table = Table(
+        name="decode", title="Cached decoding: milliseconds per token against the cached length",
+        machine=ctx.machine,
+        columns=[Column("variant", "variant"), Column("length", "cached tokens"), Column("ms", "ms / token", "{:.2f}"),
+                 Column("vs_mha", "multi-head / this", "{:.2f}x")],
+        rows=time_rows,
+        notes=[f"{shape}, batch 1, one thread (as sample.py decodes), {s['decode_steps']} tokens after a prefill "
+               "of the cached length, mean per token."],
+        summary=summary,
+    )
+    return [cache_table, time_table]
+
+
+def run(ctx: Context) -> list[Table]:
+    s = QUICK if ctx.quick else FULL
+    return [wall(ctx, s), *decode(ctx, s)]
+

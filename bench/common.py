@@ -87,6 +87,42 @@ def machine_line(m: dict) -> str:
 # timing
 
 
+def peak_bytes(fn, device: torch.device) -> int | None:
+    """Bytes allocated by fn at its peak, beyond what was allocated before it ran (None if unmeasurable).
+
+    GPU: torch.cuda.max_memory_allocated after reset_peak_memory_stats. CPU: torch.profiler(profile_memory=True)
+    allocation events (+size, -size on free) in time order; the maximum of their running sum.
+    """
+    if device.type == "cuda":
+        synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        fn()
+        synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - before
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    try:
+        from torch._C._profiler import _EventType
+
+        tree = prof.profiler.kineto_results.experimental_event_tree()
+    except (AttributeError, ImportError):  # the event tree is an experimental API; report n/a without it
+        return None
+    events, stack = [], list(tree)
+    while stack:
+        e = stack.pop()
+        if e.tag == _EventType.Allocation and e.extra_fields.device.type == "cpu":
+            events.append((e.start_time_ns, e.extra_fields.alloc_size))
+        stack.extend(e.children)
+    running = peak = 0
+    for _, size in sorted(events):
+        running += size
+        peak = max(peak, running)
+    return peak
+
+
 def interleaved(
     fns: dict[str, Callable[[], object]],
     device: torch.device,

@@ -67,12 +67,13 @@ def main(argv: list[str] | None = None) -> dict:
         if name not in args.only:
             continue
         t0 = time.perf_counter()
-        table = importlib.import_module(BENCHMARKS[name]).run(ctx)
+        tables = importlib.import_module(BENCHMARKS[name]).run(ctx)  # one table, or several
         log(f"{name}: {time.perf_counter() - t0:.1f} s")
-        results["tables"][name] = table.to_json()
-        results["tables"][name]["seconds"] = time.perf_counter() - t0
-        sections.append(table.markdown())
-        print(sections[-1], flush=True)
+        for table in tables if isinstance(tables, list) else [tables]:
+            results["tables"][table.name] = table.to_json()
+            results["tables"][table.name]["seconds"] = time.perf_counter() - t0
+            sections.append(table.markdown())
+            print(sections[-1], flush=True)
     results["seconds"] = time.perf_counter() - start
 
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -2,12 +2,13 @@
 project (attention_lab/__init__.py states the rule; tests/test_layering.py checks it)."""
 
 from .attention import CausalSelfAttention, KVCache
-from .config import ATTENTION_BACKENDS, POSITION_ENCODINGS, GPTConfig
+from .config import ATTENTION_BACKENDS, ATTENTION_KINDS, POSITION_ENCODINGS, GPTConfig
 from .generate import filter_logits, generate, generate_stream, sample_next
 from .gpt import GPT, GPTOutput, flops_per_token, num_params
 
 __all__ = [
     "ATTENTION_BACKENDS",
+    "ATTENTION_KINDS",
     "POSITION_ENCODINGS",
     "GPT",
     "GPTConfig",

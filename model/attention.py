@@ -1,11 +1,22 @@
-"""Masked multi-head self-attention, written out, plus the KV cache it reads during decoding.
+"""Masked multi-head self-attention, written out, with the variants that answer its quadratic cost, and the KV
+cache it reads during decoding.
 
-Shapes: B batch, T new (query) tokens, S keys = tokens cached before + T, C n_embd, nh n_head, hs = C // nh.
+Shapes: B batch, T new (query) tokens, S keys (cached + new), C n_embd, nh n_head, nkv key/value heads,
+hs = C // nh head size, W a window, P = W the block of local attention.
 
-Two backends compute the same function:
-  math  the explicit reference: softmax(mask(QK^T / sqrt(hs) + bias)) V; can hand back the weights.
-  sdpa  torch's fused scaled_dot_product_attention (flash / memory-efficient kernels on GPU).
-Asking for the weights always runs `math`, so capture never slows ordinary training, which runs `sdpa`.
+Per head: softmax(mask(Q K^T / sqrt(hs) + bias)) V. Two backends compute the same function:
+  math  the explicit reference; can hand back the weights.
+  sdpa  torch's fused scaled_dot_product_attention; a windowed layer without a cache runs `local_attention`
+        instead, blocks of W queries against 2W keys: T*W work and memory rather than T*T.
+The variants (GPTConfig), each a change to the keys a query sees or to the softmax:
+  grouped-query (n_kv_head = nkv < nh)  nkv key/value heads; query head h reads kv head h // (nh / nkv)
+                                        (contiguous groups, as transformers' repeat_kv and sdpa's enable_gqa);
+                                        the cache holds nkv heads. nkv = 1 is multi-query attention.
+  sliding window (window = W)           query i sees keys i-W < j <= i; its cache keeps W keys (a ring buffer)
+  sinks (attn_sinks)                    a learned logit s_h per head joins the softmax's denominator:
+                                        w_ij = exp(a_ij) / (exp(s_h) + sum_j' exp(a_ij')), so a head may attend
+                                        to nothing (gpt-oss)
+Linear attention, which has no softmax, is model/linear_attention.py.
 """
 
 from __future__ import annotations
@@ -20,6 +31,8 @@ from torch import Tensor
 from .config import GPTConfig
 from .positions import PositionalEncoding
 
+FAR = -(2**62)  # the position of an empty ring-buffer slot: no query sees it
+
 
 def dropout(x: Tensor, p: float, training: bool) -> Tensor:
     """F.dropout while training with p > 0; otherwise x itself, with no call at all. A function, not a module:
@@ -28,56 +41,142 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
     return F.dropout(x, p, training=True) if training and p > 0 else x
 
 
-def causal_mask(t: int, s: int, device: torch.device) -> Tensor:
-    """(T, S) bool, True where query i may see key j: the T queries are the last T of the S positions."""
-    return torch.ones(t, s, dtype=torch.bool, device=device).tril(diagonal=s - t)
+def visible_keys(q_pos: Tensor, k_pos: Tensor, window: int | None = None) -> Tensor:
+    """(T, S) bool, True where the query at position q_pos[i] may see the key at k_pos[j]: j's position is not
+    later, and (with a window W) less than W back: q - W < k <= q."""
+    seen = k_pos[None, :] <= q_pos[:, None]
+    if window is not None:
+        seen &= k_pos[None, :] > q_pos[:, None] - window
+    return seen
 
 
-def math_attention(
-    q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, dropout_p: float = 0.0
-) -> tuple[Tensor, Tensor]:
-    """q (B, nh, T, hs), k and v (B, nh, S, hs), bias (nh, T, S) or None -> y (B, nh, T, hs), weights (B, nh, T, S)."""
-    t, s = q.size(-2), k.size(-2)
+def expand_kv(x: Tensor, n_head: int) -> Tensor:
+    """(B, nkv, S, hs) -> (B, nh, S, hs): each kv head serves n_head / nkv consecutive query heads."""
+    n_rep = n_head // x.size(1)
+    return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
+
+
+def math_attention(q: Tensor, k: Tensor, v: Tensor, visible: Tensor, bias: Tensor | None = None,
+                   sink: Tensor | None = None, dropout_p: float = 0.0) -> tuple[Tensor, Tensor]:
+    """The reference. q (B, nh, T, hs), k and v (B, nkv, S, hs), visible (T, S), bias (nh, T, S) or None, sink
+    (nh,) or None -> y (B, nh, T, hs), weights (B, nh, T, S)."""
+    k, v = expand_kv(k, q.size(1)), expand_kv(v, q.size(1))
     scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))  # (B, nh, T, S)
     if bias is not None:
         scores = scores + bias
-    # -inf before the softmax makes every future key's weight exactly 0
-    scores = scores.masked_fill(~causal_mask(t, s, q.device), float("-inf"))
-    weights = F.softmax(scores, dim=-1)  # (B, nh, T, S), each row sums to 1
+    # -inf before the softmax makes every hidden key's weight exactly 0
+    scores = scores.masked_fill(~visible, float("-inf"))
+    if sink is None:
+        weights = F.softmax(scores, dim=-1)  # (B, nh, T, S), each row sums to 1
+    else:  # the sink is one more logit in the denominator, with no value: rows sum to at most 1
+        column = sink.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        weights = F.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
     y = dropout(weights, dropout_p, training=True) @ v  # (B, nh, T, hs); the caller passes 0 in eval
     return y, weights
 
 
-def fused_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, dropout_p: float) -> Tensor:
+def masked_sdpa(q: Tensor, k: Tensor, v: Tensor, visible: Tensor, bias: Tensor | None = None,
+                sink: Tensor | None = None, dropout_p: float = 0.0) -> Tensor:
+    """sdpa with an explicit mask; q (..., nh, T, hs), k and v (..., nkv, S, hs), visible broadcastable to
+    (..., T, S), bias to (nh, T, S) or None. The sink is exact: one more key that every query sees, whose score
+    is the head's sink logit and whose value is 0, built by giving q a channel of ones and that key the logit
+    times sqrt(hs) in it (the scale stays 1/sqrt(hs))."""
+    hs = q.size(-1)
+    gqa = {"enable_gqa": True} if q.size(-3) != k.size(-3) else {}
+    if sink is not None:
+        k, v = expand_kv(k, q.size(-3)) if k.dim() == 4 else k, expand_kv(v, q.size(-3)) if v.dim() == 4 else v
+        gqa = {}
+        ones = q.new_ones(*q.shape[:-1], 1)
+        q = torch.cat([q, ones], dim=-1)
+        k = torch.cat([k, k.new_zeros(*k.shape[:-1], 1)], dim=-1)
+        sink_key = k.new_zeros(*k.shape[:-2], 1, hs + 1)
+        sink_key[..., -1] = (sink.to(k.dtype) * math.sqrt(hs)).view(-1, *[1] * (k.dim() - 3))  # per head
+        k = torch.cat([sink_key, k], dim=-2)
+        v = torch.cat([v.new_zeros(*v.shape[:-2], 1, v.size(-1)), v], dim=-2)
+        visible = torch.cat([visible.new_ones(*visible.shape[:-1], 1), visible], dim=-1)
+        if bias is not None:
+            bias = torch.cat([bias.new_zeros(*bias.shape[:-1], 1), bias], dim=-1)
+    mask = visible if bias is None else bias.masked_fill(~visible, float("-inf")).to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=1.0 / math.sqrt(hs),
+                                          **gqa)
+
+
+def fused_attention(q: Tensor, k: Tensor, v: Tensor, pos: Tensor, k_pos: Tensor, window: int | None,
+                    pe: PositionalEncoding, sink: Tensor | None, dropout_p: float, plain_causal: bool) -> Tensor:
+    """The sdpa backend. plain_causal: the keys are positions 0..S-1 in order and no window hides any of them,
+    so the kernel's own causal paths apply (and no T x S mask is built)."""
     t, s = q.size(-2), k.size(-2)
-    if bias is not None:
-        mask = bias.masked_fill(~causal_mask(t, s, q.device), float("-inf")).to(q.dtype)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    if pe.has_score_bias or sink is not None or not plain_causal:
+        bias = pe.score_bias(pos, k_pos) if pe.has_score_bias else None
+        return masked_sdpa(q, k, v, visible_keys(pos, k_pos, window), bias, sink, dropout_p)
+    gqa = {"enable_gqa": True} if q.size(1) != k.size(1) else {}
     if t == s:  # no cache, or a prefill into an empty one: the kernel's own causal path
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p, **gqa)
     if t == 1:  # one new token sees every cached key
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, **gqa)
     # is_causal aligns the mask top-left; queries that follow a cache need it aligned bottom-right
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(t, s, q.device), dropout_p=dropout_p)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=visible_keys(pos, k_pos), dropout_p=dropout_p, **gqa)
+
+
+def local_attention(q: Tensor, k: Tensor, v: Tensor, window: int, pe: PositionalEncoding,
+                    sink: Tensor | None = None, dropout_p: float = 0.0) -> Tensor:
+    """Sliding-window attention in blocks: queries in blocks of P = W, each block against the P keys before it
+    and its own P, so (T / W) blocks of W x 2W scores: time and memory grow with T*W, not T*T. Equals
+    masked_sdpa with visible_keys(pos, pos, W). q (B, nh, T, hs), k and v (B, nkv, T, hs) -> (B, nh, T, hs).
+
+    sdpa with a dense window mask computes every one of the T x T scores (and on the CPU first turns the mask
+    into a T x T float tensor), so it costs more than plain causal attention, not less.
+    """
+    b, nh, t, hs = q.shape
+    p = window
+    n = -(-t // p)  # blocks
+    pad = n * p - t
+
+    def blocks(x: Tensor) -> Tensor:  # (B, h, T, hs) -> (B, h, n, P, hs), zero-padded at the end
+        return F.pad(x, (0, 0, 0, pad)).view(x.size(0), x.size(1), n, p, hs)
+
+    def with_previous(x: Tensor) -> Tensor:  # (B, h, n, P, hs) -> (B, h, n, 2P, hs): the block before, then it
+        return torch.cat([F.pad(x, (0, 0, 0, 0, 1, 0))[:, :, :-1], x], dim=3)
+
+    qb = blocks(q)
+    kb, vb = with_previous(blocks(expand_kv(k, nh))), with_previous(blocks(expand_kv(v, nh)))
+    # query r of block i sits at i*P + r, key c of its 2P keys at i*P - P + c: relative positions P + r and c
+    rel_q, rel_k = torch.arange(p, 2 * p, device=q.device), torch.arange(2 * p, device=q.device)
+    visible = visible_keys(rel_q, rel_k, window).expand(n, p, 2 * p).clone()  # (n, P, 2P)
+    visible[0, :, :p] = False  # the first block has nothing before it
+    bias = pe.score_bias(rel_q, rel_k) if pe.has_score_bias else None  # ALiBi: relative, the same in every block
+    bias = bias[:, None] if bias is not None else None  # (nh, 1, P, 2P) against (B, nh, n, P, 2P)
+    y = masked_sdpa(qb, kb, vb, visible, bias, sink, dropout_p)
+    return y.reshape(b, nh, n * p, hs)[:, :, :t]
 
 
 class KVCache:
-    """Keys and values of every layer for the tokens seen so far, preallocated to `max_len` positions.
+    """Keys and values of every layer for the tokens seen so far; linear-attention layers keep running sums.
 
-    A forward pass writes its T new keys/values at [length, length + T) in every layer, then `advance(T)`.
-    The buffers are allocated on first use so they take the dtype the activations have (bf16 under autocast).
+    A layer that sees every earlier key keeps them in a buffer of `max_len` positions: a forward pass writes its
+    T new keys/values at [length, length + T). A windowed layer keeps only the last W, in a ring buffer of W slots
+    (position p in slot p mod W) with each slot's position, so masks and ALiBi see true positions and decoding
+    may go on past block_size. `advance(T)` after every layer has been updated. Buffers are allocated on first
+    use, so they take the dtype the activations have (bf16 under autocast).
     """
 
-    def __init__(self, n_layer: int, max_len: int):
+    def __init__(self, n_layer: int, max_len: int, windows: list[int | None] | None = None):
         self.n_layer = n_layer
         self.max_len = max_len
+        self.windows = windows or [None] * n_layer
         self.length = 0
         self.k: list[Tensor | None] = [None] * n_layer
         self.v: list[Tensor | None] = [None] * n_layer
+        self.pos: list[Tensor | None] = [None] * n_layer  # ring layers: the position held in each slot
+        self.state: list[object | None] = [None] * n_layer  # linear attention's (sum_j phi(k_j) v_j^T, sum_j phi(k_j))
 
-    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store k, v (B, nh, T, hs) after the cached ones; return all keys and values (B, nh, S, hs)."""
-        b, nh, t, hs = k.shape
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Store k, v (B, nkv, T, hs); return the keys and values the new queries attend over (B, nkv, S, hs)
+        and their positions (S,)."""
+        window = self.windows[layer]
+        b, h, t, hs = k.shape
+        if window is not None:
+            return self._update_ring(layer, k, v, window)
         end = self.length + t
         if end > self.max_len:
             raise ValueError(
@@ -85,17 +184,35 @@ class KVCache:
                 "Call reset() and prefill the last block_size tokens."
             )
         if self.k[layer] is None or self.k[layer].shape[0] != b or self.k[layer].dtype != k.dtype:
-            self.k[layer] = k.new_empty(b, nh, self.max_len, hs)
-            self.v[layer] = v.new_empty(b, nh, self.max_len, hs)
+            self.k[layer] = k.new_empty(b, h, self.max_len, hs)
+            self.v[layer] = v.new_empty(b, h, self.max_len, hs)
         self.k[layer][:, :, self.length : end] = k
         self.v[layer][:, :, self.length : end] = v
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end], torch.arange(end, device=k.device)
+
+    def _update_ring(self, layer: int, k: Tensor, v: Tensor, window: int) -> tuple[Tensor, Tensor, Tensor]:
+        b, h, t, hs = k.shape
+        if self.k[layer] is None or self.k[layer].shape[0] != b or self.k[layer].dtype != k.dtype or self.length == 0:
+            self.k[layer] = k.new_zeros(b, h, window, hs)
+            self.v[layer] = v.new_zeros(b, h, window, hs)
+            self.pos[layer] = torch.full((window,), FAR, dtype=torch.long, device=k.device)
+        ring_k, ring_v, ring_pos = self.k[layer], self.v[layer], self.pos[layer]
+        new_pos = torch.arange(self.length, self.length + t, device=k.device)
+        if t > 1:  # a prefill: attend over what the ring holds and all new keys, then keep the last W
+            out = (torch.cat([ring_k, k], dim=2), torch.cat([ring_v, v], dim=2), torch.cat([ring_pos, new_pos]))
+        keep = min(t, window)
+        slots = new_pos[-keep:] % window
+        ring_k[:, :, slots] = k[:, :, -keep:]
+        ring_v[:, :, slots] = v[:, :, -keep:]
+        ring_pos[slots] = new_pos[-keep:]
+        return out if t > 1 else (ring_k, ring_v, ring_pos.clone())
 
     def advance(self, t: int) -> None:
         self.length += t
 
     def reset(self) -> None:
         self.length = 0
+        self.state = [None] * self.n_layer
 
 
 def qk_norm(x: Tensor) -> Tensor:
@@ -110,53 +227,69 @@ def qk_norm(x: Tensor) -> Tensor:
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig, layer: int = 0):
         super().__init__()
-        self.n_head = cfg.n_head
+        self.n_head, self.n_kv_head, self.head_size = cfg.n_head, cfg.kv_heads, cfg.head_size
         self.n_embd = cfg.n_embd
         self.backend = cfg.attn_backend
         self.dropout_p = cfg.dropout
-        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)  # q, k, v projections, fused
+        self.window = cfg.layer_window(layer)
+        # q, k, v projections, fused: the output channels are [q: nh heads | k: nkv heads | v: nkv heads], hs each
+        self.c_attn = nn.Linear(cfg.n_embd, (cfg.n_head + 2 * cfg.kv_heads) * cfg.head_size, bias=cfg.bias)
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)  # output projection
         self.qk_norm = cfg.qk_norm
+        self.sink = nn.Parameter(torch.zeros(cfg.n_head)) if cfg.attn_sinks else None  # one logit per head
         # value residual (Zhou et al. 2024, "ResFormer"): v <- lambda v + (1 - lambda) v_first, where v_first is
         # the first block's value of the same token; one learned lambda per block after the first
         self.value_lambda = nn.Parameter(torch.tensor(0.5)) if cfg.value_residual and layer > 0 else None
+
+    def split_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x (B, T, C) -> q (B, nh, T, hs), k and v (B, nkv, T, hs): the fused projection split into heads."""
+        b, t, _ = x.shape
+        nh, nkv, hs = self.n_head, self.n_kv_head, self.head_size
+        q, k, v = self.c_attn(x).split([nh * hs, nkv * hs, nkv * hs], dim=-1)
+        return (q.view(b, t, nh, hs).transpose(1, 2), k.view(b, t, nkv, hs).transpose(1, 2),
+                v.view(b, t, nkv, hs).transpose(1, 2))
 
     def forward(
         self,
         x: Tensor,
         pe: PositionalEncoding,
         rotation: tuple[Tensor, Tensor] | None,
-        bias: Tensor | None = None,
+        pos: Tensor,
         kv_cache: KVCache | None = None,
         layer: int = 0,
         return_weights: bool = False,
         v_first: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None, Tensor]:
         """x (B, T, C); rotation: pe.rotation(pos) of x's positions (RoPE's cos/sin tables, else None), computed
-        once per forward pass; bias (nh, T, S) additive score bias or None;
-        v_first (B, nh, T, hs) the first block's values of these tokens (used with value_residual).
+        once per forward pass; pos (T,) x's positions; v_first (B, nkv, T, hs) the first block's values of these
+        tokens (used with value_residual).
 
         Returns y (B, T, C), the attention weights (B, nh, T, S) when return_weights (else None), and this
-        block's values of the new tokens before any mixing, (B, nh, T, hs).
+        block's values of the new tokens before any mixing, (B, nkv, T, hs).
         """
         b, t, c = x.shape
-        qkv = self.c_attn(x).view(b, t, 3, self.n_head, c // self.n_head)  # (B, T, 3, nh, hs)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, nh, T, hs): heads split from the channels
+        q, k, v = self.split_qkv(x)
         if self.qk_norm:
             q, k = qk_norm(q), qk_norm(k)
         q, k = pe.rotate_qk(q, k, rotation)
         v_own = v
         if self.value_lambda is not None and v_first is not None:
             v = self.value_lambda * v + (1.0 - self.value_lambda) * v_first
+        k_pos = pos
         if kv_cache is not None:
-            k, v = kv_cache.update(layer, k, v)  # (B, nh, S, hs)
+            k, v, k_pos = kv_cache.update(layer, k, v)  # (B, nkv, S, hs), (S,)
+        dropout_p = self.dropout_p if self.training else 0.0
 
         weights = None
-        dropout_p = self.dropout_p if self.training else 0.0
         if return_weights or self.backend == "math":
-            y, weights = math_attention(q, k, v, bias, dropout_p)
-        else:
-            y = fused_attention(q, k, v, bias, dropout_p)
+            visible = visible_keys(pos, k_pos, self.window)
+            bias = pe.score_bias(pos, k_pos) if pe.has_score_bias else None
+            y, weights = math_attention(q, k, v, visible, bias, self.sink, dropout_p)
+        elif self.window is not None and kv_cache is None and t > self.window:
+            y = local_attention(q, k, v, self.window, pe, self.sink, dropout_p)
+        else:  # a ring buffer's keys are out of order and may hold empty slots: only a full layer is plain
+            plain = self.window is None or (kv_cache is None and t <= self.window)
+            y = fused_attention(q, k, v, pos, k_pos, self.window, pe, self.sink, dropout_p, plain)
         y = y.transpose(1, 2).contiguous().view(b, t, c)  # re-assemble heads side by side: (B, T, C)
         y = dropout(self.c_proj(y), self.dropout_p, self.training)
         return y, (weights if return_weights else None), v_own

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 POSITION_ENCODINGS = ("learned", "sinusoidal", "rope", "alibi", "none")
 ATTENTION_BACKENDS = ("math", "sdpa")
 MLP_ACTIVATIONS = ("gelu", "relu2")
+ATTENTION_KINDS = ("softmax", "linear")
 
 
 @dataclass
@@ -34,6 +35,14 @@ class GPTConfig:
     logit_softcap: float = 0.0  # > 0: logits = c * tanh(logits / c), bounded in (-c, c); 0 = off
     zero_init_proj: bool = False  # attention and MLP output projections (c_proj) start at zero
     value_residual: bool = False  # blocks after the first mix in the first block's values (learned weight)
+    # attention variants (model/attention.py, model/linear_attention.py); each default is full multi-head softmax
+    n_kv_head: int = 0  # key/value heads, grouped-query attention: 0 = n_head (multi-head), 1 = multi-query
+    window: int = 0  # sliding window: query i sees keys i-W < j <= i; 0 = every earlier key
+    window_pattern: str = ""  # per layer, repeated: L local (the window), G global; "" = every layer local
+    attn_sinks: bool = False  # a learned logit per head joins the softmax's denominator (gpt-oss's sinks)
+    attention: str = "softmax"  # softmax | linear: causal linear attention with elu+1 features
+    linear_denominator: bool = True  # linear: divide by phi(q) . sum_j phi(k_j) (False: no normaliser)
+    linear_out_norm: bool = False  # linear: RMS-normalise each head's output (what recent linear models do)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "mlp_ratio"):
@@ -71,10 +80,55 @@ class GPTConfig:
                 raise ValueError(f"GPTConfig.{name} must be true or false, got {getattr(self, name)!r}")
         if self.layer_norm_eps <= 0:
             raise ValueError(f"GPTConfig.layer_norm_eps must be positive, got {self.layer_norm_eps!r}")
+        self._check_variants()
+
+    def _check_variants(self) -> None:
+        if isinstance(self.n_kv_head, bool) or not isinstance(self.n_kv_head, int) or self.n_kv_head < 0 or (
+                self.n_kv_head and self.n_head % self.n_kv_head):
+            divisors = [d for d in range(1, self.n_head + 1) if self.n_head % d == 0]
+            raise ValueError(f"GPTConfig.n_kv_head must divide n_head={self.n_head} (one of {divisors}; 0 = n_head), "
+                             f"got {self.n_kv_head!r}")
+        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 0:
+            raise ValueError(f"GPTConfig.window must be an integer >= 0 (0 = no window), got {self.window!r}")
+        if self.window_pattern and (set(self.window_pattern) - {"L", "G"} or not self.window):
+            raise ValueError(f"GPTConfig.window_pattern must be letters L (local) and G (global), e.g. LLLG, and "
+                             f"needs a window > 0; got {self.window_pattern!r} with window={self.window}")
+        if self.attention not in ATTENTION_KINDS:
+            raise ValueError(f"GPTConfig.attention must be one of {', '.join(ATTENTION_KINDS)}; got {self.attention!r}")
+        for name in ("attn_sinks", "linear_denominator", "linear_out_norm"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"GPTConfig.{name} must be true or false, got {getattr(self, name)!r}")
+        if self.attention == "linear":
+            clash = [f"window={self.window}"] if self.window else []
+            clash += ["attn_sinks=true"] if self.attn_sinks else []
+            clash += [f"pos_encoding={self.pos_encoding}"] if self.pos_encoding in ("rope", "alibi") else []
+            if clash:
+                raise ValueError(f"GPTConfig.attention='linear' has no softmax scores to window, sink or bias and "
+                                 f"its elu+1 features are not rotated: it cannot be combined with {', '.join(clash)}; "
+                                 "use pos_encoding learned, sinusoidal or none, window 0, attn_sinks false")
 
     @property
     def head_size(self) -> int:
         return self.n_embd // self.n_head
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: n_kv_head, or n_head when it is 0."""
+        return self.n_kv_head or self.n_head
+
+    def layer_window(self, layer: int) -> int | None:
+        """The window of layer `layer` (None: it sees every earlier key), from window and window_pattern."""
+        if not self.window:
+            return None
+        pattern = self.window_pattern or "L"
+        return self.window if pattern[layer % len(pattern)] == "L" else None
+
+    @property
+    def bounded_cache(self) -> bool:
+        """Every layer keeps a bounded state (a window's W keys, or linear attention's sums) and no position
+        table limits the positions: cached decoding may run past block_size without rebuilding."""
+        layers_bounded = self.attention == "linear" or all(self.layer_window(i) for i in range(self.n_layer))
+        return layers_bounded and self.pos_encoding in ("rope", "alibi", "none")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

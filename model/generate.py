@@ -4,6 +4,12 @@ With the cache, each new token costs one forward pass of a single position that 
 and values. Once the context holds block_size tokens it slides: every token's position shifts by one and the
 deeper layers' keys depend on tokens that have left the window, so the cache is rebuilt from the window,
 which is exactly what the uncached path computes. Both paths give the same tokens.
+
+A model whose every layer keeps a bounded state (sliding windows with RoPE, ALiBi or no positions; linear
+attention: GPTConfig.bounded_cache) never rebuilds: its cache goes on past block_size at constant cost per token.
+keep_first=k keeps the first k tokens in every rebuilt window (StreamingLLM's attention sinks, Xiao et al. 2023):
+the window is those k tokens and the most recent block_size - k, at positions 0..block_size-1, so RoPE sees the
+distances it was trained on.
 """
 
 from __future__ import annotations
@@ -58,15 +64,20 @@ def generate_stream(
     greedy: bool = False,
     use_cache: bool = True,
     generator: torch.Generator | None = None,
+    keep_first: int = 0,
 ) -> Iterator[Tensor]:
     """Yield the next token ids (B, 1) one step at a time after the prompt idx (B, T), T >= 1."""
     block = model.config.block_size
+    if not 0 <= keep_first < block:
+        raise ValueError(f"keep_first must be in [0, block_size={block}), got {keep_first}")
     b, t = idx.shape
-    # the prompt's last block_size tokens, then each new token written in place (no per-step concatenation)
-    tokens = idx.new_empty(b, min(t, block) + max_new_tokens)
-    n = min(t, block)
-    tokens[:, :n] = idx[:, -block:]
+    # the prompt's window, then each new token written in place (no per-step concatenation)
+    prompt = window_of(idx, t, block, keep_first)
+    n = prompt.size(1)
+    tokens = idx.new_empty(b, n + max_new_tokens)
+    tokens[:, :n] = prompt
     cache = model.new_kv_cache() if use_cache else None
+    unbounded = cache is not None and model.config.bounded_cache  # the cache itself forgets what it must
     logits = model(tokens[:, :n], kv_cache=cache, last_only=True).logits[:, -1]  # prefill: (B, V)
     for step in range(max_new_tokens):
         nxt = sample_next(logits, temperature, top_k, top_p, greedy, generator)  # (B, 1)
@@ -75,13 +86,22 @@ def generate_stream(
             break
         tokens[:, n] = nxt[:, 0]
         n += 1
-        if cache is not None and cache.length < block:
+        if cache is not None and (cache.length < block or unbounded):
             logits = model(nxt, kv_cache=cache, last_only=True).logits[:, -1]
             continue
-        window = tokens[:, max(0, n - block) : n]  # the context: at most the last block_size tokens
+        window = window_of(tokens, n, block, keep_first)  # the context: at most block_size tokens
         if cache is not None:  # the window slides: rebuild the cache from it (see module docstring)
             cache.reset()
         logits = model(window, kv_cache=cache, last_only=True).logits[:, -1]
+
+
+def window_of(tokens: Tensor, n: int, block: int, keep_first: int = 0) -> Tensor:
+    """The context of the first n tokens (B, n): all of them, or the first keep_first and the last
+    block - keep_first when they do not fit."""
+    if n <= block:
+        return tokens[:, :n]
+    recent = tokens[:, n - (block - keep_first) : n]
+    return torch.cat([tokens[:, :keep_first], recent], dim=1) if keep_first else recent
 
 
 def generate(model: GPT, idx: Tensor, max_new_tokens: int, **kwargs) -> Tensor:

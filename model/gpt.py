@@ -15,6 +15,7 @@ from torch import Tensor
 
 from .attention import CausalSelfAttention, KVCache, dropout
 from .config import GPTConfig
+from .linear_attention import LinearAttention
 from .positions import LearnedPositions, build_positional_encoding
 
 
@@ -49,19 +50,22 @@ class MLP(nn.Module):
         return dropout(self.c_proj(self.act(self.c_fc(x))), self.dropout_p, self.training)
 
 
+ATTENTIONS: dict[str, type[nn.Module]] = {"softmax": CausalSelfAttention, "linear": LinearAttention}
+
+
 class Block(nn.Module):
     """Pre-LayerNorm block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
 
     def __init__(self, cfg: GPTConfig, layer: int = 0):
         super().__init__()
         self.ln_1 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_eps, bias=cfg.bias)
-        self.attn = CausalSelfAttention(cfg, layer)
+        self.attn = ATTENTIONS[cfg.attention](cfg, layer)
         self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_eps, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, pe, rotation, bias=None, kv_cache=None, layer=0, return_weights=False, v_first=None):
-        """-> x (B, T, C), attention weights or None, this block's values (B, nh, T, hs) (see attention.py)."""
-        a, weights, v = self.attn(self.ln_1(x), pe, rotation, bias, kv_cache, layer, return_weights, v_first)
+    def forward(self, x, pe, rotation, pos, kv_cache=None, layer=0, return_weights=False, v_first=None):
+        """-> x (B, T, C), attention weights or None, this block's values (B, nkv, T, hs) (see attention.py)."""
+        a, weights, v = self.attn(self.ln_1(x), pe, rotation, pos, kv_cache, layer, return_weights, v_first)
         x = x + a
         x = x + self.mlp(self.ln_2(x))
         return x, weights, v
@@ -140,7 +144,8 @@ class GPT(nn.Module):
                 nn.init.constant_(p, 0.5)  # an even mix of the block's own and the first block's values
 
     def new_kv_cache(self) -> KVCache:
-        return KVCache(self.config.n_layer, self.config.block_size)
+        cfg = self.config
+        return KVCache(cfg.n_layer, cfg.block_size, [cfg.layer_window(i) for i in range(cfg.n_layer)])
 
     def forward(
         self,
@@ -161,7 +166,7 @@ class GPT(nn.Module):
         """
         b, t = idx.shape
         past = kv_cache.length if kv_cache is not None else 0
-        if past + t > self.config.block_size:
+        if past + t > self.config.block_size and not (kv_cache is not None and self.config.bounded_cache):
             raise ValueError(
                 f"sequence of {past + t} tokens is longer than block_size={self.config.block_size}; "
                 "crop the input to the last block_size tokens"
@@ -174,14 +179,12 @@ class GPT(nn.Module):
         if pos_emb is not None:
             x = x + pos_emb  # (T, C) broadcast over the batch
         x = dropout(x, self.config.dropout, self.training)
-        # the ALiBi bias is the same in every layer: compute it once, (nh, T, S)
-        bias = pe.score_bias(pos, torch.arange(past + t, device=idx.device)) if pe.has_score_bias else None
         rotation = pe.rotation(pos)  # RoPE's cos/sin tables, once for every layer (None for the other encodings)
 
         attentions = []
         v_first = None  # the first block's values, for value_residual
         for i, block in enumerate(self.transformer.h):
-            x, weights, v = block(x, pe, rotation, bias, kv_cache, i, return_attention, v_first)
+            x, weights, v = block(x, pe, rotation, pos, kv_cache, i, return_attention, v_first)
             attentions.append(weights)
             if i == 0:
                 v_first = v

@@ -114,6 +114,8 @@ class RotaryPositions(PositionalEncoding):
     def rotate_qk(self, q: Tensor, k: Tensor, tables: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         # q, k: (B, nh, T, hs), rotated as one (2, B, nh, T, hs) tensor: one pass of each op instead of two
         cos, sin = (t.to(q.dtype) for t in tables)
+        if q.shape != k.shape:  # grouped-query: fewer key heads than query heads
+            return self._turn(q, cos, sin), self._turn(k, cos, sin)
         qk = self._turn(torch.stack((q, k)), cos, sin)
         return qk[0], qk[1]
 

@@ -195,6 +195,24 @@ MUTATIONS = (
              "measure_peak_flops(device, dtype)", "measure_peak_flops(device, torch.float32)",
              ("tests/test_train_step.py::test_mfu_divides_by_the_matmul_peak_of_the_runs_own_dtype",),
              "a bf16 run's MFU is divided by the float32 matmul peak"),
+    # attention variants (tests/test_model_variants.py)
+    Mutation("gqa_tiles_instead_of_groups", "model/attention.py",
+             "x.repeat_interleave(n_rep, dim=1)", "x.repeat(1, n_rep, 1, 1)",
+             ("tests/test_model_variants.py",), "grouped-query heads read a tiled (.repeat) kv head, not their group's"),
+    Mutation("window_off_by_one", "model/attention.py",
+             "seen &= k_pos[None, :] > q_pos[:, None] - window", "seen &= k_pos[None, :] >= q_pos[:, None] - window",
+             ("tests/test_model_variants.py",), "the window shows W + 1 keys"),
+    Mutation("ring_masked_by_slot", "model/attention.py",
+             "return out if t > 1 else (ring_k, ring_v, ring_pos.clone())",
+             "return out if t > 1 else (ring_k, ring_v, torch.arange(window, device=k.device))",
+             ("tests/test_model_variants.py",), "the windowed cache masks its ring buffer by slot index, not position"),
+    Mutation("sink_after_the_softmax", "model/attention.py",
+             "weights = F.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]",
+             "weights = F.softmax(scores, dim=-1) * torch.sigmoid(-column)",
+             ("tests/test_model_variants.py",), "the sink scales the softmax instead of joining its denominator"),
+    Mutation("linear_leaks_the_future", "model/linear_attention.py",
+             "intra = (fq @ fk.transpose(-2, -1)).tril()", "intra = fq @ fk.transpose(-2, -1)",
+             ("tests/test_model_variants.py",), "chunked linear attention lets a token see later ones in its chunk"),
 )
 
 

@@ -24,7 +24,9 @@ EXPECTED_ROW_KEYS = {
         "new_tokens", "ours_cached_tok_s", "ours_uncached_tok_s", "hf_cached_tok_s", "hf_uncached_tok_s",
         "cached_vs_hf_cached", "cached_vs_uncached", "same_tokens",
     },
-    "attention": {"T", "math_ms", "sdpa_ms", "speedup", "math_mib", "sdpa_mib"},
+    "attention": {"T", "method", "fwd_ms", "both_ms", "peak_mib"},
+    "kv_cache": {"variant", "length", "computed", "measured", "per_token"},
+    "decode": {"variant", "length", "ms", "vs_mha"},
     "data": {"text_mb", "seconds", "mb_s", "tokens_s"},
 }
 
@@ -47,13 +49,15 @@ def test_quick_benchmark_writes_its_table(name, tmp_path, capsys):
     results = json.loads(out.read_text())
     assert results["quick"] is True
     assert {"cpu", "torch_threads", "torch", "device"} <= set(results["machine"]), results["machine"]
-    assert list(results["tables"]) == [name], f"--only {name} wrote tables {list(results['tables'])}"
-    table = results["tables"][name]
-    assert table["rows"], f"{name}: the table has no rows"
-    missing = EXPECTED_ROW_KEYS[name] - set(table["rows"][0])
-    assert not missing, f"{name}: rows lack {sorted(missing)}; got {sorted(table['rows'][0])}"
+    names = {"attention": ["attention", "kv_cache", "decode"]}.get(name, [name])
+    assert list(results["tables"]) == names, f"--only {name} wrote tables {list(results['tables'])}"
     printed = capsys.readouterr().out
-    assert f"### {table['title']}" in printed, f"{name}: the markdown table was not printed"
+    for table_name in names:
+        table = results["tables"][table_name]
+        assert table["rows"], f"{table_name}: the table has no rows"
+        missing = EXPECTED_ROW_KEYS[table_name] - set(table["rows"][0])
+        assert not missing, f"{table_name}: rows lack {sorted(missing)}; got {sorted(table['rows'][0])}"
+        assert f"### {table['title']}" in printed, f"{table_name}: the markdown table was not printed"
     assert f"CPU {results['machine']['cpu']}" in printed, f"{name}: the machine line is missing above the table"
 
 

@@ -233,6 +233,11 @@ OPTIONS = {
     "zero_init_proj": dict(pos_encoding="rope", zero_init_proj=True),
     "everything": dict(pos_encoding="alibi", qk_norm=True, mlp_act="relu2", logit_softcap=3.0, value_residual=True,
                        tie_embeddings=False, n_layer=3),
+    "grouped-query": dict(pos_encoding="rope", n_kv_head=1),
+    "window": dict(pos_encoding="alibi", window=5, window_pattern="LG", n_kv_head=2),
+    "sinks": dict(pos_encoding="learned", attn_sinks=True),
+    "linear": dict(pos_encoding="learned", attention="linear", linear_out_norm=True),
+    "linear-no-denominator": dict(pos_encoding="none", attention="linear", linear_denominator=False),
 }
 
 
@@ -245,6 +250,12 @@ def test_every_model_option_exports_with_our_logits(tmp_path, bpe_json, option):
     assert_round_trip(ours, result.path)
     if option == "logit_softcap":
         assert theirs(torch.tensor([[1, 2, 3]])).logits.abs().max() < 3.0, "the soft cap was not applied"
+    if option == "sinks":  # a sink of 0 would hide a bug that drops it: give each head its own
+        with torch.no_grad():
+            for block in ours.transformer.h:
+                block.attn.sink.copy_(torch.linspace(-2, 2, block.attn.sink.numel()))
+        result = export_pretrained(ours, tmp_path / "out2", bpe_json)
+        assert_same_logits(ours, load_hf(result.path), "sinks, non-zero")
 
 
 def test_any_model_exports_as_remote_code_on_request(tmp_path, capsys, monkeypatch, bpe_json):

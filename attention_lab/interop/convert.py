@@ -53,6 +53,13 @@ FIELD_ROLES = {
     "qk_norm": "remote code when true",
     "logit_softcap": "remote code when > 0",
     "value_residual": "remote code when true",
+    "n_kv_head": "remote code when below n_head",
+    "window": "remote code when > 0",
+    "window_pattern": "remote code (with window)",
+    "attn_sinks": "remote code when true",
+    "attention": "remote code when linear",
+    "linear_denominator": "remote code (with attention=linear)",
+    "linear_out_norm": "remote code (with attention=linear)",
 }
 NATIVE_ACTIVATIONS = {"gelu": "gelu_pytorch_tanh", "relu2": "relu2"}  # transformers' ACT2FN names, same kernels
 # transformers activations that compute our tanh GELU (gelu_new and gelu_fast: the same formula written out)
@@ -91,6 +98,15 @@ def native_blockers(cfg: GPTConfig) -> list[str]:
         reasons.append(f"logit_softcap={cfg.logit_softcap}: GPT-2 and GPT-NeoX do not soft-cap their logits")
     if cfg.value_residual:
         reasons.append("value_residual=True: GPT-2 and GPT-NeoX do not mix the first block's values into later ones")
+    if cfg.kv_heads != cfg.n_head:
+        reasons.append(f"n_kv_head={cfg.n_kv_head}: GPT-2 and GPT-NeoX give every query head its own keys and values "
+                       "(StarCoder2 and GPTBigCode share them, but differ from this model elsewhere: not checked)")
+    if cfg.window:
+        reasons.append(f"window={cfg.window}: GPT-2 and GPT-NeoX attend over the whole context")
+    if cfg.attn_sinks:
+        reasons.append("attn_sinks=True: GPT-2 and GPT-NeoX have no sink logits")
+    if cfg.attention != "softmax":
+        reasons.append(f"attention={cfg.attention!r}: GPT-2 and GPT-NeoX use softmax attention")
     if cfg.mlp_act not in NATIVE_ACTIVATIONS:
         reasons.append(f"mlp_act={cfg.mlp_act!r} has no transformers activation known to compute it exactly")
     return reasons

@@ -14,7 +14,7 @@ from model import GPT, GPTConfig
 
 # the fields that decide the shapes of the weights: a checkpoint must agree on all of them to be resumed
 SHAPE_FIELDS = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", "pos_encoding",
-                "tie_embeddings", "mlp_ratio")
+                "tie_embeddings", "mlp_ratio", "n_kv_head", "attn_sinks", "attention")
 
 
 class TrainingError(RuntimeError):

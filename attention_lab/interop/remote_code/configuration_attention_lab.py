@@ -7,6 +7,7 @@ from transformers import PretrainedConfig
 
 POSITION_ENCODINGS = ("learned", "sinusoidal", "rope", "alibi", "none")
 MLP_ACTIVATIONS = ("gelu", "relu2")
+ATTENTION_KINDS = ("softmax", "linear")
 
 
 class AttentionLabConfig(PretrainedConfig):
@@ -23,7 +24,8 @@ class AttentionLabConfig(PretrainedConfig):
     FIELDS = (
         "vocab_size", "block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "pos_encoding",
         "attn_backend", "tie_embeddings", "mlp_ratio", "rope_base", "layer_norm_eps", "qk_norm", "mlp_act",
-        "logit_softcap", "zero_init_proj", "value_residual",
+        "logit_softcap", "zero_init_proj", "value_residual", "n_kv_head", "window", "window_pattern", "attn_sinks",
+        "attention", "linear_denominator", "linear_out_norm",
     )
 
     def __init__(
@@ -46,6 +48,13 @@ class AttentionLabConfig(PretrainedConfig):
         logit_softcap=0.0,
         zero_init_proj=False,
         value_residual=False,
+        n_kv_head=0,
+        window=0,
+        window_pattern="",
+        attn_sinks=False,
+        attention="softmax",
+        linear_denominator=True,
+        linear_out_norm=False,
         use_cache=True,
         **kwargs,
     ):
@@ -55,6 +64,10 @@ class AttentionLabConfig(PretrainedConfig):
             raise ValueError(f"mlp_act must be one of {', '.join(MLP_ACTIVATIONS)}; got {mlp_act!r}")
         if n_embd % n_head:
             raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
+        if n_kv_head and n_head % n_kv_head:
+            raise ValueError(f"n_kv_head ({n_kv_head}) must divide n_head ({n_head})")
+        if attention not in ATTENTION_KINDS:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTION_KINDS)}; got {attention!r}")
         self.vocab_size = vocab_size
         self.block_size = block_size
         self.n_layer = n_layer
@@ -73,6 +86,13 @@ class AttentionLabConfig(PretrainedConfig):
         self.logit_softcap = logit_softcap
         self.zero_init_proj = zero_init_proj  # initialisation only
         self.value_residual = value_residual
+        self.n_kv_head = n_kv_head  # key/value heads (grouped-query); 0 = n_head
+        self.window = window  # sliding window W (query i sees keys i-W < j <= i); 0 = none
+        self.window_pattern = window_pattern  # per layer, repeated: L windowed, G global; "" = every layer
+        self.attn_sinks = attn_sinks  # a learned logit per head in the softmax's denominator
+        self.attention = attention  # softmax | linear (elu+1 features)
+        self.linear_denominator = linear_denominator
+        self.linear_out_norm = linear_out_norm
         self.use_cache = use_cache  # generation keeps keys and values (transformers 5 keeps no such field)
         kwargs["tie_word_embeddings"] = tie_embeddings  # transformers ties lm_head to wte by this name
         super().__init__(**kwargs)

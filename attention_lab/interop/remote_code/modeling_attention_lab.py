@@ -14,6 +14,12 @@ Blocks are pre-LayerNorm: x + attn(ln_1(x)), then x + mlp(ln_2(x)). Options (con
     mlp_act         gelu (tanh approximation) | relu2 (relu(x)^2)
     logit_softcap   c > 0: logits = c * tanh(logits / c), in float32
     value_residual  blocks after the first use lambda * v + (1 - lambda) * v_first (lambda learned per block)
+    n_kv_head       grouped-query: n_kv_head key/value heads, query head h reads kv head h // (n_head / n_kv_head)
+    window          query i sees keys i-W < j <= i, on the layers window_pattern marks L (every layer if "")
+    attn_sinks      a learned logit per head joins the softmax's denominator
+    attention       softmax | linear: weights phi(q).phi(k) with phi = elu + 1, normalised by their row sum when
+                    linear_denominator; linear_out_norm RMS-normalises each head's output (computed here in the
+                    quadratic form, the same function as attention-lab's chunked and recurrent forms)
 Positions are token indices from the start of the sequence (as GPT-2's), also with left padding; sequences
 longer than block_size are refused, as attention-lab's model refuses them.
 """
@@ -126,14 +132,28 @@ def dropout(p):
     return nn.Dropout(p) if p > 0 else nn.Identity()
 
 
+def layer_window(config, layer):
+    if not config.window:
+        return None
+    pattern = config.window_pattern or "L"
+    return config.window if pattern[layer % len(pattern)] == "L" else None
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config, layer):
         super().__init__()
         self.n_head = config.n_head
+        self.n_kv_head = config.n_kv_head or config.n_head
+        self.head_size = config.n_embd // config.n_head
         self.dropout_p = config.dropout
         self.qk_norm = config.qk_norm
         self.layer = layer
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # [q | k | v] rows
+        self.window = layer_window(config, layer)
+        self.kind = config.attention
+        self.linear_denominator, self.linear_out_norm = config.linear_denominator, config.linear_out_norm
+        # rows [q: n_head heads | k: n_kv_head heads | v: n_kv_head heads], head_size each
+        self.c_attn = nn.Linear(config.n_embd, (self.n_head + 2 * self.n_kv_head) * self.head_size, bias=config.bias)
+        self.sink = nn.Parameter(torch.zeros(config.n_head)) if config.attn_sinks else None
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = dropout(config.dropout)
         self.value_lambda = nn.Parameter(torch.tensor(0.5)) if config.value_residual and layer > 0 else None
@@ -141,7 +161,9 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x, positions, pos, mask, cache, v_first):
         """x (B, T, C); mask (B or 1, nh or 1, T, S) additive -> y (B, T, C), own values (B, nh, T, hs)."""
         b, t, c = x.shape
-        q, k, v = self.c_attn(x).view(b, t, 3, self.n_head, c // self.n_head).permute(2, 0, 3, 1, 4).unbind(0)
+        nh, nkv, hs = self.n_head, self.n_kv_head, self.head_size
+        q, k, v = self.c_attn(x).split([nh * hs, nkv * hs, nkv * hs], dim=-1)
+        q, k, v = (y.view(b, t, -1, hs).transpose(1, 2) for y in (q, k, v))
         if self.qk_norm:
             q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
         q, k = positions.rotate(q, pos), positions.rotate(k, pos)
@@ -149,13 +171,38 @@ class CausalSelfAttention(nn.Module):
         if self.value_lambda is not None and v_first is not None:
             v = self.value_lambda * v + (1.0 - self.value_lambda) * v_first
         if cache is not None:
-            k, v = cache.update(k, v, self.layer)  # (B, nh, S, hs)
+            k, v = cache.update(k, v, self.layer)  # (B, nkv, S, hs)
+        k, v = k.repeat_interleave(nh // nkv, dim=1), v.repeat_interleave(nh // nkv, dim=1)  # (B, nh, S, hs)
         p = self.dropout_p if self.training else 0.0
-        # the mask is float32; in float16 its minimum would become -inf (NaN rows for padding): clamp it
-        mask = mask.to(q.dtype).clamp(min=torch.finfo(q.dtype).min)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, nh, T, hs)
+        if self.window is not None:  # keys W or more positions back are hidden too
+            k_pos = torch.arange(k.size(2), device=x.device)
+            far = k_pos[None, :] <= pos[:, None] - self.window  # (T, S)
+            mask = mask.masked_fill(far, torch.finfo(torch.float32).min)
+        if self.kind == "linear":
+            y = self.linear(q, k, v, mask)
+        elif self.sink is not None:  # softmax over the scores and the sink logit, the sink's weight dropped
+            scores = (q @ k.transpose(-2, -1)).float() / math.sqrt(hs) + mask
+            sink = self.sink.float().view(1, nh, 1, 1).expand(*scores.shape[:-1], 1)
+            weights = F.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+            y = F.dropout(weights, p, training=self.training).to(v.dtype) @ v
+        else:
+            # the mask is float32; in float16 its minimum would become -inf (NaN rows for padding): clamp it
+            mask = mask.to(q.dtype).clamp(min=torch.finfo(q.dtype).min)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(b, t, c)
         return self.resid_dropout(self.c_proj(y)), v_own
+
+
+    def linear(self, q, k, v, mask):
+        """Linear attention in its quadratic form: (phi(q) phi(k)^T, hidden keys 0) v, over the row sums."""
+        phi_q, phi_k = F.elu(q) + 1.0, F.elu(k) + 1.0
+        a = (phi_q @ phi_k.transpose(-2, -1)) * (mask == 0)  # the mask holds 0 where a key is visible
+        y = a @ v
+        if self.linear_denominator:
+            y = y / a.sum(-1, keepdim=True).clamp_min(1e-6)
+        if self.linear_out_norm:
+            y = F.rms_norm(y, (y.size(-1),))
+        return y
 
 
 class MLP(nn.Module):
