@@ -177,8 +177,9 @@ def decode(ctx: Context, s: dict) -> list[Table]:
                 cache = model.new_kv_cache()
                 model(ids[:, :length], kv_cache=cache, last_only=True)
                 measured = cache_bytes(cache)
-                cache_rows.append({"variant": name, "length": length, "computed": predicted_bytes(model.config, length),
-                                   "measured": measured, "per_token": measured / length})
+                held = predicted_bytes(model.config, length)
+                cache_rows.append({"variant": name, "length": length, "computed": held, "measured": measured,
+                                   "per_token": held / length})
                 steps = iter(range(length, length + s["decode_steps"]))
                 torch.set_num_threads(1)  # as sample.py decodes (attention_lab/runtime/device.py decoding_threads)
                 try:
@@ -199,10 +200,15 @@ def decode(ctx: Context, s: dict) -> list[Table]:
     cache_table = Table(
         name="kv_cache", title="Decoding cache: bytes per token of context", machine=ctx.machine,
         columns=[Column("variant", "variant"), Column("length", "cached tokens"),
-                 Column("computed", "computed bytes", "{:,}"), Column("measured", "measured bytes", "{:,}"),
-                 Column("per_token", "bytes / token", "{:,.0f}")],
+                 Column("computed", "bytes held (computed)", "{:,}"),
+                 Column("measured", "bytes allocated (measured)", "{:,}"),
+                 Column("per_token", "bytes held / token", "{:,.0f}")],
         rows=cache_rows,
-        notes=[f"{shape}, float32, RoPE (linear: no positions); measured: the cache's tensors after a prefill."],
+        notes=[f"{shape}, float32, RoPE (linear: no positions).",
+               "Held: keys and values of the tokens a layer still sees (min(length, W) per windowed layer), or "
+               "linear attention's hs x hs sums and hs normaliser per head. Allocated: the cache's own tensors, "
+               "measured after a prefill: a full layer preallocates block_size positions (here the longest "
+               "length plus the decoded tokens), a windowed layer W, a linear layer its state."],
     )
     time_table = Table(
         name="decode", title="Cached decoding: milliseconds per token against the cached length",

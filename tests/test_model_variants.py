@@ -319,3 +319,14 @@ def test_keep_first_keeps_the_first_tokens_in_every_window():
     assert torch.equal(out[0], m(context).logits[:, -1].argmax(-1, keepdim=True)), "the first window: 4 + 12 recent"
     with pytest.raises(ValueError, match="keep_first"):
         next(generate_stream(m, prompt, 1, keep_first=16))
+
+
+@pytest.mark.parametrize("window", [0, 5])
+def test_grouped_query_decoding_equals_the_full_forward(window):
+    """One token at a time reads the cached kv heads without copying them per query head (one_query_gqa)."""
+    m = model_of(n_kv_head=2, window=window, pos_encoding="rope")
+    x = ids(20)
+    cache = m.new_kv_cache()
+    got = torch.cat([m(x[:, :3], kv_cache=cache).logits] + [m(x[:, i : i + 1], kv_cache=cache).logits
+                                                            for i in range(3, 20)], dim=1)
+    torch.testing.assert_close(got, m(x).logits, atol=1e-4, rtol=1e-4)
