@@ -213,6 +213,17 @@ MUTATIONS = (
     Mutation("linear_leaks_the_future", "model/linear_attention.py",
              "intra = (fq @ fk.transpose(-2, -1)).tril()", "intra = fq @ fk.transpose(-2, -1)",
              ("tests/test_model_variants.py",), "chunked linear attention lets a token see later ones in its chunk"),
+    # inside a head (tests/test_inside.py, tests/test_circuits.py)
+    Mutation("inside_skips_rope", "attention_lab/interp/inside.py",
+             "q_rot, k = _rotate(model.transformer.wpe, q_normed, k_normed, device)", "q_rot, k = q_normed, k_normed",
+             ("tests/test_inside.py",), "the step-by-step recomputation forgets RoPE"),
+    Mutation("copying_score_wrong_axis", "attention_lab/interp/circuits.py",
+             "best = (out[start : start + chunk] @ w_u.T).argmax(-1)",
+             "best = (out[start : start + chunk] @ w_u.T).argmax(0)",
+             ("tests/test_circuits.py",), "the copying score takes the argmax over the wrong axis"),
+    Mutation("lens_skips_ln_f", "attention_lab/interp/lens.py",
+             "logits = model.lm_head(model.transformer.ln_f(resid))", "logits = model.lm_head(resid)",
+             ("tests/test_inside.py",), "the logit lens reads the residual stream without the final LayerNorm"),
 )
 
 

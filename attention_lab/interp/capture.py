@@ -11,7 +11,7 @@ import torch
 from attention_lab.runtime.device import eval_mode
 
 
-def _plain_module(model: torch.nn.Module) -> torch.nn.Module:
+def plain_module(model: torch.nn.Module) -> torch.nn.Module:
     """Unwrap torch.compile (`_orig_mod`) and DDP (`module`): capture runs the plain module, eagerly."""
     while True:
         inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
@@ -28,7 +28,7 @@ def capture_attention(model: torch.nn.Module, idx) -> np.ndarray:
     tokens are used. The model runs in eval mode (no dropout) and in float32 (any surrounding autocast is
     switched off); its training mode is restored afterwards.
     """
-    model = _plain_module(model)
+    model = plain_module(model)
     device = next(model.parameters()).device
     idx = torch.as_tensor(idx, dtype=torch.long, device=device)
     if idx.dim() == 1:

@@ -1,0 +1,325 @@
+"""Inside one head: the attention of one head for one query position, recomputed step by step from the model's
+own weights, the way the tutorials write it out, and the residual stream it reads. Pure: no files, no printing.
+
+Legend
+    T  tokens in the (cropped) sequence, at most block_size;  i the query position, 0 <= i < T;  n = i + 1 keys
+    C  n_embd;  nh n_head;  nkv key/value heads;  hs = C // nh the head size;  L n_layer;  V vocab_size
+    c_attn.weight ((nh + 2 nkv) hs, C): rows [q: nh heads | k: nkv heads | v: nkv heads], hs rows a head;
+               query head h reads key/value head h // (nh / nkv) (grouped-query; nkv = nh: its own)
+    c_proj.weight (C, C):  head h owns its input channels, the columns h*hs..(h+1)*hs (W_O, (C, hs))
+
+The steps, for head h of block l and query i, every vector a row (y = x W^T + b, as nn.Linear):
+
+    x          the residual stream entering block l at positions 0..i                           (n, C)
+    x_ln     = ln_1(x) = (x - mean(x)) / sqrt(var(x) + eps) * gamma + beta                       (n, C)
+    q_j      = x_ln[j] W_Q^T + b_Q,  k_j = x_ln[j] W_K^T + b_K,  v_j = x_ln[j] W_V^T + b_V      (hs,) each
+    qk_norm:   q <- q / sqrt(mean(q^2) + eps), k likewise (parameter-free RMS norm over hs)
+    rope:      q_i <- R(i) q_i,  k_j <- R(j) k_j      (R(p) turns channel pair (c, c + hs/2) by p * theta_c)
+    value_residual, block l > 0:  v_j <- lambda v_j + (1 - lambda) v_first_j    (v_first: block 0's v_j)
+    dots_j   = q_i . k_j;   scaled_j = dots_j / sqrt(hs);   alibi: + m_h (j - i)                     (n,)
+    masked   = that row over all T keys, -inf where the query may not look (j > i; window W: j <= i - W) (T,)
+    weights  = softmax(masked) = exp(masked - max) / sum(exp(masked - max))   (exactly 0 where -inf) (T,)
+               sinks: exp(masked - m) / (exp(s_h - m) + sum exp(masked - m)), m = max(row, s_h)
+    linear attention: dots_j = phi(q_i) . phi(k_j) with phi = elu + 1, no scaling; weights the implied
+               normalised dots_j / sum_j' dots_j'; head_out = weights @ v (without the denominator: dots @ v),
+               RMS-normalised with linear_out_norm
+    head_out = sum_j weights_j v_j                                                                 (hs,)
+    share_h  = head_out W_O^T = head_out c_proj.weight[:, h*hs:(h+1)*hs]^T                          (C,)
+    attn_out = sum_h share_h + c_proj.bias     = what the block's attention adds at position i      (C,)
+
+Arithmetic in float64 numpy from the float32 weights, so the recomputation is the exact formula and any
+difference from the model is the model's float32 rounding (~1e-7). What varies with the attention kind
+(which key/value head a query head reads, which keys a query sees, what joins the softmax) lives in one
+section below, "the attention kind".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from attention_lab.interp.capture import plain_module
+from attention_lab.runtime.device import eval_mode
+
+
+def _np(t: Tensor) -> np.ndarray:
+    return t.detach().to(device="cpu", dtype=torch.float64).numpy()
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the attention kind: the one place that knows how heads share keys and values, which keys a query sees, and
+# what the softmax normalises over. Grouped-query attention, sliding windows and sink logits change these.
+
+
+@dataclass(frozen=True)
+class HeadWeights:
+    """One head's slices of its block's attention weights, float32 tensors on the model's device.
+
+    Each map is a row map y = x W^T + b, as nn.Linear; biases are zeros when the model has none.
+    """
+
+    W_Q: Tensor  # (hs, C)
+    b_Q: Tensor  # (hs,)
+    W_K: Tensor  # (hs, C) of the key/value head this query head reads
+    b_K: Tensor  # (hs,)
+    W_V: Tensor  # (hs, C)
+    b_V: Tensor  # (hs,)
+    W_O: Tensor  # (C, hs): c_proj's input channels that carry this head's output
+
+
+def _check_head(cfg, layer: int, head: int) -> None:
+    if not 0 <= layer < cfg.n_layer:
+        raise ValueError(f"layer must be in 0..{cfg.n_layer - 1}, got {layer}")
+    if not 0 <= head < cfg.n_head:
+        raise ValueError(f"head must be in 0..{cfg.n_head - 1}, got {head}")
+
+
+def head_weights(model, layer: int, head: int) -> HeadWeights:
+    """Query head `head` of block `layer`: its rows of c_attn (q; k and v of the key/value head it reads) and its
+    columns of c_proj. Multi-head attention: key/value head = query head."""
+    model = plain_module(model)
+    cfg = model.config
+    _check_head(cfg, layer, head)
+    attn = model.transformer.h[layer].attn
+    hs, nh, nkv = cfg.head_size, cfg.n_head, cfg.kv_heads
+    w = attn.c_attn.weight.detach()  # ((nh + 2 nkv) hs, C)
+    b = attn.c_attn.bias.detach() if attn.c_attn.bias is not None else w.new_zeros(w.size(0))
+    starts = (0, nh * hs, (nh + nkv) * hs)  # where the q, k and v rows begin
+
+    def rows(part: int, h: int) -> slice:  # part 0 q, 1 k, 2 v
+        return slice(starts[part] + h * hs, starts[part] + (h + 1) * hs)
+
+    kv = head // (nh // nkv)  # grouped-query attention: contiguous groups of query heads share a kv head
+    return HeadWeights(
+        W_Q=w[rows(0, head)], b_Q=b[rows(0, head)],
+        W_K=w[rows(1, kv)], b_K=b[rows(1, kv)],
+        W_V=w[rows(2, kv)], b_V=b[rows(2, kv)],
+        W_O=attn.c_proj.weight.detach()[:, head * hs : (head + 1) * hs],
+    )
+
+
+def _scores_row(scaled: np.ndarray, bias: np.ndarray, query: int, t: int, window: int | None) -> np.ndarray:
+    """The pre-softmax row of query i over all T keys: scaled + bias (n,) where the query may look, -inf elsewhere.
+
+    Causal: keys j <= i; a sliding window of W keys also hides j <= i - W.
+    """
+    row = np.full(t, -np.inf)
+    row[: query + 1] = scaled + bias
+    if window is not None:
+        row[: max(0, query - window + 1)] = -np.inf
+    return row
+
+
+def _weights(masked: np.ndarray, sink: float | None) -> np.ndarray:
+    """softmax over the row (T,): exp(s_j - m) / sum_j' exp(s_j' - m); exp(-inf) = 0 for hidden keys. A sink
+    logit s joins the denominator only: exp(s - m) is added to it (so the weights may sum to less than 1).
+
+    Subtracting m = the max (of the row and the sink) changes nothing mathematically and keeps exp from overflowing.
+    """
+    m = masked.max() if sink is None else max(masked.max(), sink)
+    e = np.exp(masked - m)
+    return e / (e.sum() + (0.0 if sink is None else math.exp(sink - m)))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the residual stream
+
+
+def _token_ids(model, ids) -> Tensor:
+    """ids: a list of ints or a 1-D tensor -> (T,) int64 on the model's device, its last block_size tokens."""
+    device = next(model.parameters()).device
+    idx = torch.as_tensor(ids, dtype=torch.long, device=device)
+    if idx.dim() != 1 or idx.numel() == 0:
+        raise ValueError(f"token ids must be one non-empty sequence (T,), got shape {tuple(idx.shape)}")
+    return idx[-model.config.block_size :]
+
+
+@torch.no_grad()
+def residual_stream(model, ids) -> Tensor:
+    """The residual stream of one sequence: float32 (L + 1, T, C) on the model's device.
+
+    Row l < L enters block l (row 0: token + position embeddings); row L leaves the last block, ln_f's input.
+    Taken with forward pre-hooks during one ordinary forward pass, so it is the model's own stream whatever
+    its blocks do. ids: a list or 1-D tensor, cropped to the last block_size tokens. Eval mode, float32.
+    """
+    model = plain_module(model)
+    idx = _token_ids(model, ids)[None]  # (1, T)
+    modules = [*model.transformer.h, model.transformer.ln_f]
+    seen: dict[int, Tensor] = {}
+
+    def keeper(n: int):
+        def hook(module, args):
+            seen[n] = args[0][0].detach().float()  # (T, C) of the batch's one row
+        return hook
+
+    handles = [m.register_forward_pre_hook(keeper(n)) for n, m in enumerate(modules)]
+    try:
+        with eval_mode(model), torch.autocast(device_type=idx.device.type, enabled=False):
+            model(idx)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return torch.stack([seen[n] for n in range(len(modules))])
+
+
+# ------------------------------------------------------------------------------------------------------------
+# one head, step by step
+
+
+@dataclass
+class Inside:
+    """Every intermediate of head `head` in block `layer` at query position i = `query` (float64 numpy).
+
+    n = i + 1 keys (positions 0..i), T tokens, C n_embd, hs head size, nh n_head. Where an option is off, the
+    array after its step equals the one before (q_normed is q_proj without qk_norm; q is q_normed without rope).
+    """
+
+    layer: int
+    head: int
+    query: int  # i, in 0..T-1 of the cropped sequence
+    ids: np.ndarray  # (T,) int64 the token ids, cropped to the last block_size
+    x: np.ndarray  # (n, C) the residual stream entering the block, positions 0..i
+    x_ln: np.ndarray  # (n, C) ln_1(x)
+    q_proj: np.ndarray  # (hs,) q_i straight from c_attn
+    k_proj: np.ndarray  # (n, hs) k_j straight from c_attn
+    q_normed: np.ndarray  # (hs,) after QK-norm
+    k_normed: np.ndarray  # (n, hs)
+    q: np.ndarray  # (hs,) after RoPE: the query the dot products see
+    k: np.ndarray  # (n, hs) the keys the dot products see
+    v_own: np.ndarray  # (n, hs) this block's values, straight from c_attn
+    v_first: np.ndarray | None  # (n, hs) block 0's values (value_residual in a block > 0), else None
+    value_lambda: float | None  # the block's learned mix (value_residual in a block > 0), else None
+    v: np.ndarray  # (n, hs) the values the weights average: lambda v_own + (1 - lambda) v_first, or v_own
+    dots: np.ndarray  # (n,) q_i . k_j
+    scaled: np.ndarray  # (n,) dots / sqrt(hs)
+    bias: np.ndarray  # (n,) the ALiBi bias m_h (j - i); zeros for the other encodings
+    masked: np.ndarray  # (T,) the pre-softmax row over all T keys: scaled + bias, -inf for j > i
+    weights: np.ndarray  # (T,) softmax(masked); 0 for j > i
+    head_out: np.ndarray  # (hs,) sum_j weights_j v_j
+    share: np.ndarray  # (C,) head_out W_O^T: this head's part of the attention output
+    shares: np.ndarray  # (nh, C) every head's share at this query (row `head` is `share`)
+    proj_bias: np.ndarray  # (C,) c_proj's bias (zeros without biases)
+    attn_out: np.ndarray  # (C,) shares.sum(0) + proj_bias: the attention block's output at position i
+
+
+def layer_norm(x: np.ndarray, ln: torch.nn.LayerNorm) -> np.ndarray:
+    """(x - mean) / sqrt(var + eps) * gamma + beta over the last axis; var is the biased one, as torch's."""
+    centred = x - x.mean(-1, keepdims=True)
+    out = centred / np.sqrt((centred**2).mean(-1, keepdims=True) + ln.eps) * _np(ln.weight)
+    return out + _np(ln.bias) if ln.bias is not None else out
+
+
+def rms_norm(x: np.ndarray) -> np.ndarray:
+    """QK-norm: x / sqrt(mean(x^2) + eps) over the head channels. eps is F.rms_norm's default, the machine
+    epsilon of the model's float32."""
+    return x / np.sqrt((x**2).mean(-1, keepdims=True) + np.finfo(np.float32).eps)
+
+
+def _rotate(pe, q: np.ndarray, k: np.ndarray, device: torch.device) -> tuple[np.ndarray, np.ndarray]:
+    """RoPE (or nothing): the positional encoding's own rotate_qk on q, k (n, hs) of positions 0..i."""
+    tables = pe.rotation(torch.arange(len(k), device=device))
+    if tables is None:
+        return q, k
+    tables = tuple(t.cpu() for t in tables)  # (n, hs) cos and sin, turned to float64 by rotate_qk
+    qr, kr = pe.rotate_qk(torch.from_numpy(q), torch.from_numpy(k), tables)
+    return qr.numpy(), kr.numpy()
+
+
+def _alibi_row(pe, head: int, query: int, device: torch.device) -> np.ndarray:
+    """(n,) the score bias of query i over keys 0..i (ALiBi: m_h (j - i)); zeros for the other encodings."""
+    keys = torch.arange(query + 1, device=device)
+    bias = pe.score_bias(keys[query:], keys) if pe.has_score_bias else None  # (nh, 1, n)
+    return np.zeros(query + 1) if bias is None else _np(bias[head, 0])
+
+
+def _values(w: HeadWeights, x_ln: np.ndarray, attn, w_first: HeadWeights | None, x0_ln: np.ndarray | None):
+    """v_own, v_first, lambda and the mixed v (n, hs), as CausalSelfAttention mixes them."""
+    v_own = x_ln @ _np(w.W_V).T + _np(w.b_V)  # (n, hs)
+    if attn.value_lambda is None:
+        return v_own, None, None, v_own
+    # the first block's values of the same tokens, from its own ln_1 and c_attn (before any mixing)
+    v_first = x0_ln @ _np(w_first.W_V).T + _np(w_first.b_V)
+    lam = float(attn.value_lambda)
+    return v_own, v_first, lam, lam * v_own + (1.0 - lam) * v_first
+
+
+def _head_steps(model, layer: int, head: int, x_ln: np.ndarray, x0_ln: np.ndarray | None, query: int,
+                t: int) -> dict:
+    """Every step of one head at query i, as a dict of Inside's fields (from x_ln on)."""
+    cfg, device = model.config, next(model.parameters()).device
+    attn = model.transformer.h[layer].attn
+    w = head_weights(model, layer, head)
+    q_all = x_ln @ _np(w.W_Q).T + _np(w.b_Q)  # (n, hs): every position's query, for RoPE's stacked rotation
+    k_proj = x_ln @ _np(w.W_K).T + _np(w.b_K)  # (n, hs)
+    q_normed, k_normed = (rms_norm(q_all), rms_norm(k_proj)) if cfg.qk_norm else (q_all, k_proj)
+    q_rot, k = _rotate(model.transformer.wpe, q_normed, k_normed, device)
+    w_first = head_weights(model, 0, head) if attn.value_lambda is not None else None
+    v_own, v_first, lam, v = _values(w, x_ln, attn, w_first, x0_ln)
+
+    q = q_rot[query]  # (hs,)
+    if cfg.attention == "linear":
+        return dict(q_proj=q_all[query], k_proj=k_proj, q_normed=q_normed[query], k_normed=k_normed, q=q, k=k,
+                    v_own=v_own, v_first=v_first, value_lambda=lam, v=v, **_linear_steps(cfg, q, k, v, query, t, w))
+    dots = k @ q  # (n,)
+    scaled = dots / math.sqrt(cfg.head_size)
+    bias = _alibi_row(model.transformer.wpe, head, query, device)
+    masked = _scores_row(scaled, bias, query, t, cfg.layer_window(layer))  # (T,)
+    sink = float(attn.sink[head]) if getattr(attn, "sink", None) is not None else None
+    weights = _weights(masked, sink)  # (T,)
+    head_out = weights[: query + 1] @ v  # (hs,); the hidden keys' weights are 0
+    return dict(q_proj=q_all[query], k_proj=k_proj, q_normed=q_normed[query], k_normed=k_normed, q=q, k=k,
+                v_own=v_own, v_first=v_first, value_lambda=lam, v=v, dots=dots, scaled=scaled, bias=bias,
+                masked=masked, weights=weights, head_out=head_out, share=head_out @ _np(w.W_O).T)
+
+
+def _linear_steps(cfg, q: np.ndarray, k: np.ndarray, v: np.ndarray, query: int, t: int, w: HeadWeights) -> dict:
+    """Linear attention's steps (model/linear_attention.py): feature dot products instead of softmax scores."""
+    def phi(x):
+        return np.where(x > 0, x + 1.0, np.exp(x))  # elu(x) + 1
+
+    dots = phi(k) @ phi(q)  # (n,) phi(q_i) . phi(k_j) > 0
+    masked = np.full(t, -np.inf)
+    masked[: query + 1] = dots
+    weights = np.zeros(t)
+    weights[: query + 1] = dots / max(dots.sum(), 1e-6)  # the implied normalised weights the maps show
+    head_out = weights[: query + 1] @ v if cfg.linear_denominator else dots @ v
+    if cfg.linear_out_norm:
+        head_out = rms_norm(head_out)
+    return dict(dots=dots, scaled=dots, bias=np.zeros(query + 1), masked=masked, weights=weights,
+                head_out=head_out, share=head_out @ _np(w.W_O).T)
+
+
+@torch.no_grad()
+def step_inside(model, ids, layer: int, head: int, query: int) -> Inside:
+    """The attention computation of head `head` in block `layer` for query position `query`, step by step.
+
+    ids: token ids, a list or 1-D tensor, cropped to the last block_size; query indexes the cropped sequence
+    (negative counts from the end). The residual stream comes from one forward pass of the model (eval mode,
+    float32, no autocast); everything after it is recomputed here from the block's weights (module docstring).
+    """
+    model = plain_module(model)
+    cfg = model.config
+    _check_head(cfg, layer, head)
+    stream = residual_stream(model, ids)  # (L + 1, T, C)
+    t = stream.size(1)
+    if not -t <= query < t:
+        raise ValueError(f"query must index the {t} tokens given (0..{t - 1}, or negative from the end), got {query}")
+    i = query % t
+    blocks = model.transformer.h
+    x = _np(stream[layer, : i + 1])  # (n, C)
+    x_ln = layer_norm(x, blocks[layer].ln_1)
+    x0_ln = None  # block 0's ln_1 input, whose values a later block mixes in with value_residual
+    if blocks[layer].attn.value_lambda is not None:
+        x0_ln = layer_norm(_np(stream[0, : i + 1]), blocks[0].ln_1)
+    steps = [_head_steps(model, layer, h, x_ln, x0_ln, i, t) for h in range(cfg.n_head)]
+    shares = np.stack([s["share"] for s in steps])  # (nh, C)
+    proj = blocks[layer].attn.c_proj
+    proj_bias = _np(proj.bias) if proj.bias is not None else np.zeros(cfg.n_embd)
+    ids_np = _token_ids(model, ids).cpu().numpy()
+    return Inside(layer=layer, head=head, query=i, ids=ids_np, x=x, x_ln=x_ln, **steps[head], shares=shares,
+                  proj_bias=proj_bias, attn_out=shares.sum(0) + proj_bias)
+
