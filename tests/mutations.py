@@ -224,6 +224,10 @@ MUTATIONS = (
     Mutation("lens_skips_ln_f", "attention_lab/interp/lens.py",
              "logits = model.lm_head(model.transformer.ln_f(resid))", "logits = model.lm_head(resid)",
              ("tests/test_inside.py",), "the logit lens reads the residual stream without the final LayerNorm"),
+    Mutation("inside_page_scales_by_dk", "attention_lab/viewer/assets/inside.js",
+             "const scaled = linear ? dot : dot * this.scale;", "const scaled = linear ? dot : dot / this.hs;",
+             ("tests/test_viewer.py::test_step_inside_shows_the_computation_with_the_models_own_numbers",),
+             "the page's step-inside panel scales the scores by 1/d_k instead of 1/sqrt(d_k)", browser=True),
 )
 
 

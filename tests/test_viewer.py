@@ -632,3 +632,53 @@ def test_the_weights_a_person_reads_are_attention_npy(browser, sampled_page):
                     f"layer {layer}, head {h}, query {q}: a key with weight {max(hidden):.3f} is missing from the "
                     f"page's top five ({row!r})")
     assert_quiet(browser, "reading the weights")
+
+
+@pytest.mark.parametrize("variant", ["plain", "window+sinks+alibi"])
+def test_step_inside_shows_the_computation_with_the_models_own_numbers(browser, tmp_path, variant, shots, capsys):
+    """The panel's dot products, scaled scores, masked row, softmax and output norm, read from the page, equal
+    attention_lab.interp.inside.step_inside for the same text, layer, head and query."""
+    from selenium.webdriver.support.ui import Select
+
+    from attention_lab.interp.inside import step_inside
+    from attention_lab.store.checkpoint import load_checkpoint
+
+    text = "Whether 'tis nobler in the mind to suffer the slings and arrows of outrageous fortune. " * 3
+    tok = Tokenizer.train_char([[text]])
+    torch.manual_seed(5)
+    extra = dict(window=6, attn_sinks=True, pos_encoding="alibi", n_kv_head=1) if variant != "plain" else {}
+    model = GPT(GPTConfig(**({"vocab_size": tok.vocab_size, "block_size": 40, "n_layer": 2, "n_head": 3,
+                              "n_embd": 24, "pos_encoding": "rope", "qk_norm": True} | extra)))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape) * 0.3)
+    ckpt = save_checkpoint(tmp_path / "run" / "checkpoints", 1, model, tok.to_str(), {"val_loss": 1.0})
+    out = tmp_path / "out"
+    assert sample.main(["--checkpoint", str(ckpt), "--prompt", "Whether 'tis nobler", "--max-new-tokens", "10",
+                        "--seed", "0", "--out", str(out), "--device", "cpu"]) == 0
+    ids = json.loads((out / "tokens.json").read_text())["token_ids"]
+    model = load_checkpoint(ckpt).build_model("cpu")
+    open_page(browser, out / "attention.html")
+    toks = css(browser, "#tokens .tok")
+    for layer, head, query in ((0, 0, len(ids) - 1), (1, 2, 11), (1, 1, 3)):
+        Select(css(browser, "#hv-layer")[0]).select_by_value(str(layer))
+        Select(css(browser, "#in-head")[0]).select_by_value(str(head))
+        hover(browser, toks[query])
+        want = step_inside(model, ids, layer, head, query)
+        at = f"layer {layer}, head {head}, query {query}"
+        assert f"query #{query}" in css(browser, "#in-what")[0].text, at
+        for j in range(query + 1):
+            row = css(browser, f'#in-table tr[data-key="{j}"]')[0]
+            cell = {c: row.find_element("css selector", f"td.{c}").text for c in ("dot", "scaled", "masked", "weight")}
+            assert abs(float(cell["dot"]) - want.dots[j]) < 2e-4, f"{at}, key {j}: q.k {cell['dot']} vs {want.dots[j]}"
+            assert abs(float(cell["scaled"]) - want.scaled[j]) < 2e-4, f"{at}, key {j}: scaled {cell['scaled']}"
+            if np.isneginf(want.masked[j]):
+                assert "\u221e" in cell["masked"], f"{at}, key {j} should be masked: {cell['masked']}"
+            else:
+                assert abs(float(cell["masked"]) - want.masked[j]) < 2e-4, f"{at}, key {j}: {cell['masked']}"
+            assert abs(float(cell["weight"].split()[0]) - want.weights[j]) < 2e-4, f"{at}, key {j}: {cell['weight']}"
+        norm = float(re.search(r"norm (\d+\.\d+)", css(browser, "#in-share")[0].text).group(1))
+        assert abs(norm - np.linalg.norm(want.share)) < 2e-3, f"{at}: the head's share {norm} vs {want.share}"
+    if variant == "plain":
+        screenshot(browser, shots, "step_inside.png", capsys)
+    assert_quiet(browser, "stepping inside")

@@ -247,9 +247,8 @@ def _values(w: HeadWeights, x_ln: np.ndarray, attn, w_first: HeadWeights | None,
     return v_own, v_first, lam, lam * v_own + (1.0 - lam) * v_first
 
 
-def _head_steps(model, layer: int, head: int, x_ln: np.ndarray, x0_ln: np.ndarray | None, query: int,
-                t: int) -> dict:
-    """Every step of one head at query i, as a dict of Inside's fields (from x_ln on)."""
+def _vectors(model, layer: int, head: int, x_ln: np.ndarray, x0_ln: np.ndarray | None) -> dict:
+    """q, k and v of one head at every position of x_ln (n, C), before and after each step."""
     cfg, device = model.config, next(model.parameters()).device
     attn = model.transformer.h[layer].attn
     w = head_weights(model, layer, head)
@@ -259,6 +258,18 @@ def _head_steps(model, layer: int, head: int, x_ln: np.ndarray, x0_ln: np.ndarra
     q_rot, k = _rotate(model.transformer.wpe, q_normed, k_normed, device)
     w_first = head_weights(model, 0, head) if attn.value_lambda is not None else None
     v_own, v_first, lam, v = _values(w, x_ln, attn, w_first, x0_ln)
+    return dict(w=w, q_all=q_all, k_proj=k_proj, q_normed=q_normed, k_normed=k_normed, q_rot=q_rot, k=k,
+                v_own=v_own, v_first=v_first, lam=lam, v=v)
+
+
+def _head_steps(model, layer: int, head: int, x_ln: np.ndarray, x0_ln: np.ndarray | None, query: int,
+                t: int) -> dict:
+    """Every step of one head at query i, as a dict of Inside's fields (from x_ln on)."""
+    cfg, device = model.config, next(model.parameters()).device
+    attn = model.transformer.h[layer].attn
+    vec = _vectors(model, layer, head, x_ln, x0_ln)
+    w, q_all, k_proj, q_normed, k_normed = vec["w"], vec["q_all"], vec["k_proj"], vec["q_normed"], vec["k_normed"]
+    q_rot, k, v_own, v_first, lam, v = vec["q_rot"], vec["k"], vec["v_own"], vec["v_first"], vec["lam"], vec["v"]
 
     q = q_rot[query]  # (hs,)
     if cfg.attention == "linear":
@@ -291,6 +302,20 @@ def _linear_steps(cfg, q: np.ndarray, k: np.ndarray, v: np.ndarray, query: int, 
         head_out = rms_norm(head_out)
     return dict(dots=dots, scaled=dots, bias=np.zeros(query + 1), masked=masked, weights=weights,
                 head_out=head_out, share=head_out @ _np(w.W_O).T)
+
+
+@torch.no_grad()
+def head_qkv(model, ids, layer: int, head: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """q, k, v (T, hs) of one head at every position, as its dot products and weighted sum see them (after
+    QK-norm, RoPE and the value mix): what the page's "step inside" panel computes with."""
+    model = plain_module(model)
+    _check_head(model.config, layer, head)
+    stream = residual_stream(model, ids)
+    blocks = model.transformer.h
+    x_ln = layer_norm(_np(stream[layer]), blocks[layer].ln_1)
+    x0_ln = layer_norm(_np(stream[0]), blocks[0].ln_1) if blocks[layer].attn.value_lambda is not None else None
+    vec = _vectors(model, layer, head, x_ln, x0_ln)
+    return vec["q_rot"], vec["k"], vec["v"]
 
 
 @torch.no_grad()

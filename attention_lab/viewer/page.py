@@ -42,7 +42,7 @@ from attention_lab.store.layout import RunLayout, SampleLayout
 from data.files import atomic_write, human_bytes
 
 ASSETS = "assets"
-SCRIPTS = ("explorer.js", "charts.js", "main.js")  # concatenated in this order into the page's one script
+SCRIPTS = ("explorer.js", "charts.js", "inside.js", "main.js")  # concatenated in this order into the page's one script
 # Raw bytes of attention levels a film may hold (base64 adds a third): about 4.8 MB of page, so a film stays under
 # 5 MB; beyond it, evaluations are dropped evenly (the first, the last and phase changes kept). A 6-layer, 6-head
 # model on a 128-token probe needs 297 kB per evaluation.
@@ -169,13 +169,15 @@ def _check_scores(head_scores: Mapping | None, n_layer: int, n_head: int) -> dic
 
 
 def write_sample_page(path, attention, tokens: Sequence[str], head_scores: Mapping | None = None, title: str = "",
-                      *, max_bytes: int = SAMPLE_MAX_BYTES) -> Path:
+                      *, max_bytes: int = SAMPLE_MAX_BYTES, inside: dict | None = None) -> Path:
     """Write one forward pass's attention as an interactive page (atomically); returns its path.
 
     attention: float (L, nh, T, T), rows summing to 1 over keys <= query; tokens: the T display strings;
     head_scores: optional {role: (L, nh)}: attention_lab.interp.roles.ROLES (0..1) and ablation effects ("ablation",
     "ablation_probe", "ablation_val": loss change in nats when the head is zeroed). Beyond max_bytes of weights
-    (uint8, lower triangles) only the last tokens that fit are kept, and the page says so.
+    (uint8, lower triangles) only the last tokens that fit are kept, and the page says so. inside: the "step
+    inside" panel's data (attention_lab/viewer/report.py inside_data), for the same T tokens; left out when the
+    tokens are cut.
     """
     a = _check_attention(attention, tokens)
     n_layer, n_head, t, _ = a.shape
@@ -200,6 +202,8 @@ def write_sample_page(path, attention, tokens: Sequence[str], head_scores: Mappi
         "frames": [{"step": None, "label": "this text", "attn": _b64(quantise(a))}],
         "scores": [{"step": None, "roles": scores}] if scores else [],
     }
+    if inside is not None and keep == t:
+        data["inside"] = inside
     path = Path(path)
     page = render_page(data, title or f"attention over {len(tokens)} tokens")
     with atomic_write(path) as f:

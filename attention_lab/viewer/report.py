@@ -3,14 +3,17 @@
     attention.npy           float32 (n_layer, n_head, T, T): every layer's and head's weights over the last window
     tokens.json             {"text", "token_ids", "tokens", "start", "shape"} for those T tokens
     layer_00.png, ...       one grid of heads per layer
-    summary.json / .txt     each head's role scores (measured on this text) and ablation effect
-    attention.html          all of it in one interactive page that opens offline (--no-html: none)
+    summary.json / .txt     each head's role scores (measured on this text), ablation effect and copying score, and
+                            the logit lens at the last token
+    attention.html          all of it in one interactive page that opens offline (--no-html: none), with the
+                            "step inside" panel: one head's computation for one query with the model's own numbers
 
 and, given a TensorBoard SummaryWriter, the same heatmaps, the text and the summary table.
 """
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,8 +22,11 @@ import numpy as np
 import torch
 
 from attention_lab.interp.capture import capture_attention
+from attention_lab.interp.circuits import copying_score, ov_logits, qk_token_pairs
 from attention_lab.interp.figures import attention_figure, figure_to_array, markdown_code
 from attention_lab.interp.heads import ablation_effects, format_head_table, head_rows
+from attention_lab.interp.inside import head_qkv, head_weights
+from attention_lab.interp.lens import logit_lens
 from attention_lab.interp.roles import ROLE_HELP, role_scores
 from attention_lab.store.layout import SampleLayout
 from attention_lab.viewer.page import write_sample_page
@@ -59,8 +65,10 @@ def dump_attention(
     if len(window) > 1:  # the loss change on this text's own next tokens when each head alone is zeroed
         idx = torch.tensor([window], device=next(model.parameters()).device)
         ablation = ablation_effects(model, idx[:, :-1], idx[:, 1:])
-    rows = head_rows(scores, ablation)
-    table = format_head_table(rows)
+    circuits = head_circuits(model, window, tokenizer)
+    lens = logit_lens(model, window, k=5)
+    rows = head_rows(scores, ablation, np.asarray(circuits["copying"]))
+    table = format_head_table(rows) + "\n" + lens_lines(lens, tokenizer, labels)
 
     files = [out.weights, out.tokens, out.summary, out.summary_text]
     np.save(out.weights, weights.astype(np.float32))
@@ -71,12 +79,19 @@ def dump_attention(
         "start": len(ids) - len(window),  # position of the first of these tokens in the whole sequence
         "shape": "attention.npy is (n_layer, n_head, T, T): [layer, head, query, key]",
     })
+    last = [tokenizer.token_strings([int(i)])[0] for i in lens.ids[:, -1, 0]]
     write_json_atomic(out.summary, {"heads": rows, "roles": ROLE_HELP,
-                                    "ablation": "loss change in nats/token on this text when the head is zeroed"})
+                                    "ablation": "loss change in nats/token on this text when the head is zeroed",
+                                    "copying": "share of tokens whose own logit the head's OV circuit raises most",
+                                    "logit_lens_last_token": {"layers": ["embeddings"] + [f"after block {i}" for i in
+                                                                                          range(len(last) - 1)],
+                                                              "top1": last,
+                                                              "p": lens.probs[:, -1, 0].round(4).tolist()}})
     out.summary_text.write_text(table + "\n", encoding="utf-8")
     if html:
         page_scores = dict(scores) | ({"ablation": ablation} if ablation is not None else {})
-        files.append(write_sample_page(out.page, weights, labels, page_scores, title=title or "attention"))
+        inside = inside_data(model, window, weights, tokenizer, lens, circuits)
+        files.append(write_sample_page(out.page, weights, labels, page_scores, title=title or "attention", inside=inside))
 
     for layer in range(weights.shape[0]):
         fig = attention_figure(weights[layer], labels, f"{title}, layer {layer}".lstrip(", "), dpi=dpi)
@@ -90,3 +105,75 @@ def dump_attention(
         writer.add_text(f"{tag_prefix}head_summary", markdown_code(table), step)
     return {"weights": weights, "token_ids": window, "tokens": labels, "text": text, "summary": rows, "table": table,
             "scores": scores, "ablation": ablation, "files": files}
+
+
+def _b64(a: np.ndarray) -> str:
+    return base64.b64encode(np.ascontiguousarray(a, dtype="<f4").tobytes()).decode("ascii")
+
+
+@torch.no_grad()
+def head_circuits(model: GPT, window: list[int], tokenizer: Tokenizer, k: int = 5) -> dict:
+    """Per head, from its weights alone (attention_lab/interp/circuits.py): the copying score, the top query-key
+    token pairs, and for each distinct token of the text the tokens whose logits the head raises most when it
+    attends to it."""
+    cfg = model.config
+    distinct = sorted(set(window))
+    labels = dict(zip(distinct, tokenizer.token_strings(distinct)))
+
+    def names(ids) -> list[str]:
+        return tokenizer.token_strings([int(i) for i in ids])
+
+    copying, pairs, writes = [], [], []
+    for layer in range(cfg.n_layer):
+        copying.append([copying_score(model, layer, h) for h in range(cfg.n_head)])
+        pairs.append([])
+        writes.append([])
+        for h in range(cfg.n_head):
+            top = qk_token_pairs(model, layer, h, k=k)
+            pairs[-1].append([[q, key, round(float(s), 3)] for q, key, s in
+                              zip(names(top.query), names(top.key), top.score)])
+            logits = torch.as_tensor(ov_logits(model, layer, h, distinct))  # (n, V)
+            best = logits.topk(k, dim=-1)
+            writes[-1].append({labels[t]: [[s, round(float(v), 3)] for s, v in zip(names(i), val)]
+                               for t, i, val in zip(distinct, best.indices, best.values)})
+    return {"copying": copying, "qk_pairs": pairs, "ov_writes": writes}
+
+
+def lens_lines(lens, tokenizer: Tokenizer, labels: list[str]) -> str:
+    """The logit lens at the last token, one line: the most likely next token after the embeddings and each block."""
+    tops = [f"{name} {tokenizer.token_strings([int(lens.ids[i, -1, 0])])[0]!r} {lens.probs[i, -1, 0]:.2f}"
+            for i, name in enumerate(["emb"] + [f"L{i}" for i in range(lens.ids.shape[0] - 1)])]
+    return f"logit lens after {labels[-1]!r} (the most likely next token after each layer): " + " | ".join(tops)
+
+
+@torch.no_grad()
+def inside_data(model: GPT, window: list[int], weights: np.ndarray, tokenizer: Tokenizer, lens, circuits: dict) -> dict:
+    """What the page's "step inside" panel computes with: every head's q, k, v (T, hs) as the dot products and the
+    weighted sum see them (float32), the kind of attention and its per-layer/per-head constants, each head's
+    share of the output projection at every query (its norm), the logit lens and the circuits."""
+    cfg = model.config
+    n_layer, n_head, t, hs = cfg.n_layer, cfg.n_head, len(window), cfg.head_size
+    qkv = np.zeros((3, n_layer, n_head, t, hs), dtype=np.float32)
+    share_norm = np.zeros((n_layer, n_head, t))
+    for layer in range(n_layer):
+        for h in range(n_head):
+            q, k, v = head_qkv(model, window, layer, h)
+            qkv[:, layer, h] = q, k, v
+            w_o = head_weights(model, layer, h).W_O.double().cpu().numpy()  # (C, hs)
+            share_norm[layer, h] = np.linalg.norm((weights[layer, h].astype(np.float64) @ v) @ w_o.T, axis=-1)
+    pe = model.transformer.wpe
+    slopes = pe.slopes.tolist() if hasattr(pe, "slopes") else [0.0] * n_head
+    sinks = [[float(s) for s in block.attn.sink] if getattr(block.attn, "sink", None) is not None else None
+             for block in model.transformer.h]
+    vocab = sorted({int(i) for i in lens.ids.reshape(-1)})
+    strings = dict(zip(vocab, tokenizer.token_strings(vocab)))
+    return {
+        "kind": cfg.attention, "hs": hs, "scale": 1.0 / float(np.sqrt(hs)), "alibi": slopes,
+        "windows": [cfg.layer_window(i) for i in range(n_layer)], "sinks": sinks,
+        "denominator": cfg.linear_denominator, "out_norm": cfg.linear_out_norm,
+        "q": _b64(qkv[0]), "k": _b64(qkv[1]), "v": _b64(qkv[2]),
+        "share_norm": share_norm.round(4).tolist(),
+        "lens": [[[[strings[int(i)], round(float(p), 4)] for i, p in zip(ids_t, p_t)]
+                  for ids_t, p_t in zip(ids_l, p_l)] for ids_l, p_l in zip(lens.ids, lens.probs)],
+        **circuits,
+    }

@@ -123,6 +123,7 @@ class Explorer {
     this.cmap = decodeBase64(data.colormap);
     this.frame = null; this.scores = null; this.label = "";
     this.layer = 0; this.query = Math.max(0, this.T - 1); this.pinned = false;
+    this.onChange = null; // called after the head view redraws (the step-inside panel follows it)
     this.shownHeads = new Array(this.H).fill(true);
     this.big = null;
     this.buildControls();
@@ -272,6 +273,7 @@ class Explorer {
       node.firstChild.style.backgroundColor = level > 0 ? headColour(alone, this.H, (0.85 * level / 255).toFixed(3), 60) : "";
     }
     this.renderWeights();
+    if (this.onChange) this.onChange();
   }
 
   renderWeights() {

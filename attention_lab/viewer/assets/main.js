@@ -3,7 +3,8 @@
 // data: {kind: "sample" | "film", subtitle, notes: [str], tokens: [str], L, H, T, colormap (base64 RGB x 256),
 //        roles: {role: {short, label, unit, help}}, frames: [{step, attn (base64)}], scores: [{step, roles}],
 //        film only: curves: {name: [[step, value], ...]}, phase_changes: [{step, head, metric, message, ...}],
-//        frames_total (evaluations recorded; frames may hold fewer to keep the file small)}
+//        frames_total (evaluations recorded; frames may hold fewer to keep the file small)},
+//        sample only, optional: inside (the "step inside" panel's numbers: inside.js)
 
 function showError(message) {
   const banner = document.getElementById("error-banner");
@@ -20,6 +21,10 @@ function bootSample(data) {
   if (!data.L || !data.frames.length) { hideExplorer(); return; }
   const explorer = new Explorer(data);
   const frame = new Frame(data.frames[0].attn, data.L, data.H, data.T);
+  if (data.inside) {
+    const panel = new InsidePanel(data, explorer);
+    explorer.onChange = () => panel.render(); // the panel follows the head view's layer and query
+  }
   explorer.setFrame(frame, data.scores.length ? data.scores[0].roles : null, data.frames[0].label || "this text");
 }
 
