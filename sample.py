@@ -3,6 +3,7 @@
     python sample.py --prompt "ROMEO:"                          # the latest run's best checkpoint
     python sample.py --run runs/shakespeare/x --prompt-file prompt.txt --num-samples 3 --seed 1
     python sample.py --prompt "ROMEO:" --greedy --no-cache      # the uncached path, for comparison
+    python sample.py --model gpt2 --prompt "The animal didn't cross the street because it"   # a transformers model
 
 For each sample (in the output folder, or in sample_00/, sample_01/, ... when there are several), over the
 final window of the sequence (its last block_size tokens): attention.npy (n_layer, n_head, T, T), tokens.json,
@@ -32,9 +33,9 @@ import torch  # noqa: E402
 from attention_lab.interp.figures import markdown_code  # noqa: E402
 from attention_lab.runtime import cli  # noqa: E402
 from attention_lab.runtime.device import pick_device  # noqa: E402
-from attention_lab.sampling import encode_prompt, generate_text  # noqa: E402
-from attention_lab.store.checkpoint import Checkpoint, CheckpointError, latest_run, load_checkpoint  # noqa: E402
-from attention_lab.store.layout import RunLayout, run_of_checkpoint  # noqa: E402
+from attention_lab.sampling import Source, encode_prompt, generate_text, open_source  # noqa: E402
+from attention_lab.store.checkpoint import CheckpointError  # noqa: E402
+from attention_lab.store.layout import RunLayout  # noqa: E402
 from attention_lab.viewer.report import dump_attention  # noqa: E402
 
 
@@ -47,6 +48,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     where = p.add_mutually_exclusive_group()
     where.add_argument("--run", type=Path, help="run folder (default: the latest run under --runs-root)")
     where.add_argument("--checkpoint", type=Path, help="one checkpoint folder (checkpoints/step_XXXXXXXX)")
+    where.add_argument("--model", help="a transformers GPT-2 or GPT-NeoX model: hub id (e.g. gpt2) or local folder")
     p.add_argument("--runs-root", type=Path, default=Path("runs"), help="where to look for the latest run (default: runs)")
     p.add_argument("--which", choices=("best", "latest"), default="best", help="checkpoint of the run (default: best)")
     p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate (default: 200)")
@@ -115,20 +117,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         check_args(args)
         device = pick_device(args.device, "--device")
-        ckpt = load_checkpoint(args.checkpoint or args.run or latest_run(args.runs_root), args.which)
-        model, tok = ckpt.build_model(device), ckpt.tokenizer()
-        if args.keep_first >= ckpt.config.block_size:
-            raise ValueError(f"--keep-first must be below the model's block_size {ckpt.config.block_size}, got "
+        src = open_source(args.run, args.checkpoint, args.model, args.which, args.runs_root, device)
+        if args.keep_first >= src.config.block_size:
+            raise ValueError(f"--keep-first must be below the model's block_size {src.config.block_size}, got "
                              f"{args.keep_first}")
         prompt_text = read_prompt(args)
-    except (CheckpointError, *cli.USER_ERRORS) as e:
+    except (CheckpointError, OSError, *cli.USER_ERRORS) as e:
         return cli.fail(e)
-    prompt_ids, notes = encode_prompt(tok, prompt_text, ckpt.config.block_size)
+    model, tok = src.model, src.tokenizer
+    prompt_ids, notes = encode_prompt(tok, prompt_text, src.config.block_size)
     for note in notes:
         say(f"warning: {note}")
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
-    cfg = ckpt.config
-    say(f"checkpoint {ckpt.path} (step {ckpt.step}; {cfg.n_layer} layers, {cfg.n_head} heads, context "
+    cfg = src.config
+    say(f"{src.label} (step {src.step}; {cfg.n_layer} layers, {cfg.n_head} heads, context "
         f"{cfg.block_size}; {tok.kind} tokenizer, {tok.vocab_size} tokens) on {device}; seed {seed}")
     if args.greedy and args.num_samples > 1:
         say("warning: --greedy makes every sample the same text")
@@ -156,12 +158,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     if args.no_attention:
         return 0
-    return dump_samples(args, ckpt, model, tok, samples, seed)
+    return dump_samples(args, src, samples, seed)
 
 
-def dump_samples(args: argparse.Namespace, ckpt: Checkpoint, model, tok, samples: list[list[int]], seed: int) -> int:
+def dump_samples(args: argparse.Namespace, src: Source, samples: list[list[int]], seed: int) -> int:
     """Each sample's attention report into the output folder, and into TensorBoard beside the run's curves."""
-    run = RunLayout(run_of_checkpoint(ckpt.path))
+    run = RunLayout(src.run_dir)
     name = run.new_sample_name(time.strftime("%Y%m%d-%H%M%S"))
     out_dir, tb_dir = args.out or run.samples / name, run.tb_samples / name
     try:
@@ -174,13 +176,13 @@ def dump_samples(args: argparse.Namespace, ckpt: Checkpoint, model, tok, samples
     several = len(samples) > 1
     with contextlib.closing(SummaryWriter(log_dir=str(tb_dir))) as writer:
         writer.add_text("checkpoint", markdown_code(
-            f"{ckpt.path} (step {ckpt.step})\nseed {seed}, temperature {args.temperature}, "
-            f"top_k {args.top_k}, top_p {args.top_p}, greedy {args.greedy}"), ckpt.step)
+            f"{src.label} (step {src.step})\nseed {seed}, temperature {args.temperature}, "
+            f"top_k {args.top_k}, top_p {args.top_p}, greedy {args.greedy}"), src.step)
         for i, ids in enumerate(samples):
             result = dump_attention(
-                model, tok, ids, out_dir / f"sample_{i:02d}" if several else out_dir, writer=writer,
-                tag_prefix=f"sample_{i:02d}/" if several else "", step=ckpt.step, html=not args.no_html,
-                title=f"{run.root.name} step {ckpt.step}" + (f", sample {i}" if several else ""))
+                src.model, src.tokenizer, ids, out_dir / f"sample_{i:02d}" if several else out_dir, writer=writer,
+                tag_prefix=f"sample_{i:02d}/" if several else "", step=src.step, html=not args.no_html,
+                title=f"{run.root.name} step {src.step}" + (f", sample {i}" if several else ""))
             say(f"\nattention heads{f' (sample {i})' if several else ''}, last {len(result['token_ids'])} tokens:")
             say(result["table"])
             for page in (p for p in result["files"] if p.name == "attention.html"):

@@ -31,7 +31,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
     "attention_lab.runtime": (),
     "attention_lab.store": ("model", "data", "attention_lab.runtime"),
     "attention_lab.interp": ("model", "data", "attention_lab.runtime"),
-    "attention_lab.sampling": ("model", "data", "attention_lab.runtime"),
+    "attention_lab.sampling": ("model", "data", "attention_lab.runtime", "attention_lab.store", "attention_lab.interop"),
     "attention_lab.viewer": ("model", "data", "attention_lab.runtime", "attention_lab.store", "attention_lab.interp"),
     "attention_lab.interop": ("model", "data", "attention_lab.runtime", "attention_lab.store"),
     "attention_lab.training": ("model", "data", "attention_lab.runtime", "attention_lab.store",

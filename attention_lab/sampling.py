@@ -1,18 +1,53 @@
-"""Text in, text out: a prompt encoded for a model's context, and its continuation generated and streamed as
-text piece by piece (model/generate.py does the token-level sampling; this adds the tokenizer, the dtype and
-the decoding threads). sample.py is the command line over it.
+"""Text in, text out: the model to sample from (a run's checkpoint, or a transformers GPT-2 / GPT-NeoX folder or
+hub id), a prompt encoded for its context, and its continuation generated and streamed as text piece by piece
+(model/generate.py does the token-level sampling; this adds the tokenizer, the dtype and the decoding threads).
+sample.py is the command line over it.
 """
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from attention_lab.runtime.device import autocast, decoding_threads, pick_dtype
+from attention_lab.store.checkpoint import latest_run, load_checkpoint
+from attention_lab.store.layout import run_of_checkpoint
 from data.tokenizer import Tokenizer
-from model import GPT, generate_stream
+from model import GPT, GPTConfig, generate_stream
+
+
+@dataclass
+class Source:
+    """What sample.py samples from, and where its outputs go (a run folder's samples/ and tb/samples/)."""
+
+    model: GPT
+    tokenizer: Tokenizer
+    label: str  # the checkpoint folder, or the transformers model
+    step: int
+    run_dir: Path
+
+    @property
+    def config(self) -> GPTConfig:
+        return self.model.config
+
+
+def open_source(run: Path | None, checkpoint: Path | None, hf_model: str | None, which: str, runs_root: Path,
+                device: torch.device) -> Source:
+    """A run's checkpoint (the latest run under runs_root by default), or a transformers GPT-2 / GPT-NeoX model:
+    a hub id such as 'gpt2' or a local folder (whose samples go to runs_root/hf/<name>/)."""
+    if hf_model is not None:
+        from attention_lab.interop.hf import load_with_tokenizer  # transformers' side: only when asked for
+
+        model, tokenizer = load_with_tokenizer(hf_model)
+        name = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(hf_model).name if Path(hf_model).exists() else hf_model)
+        return Source(model.to(device), tokenizer, hf_model, 0, runs_root / "hf" / name)
+    ckpt = load_checkpoint(checkpoint or run or latest_run(runs_root), which)
+    return Source(ckpt.build_model(device), ckpt.tokenizer(), str(ckpt.path), ckpt.step, run_of_checkpoint(ckpt.path))
 
 
 def encode_prompt(tokenizer: Tokenizer, text: str, block_size: int) -> tuple[list[int], list[str]]:

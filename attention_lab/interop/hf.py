@@ -52,7 +52,7 @@ TOKENIZER = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 GENERATION_CONFIG = "generation_config.json"
 # the files _read_weights reads, at the repo's top level only ("*.safetensors" would also match sub-folders)
-HUB_PATTERNS = [CONFIG, "model*.safetensors", SAFETENSORS_INDEX]
+HUB_PATTERNS = [CONFIG, "model*.safetensors", SAFETENSORS_INDEX, TOKENIZER]
 
 REMOTE_CODE_DIR = Path(__file__).parent / "remote_code"
 REMOTE_FILES = ("configuration_attention_lab.py", "modeling_attention_lab.py")
@@ -93,7 +93,7 @@ def _download(repo_id: str, revision: str | None) -> Path:
         raise OSError(
             f"could not fetch {repo_id!r}"
             + (f" at revision {revision!r}" if revision else "")
-            + f" from the Hugging Face hub ({type(e).__name__}: {e}). "
+            + f" from the Hugging Face hub ({type(e).__name__}: {' '.join(str(e).split())}). "
             "Check the repo id and revision, that you are online and that HF_HUB_OFFLINE is unset or 0 "
             "(with HF_HUB_OFFLINE=1 only repos already in the local cache load), "
             "or pass a local directory holding config.json and model.safetensors."
@@ -177,6 +177,20 @@ def load_pretrained(name_or_path: str | os.PathLike, *, revision: str | None = N
     model = GPT(cfg)
     model.load_state_dict(sd, strict=True)
     return model.eval()
+
+
+def load_with_tokenizer(name_or_path: str | os.PathLike, *, revision: str | None = None) -> tuple[GPT, Tokenizer]:
+    """As load_pretrained, and the folder's tokenizer.json as our Tokenizer (sample.py --model): a GPT-2 or
+    GPT-NeoX checkpoint (a hub id such as 'gpt2', or a local folder, this project's exports included)."""
+    directory = _resolve(name_or_path, revision, "sample.py --model")
+    if not (directory / TOKENIZER).is_file():
+        raise FileNotFoundError(f"{directory} has no {TOKENIZER}: sample.py needs the model's own tokenizer "
+                                "(save it beside the weights with tokenizer.save_pretrained)")
+    hf_config = json.loads((directory / CONFIG).read_text(encoding="utf-8"))
+    cfg, sd = config_and_state_dict(hf_config, _read_weights(directory), directory)
+    model = GPT(cfg)
+    model.load_state_dict(sd, strict=True)
+    return model.eval(), Tokenizer.from_file(directory / TOKENIZER)
 
 
 def load_gpt2(name_or_path: str | os.PathLike, *, revision: str | None = None) -> GPT:
