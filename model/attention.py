@@ -228,6 +228,16 @@ class KVCache:
         self.state = [None] * self.n_layer
 
 
+def split_qkv(qkv: Tensor, n_head: int, n_kv_head: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The fused projection's output (B, T, (nh + 2 nkv) hs), rows [q heads | k heads | v heads] -> q (B, nh, T, hs),
+    k and v (B, nkv, T, hs): heads split from the channels."""
+    b, t, width = qkv.shape
+    hs = width // (n_head + 2 * n_kv_head)
+    q, k, v = qkv.split([n_head * hs, n_kv_head * hs, n_kv_head * hs], dim=-1)
+    return (q.view(b, t, n_head, hs).transpose(1, 2), k.view(b, t, n_kv_head, hs).transpose(1, 2),
+            v.view(b, t, n_kv_head, hs).transpose(1, 2))
+
+
 def qk_norm(x: Tensor) -> Tensor:
     """Parameter-free RMS norm over the head channels: each q and k row gets RMS 1 (norm sqrt(hs)).
 
@@ -254,14 +264,6 @@ class CausalSelfAttention(nn.Module):
         # the first block's value of the same token; one learned lambda per block after the first
         self.value_lambda = nn.Parameter(torch.tensor(0.5)) if cfg.value_residual and layer > 0 else None
 
-    def split_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """x (B, T, C) -> q (B, nh, T, hs), k and v (B, nkv, T, hs): the fused projection split into heads."""
-        b, t, _ = x.shape
-        nh, nkv, hs = self.n_head, self.n_kv_head, self.head_size
-        q, k, v = self.c_attn(x).split([nh * hs, nkv * hs, nkv * hs], dim=-1)
-        return (q.view(b, t, nh, hs).transpose(1, 2), k.view(b, t, nkv, hs).transpose(1, 2),
-                v.view(b, t, nkv, hs).transpose(1, 2))
-
     def forward(
         self,
         x: Tensor,
@@ -281,7 +283,7 @@ class CausalSelfAttention(nn.Module):
         block's values of the new tokens before any mixing, (B, nkv, T, hs).
         """
         b, t, c = x.shape
-        q, k, v = self.split_qkv(x)
+        q, k, v = split_qkv(self.c_attn(x), self.n_head, self.n_kv_head)
         if self.qk_norm:
             q, k = qk_norm(q), qk_norm(k)
         q, k = pe.rotate_qk(q, k, rotation)

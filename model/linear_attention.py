@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from .attention import KVCache, dropout, expand_kv
+from .attention import KVCache, dropout, expand_kv, split_qkv
 from .config import GPTConfig
 from .positions import PositionalEncoding
 
@@ -90,19 +90,12 @@ class LinearAttention(nn.Module):
         self.value_lambda = nn.Parameter(torch.tensor(0.5)) if cfg.value_residual and layer > 0 else None
         self.qk_norm = cfg.qk_norm
 
-    def split_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        b, t, _ = x.shape
-        nh, nkv, hs = self.n_head, self.n_kv_head, self.head_size
-        q, k, v = self.c_attn(x).split([nh * hs, nkv * hs, nkv * hs], dim=-1)
-        return (q.view(b, t, nh, hs).transpose(1, 2), k.view(b, t, nkv, hs).transpose(1, 2),
-                v.view(b, t, nkv, hs).transpose(1, 2))
-
     def forward(self, x: Tensor, pe: PositionalEncoding, rotation, pos: Tensor, kv_cache: KVCache | None = None,
                 layer: int = 0, return_weights: bool = False, v_first: Tensor | None = None):
         """As CausalSelfAttention.forward; the weights returned are the implied normalised ones (B, nh, T, T).
         With a kv_cache the layer keeps (S, z) in it and continues from them: constant work per token."""
         b, t, c = x.shape
-        q, k, v = self.split_qkv(x)
+        q, k, v = split_qkv(self.c_attn(x), self.n_head, self.n_kv_head)
         if self.qk_norm:
             q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
         v_own = v
