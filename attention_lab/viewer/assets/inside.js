@@ -151,6 +151,10 @@ class InsidePanel {
         el("td", { class: "masked", text: "\u2212\u221e (the future)" }), el("td", { class: "weight", text: "0" })));
     }
     document.getElementById("in-table").replaceChildren(el("thead", {}, head), el("tbody", {}, ...body));
+    // long contexts: scroll the table to the key that takes the most weight
+    const best = rows.reduce((a, r) => (r.weight > a.weight ? r : a), rows[0]);
+    const box = document.querySelector("#inside .in-scroll"), target = body[best.j];
+    box.scrollTop = Math.max(0, target.offsetTop - box.clientHeight / 2);
     const share = this.d.share_norm[l][h][i];
     document.getElementById("in-out").replaceChildren(
       el("span", { class: "in-label", text: "out" }), barStrip(out, 256, 28, colour),
