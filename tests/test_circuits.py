@@ -209,3 +209,27 @@ def test_runs_at_the_default_models_shape():
     assert pairs.query.shape == (10,) and np.all(np.diff(pairs.score) <= 0)
     assert C.ov_top_tokens(model, 2, 0, token=42, k=10).ids.shape == (10,)
     assert -1.0 <= C.ov_eigenvalue_score(model, 1, 3) <= 1.0
+
+
+def test_copying_in_context_is_the_loop_over_step_inside():
+    """copying_in_context, written out with step_inside at every position: the head's share through the
+    unembedding, argmax against the token the head attends to most."""
+    import numpy as np
+
+    from attention_lab.interp.circuits import copying_in_context
+    from attention_lab.interp.inside import step_inside
+    from model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=16, block_size=24, n_layer=2, n_head=2, n_embd=16, pos_encoding="rope")).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape))
+    ids = torch.randint(0, 16, (20,), generator=torch.Generator().manual_seed(1))
+    w_u = model.lm_head.weight.detach().double().numpy()
+    for layer, head in ((0, 1), (1, 0)):
+        hits = []
+        for i in range(1, 20):
+            got = step_inside(model, ids, layer, head, i)
+            hits.append(np.argmax(got.share @ w_u.T) == int(ids[np.argmax(got.weights)]))
+        assert copying_in_context(model, ids, layer, head) == pytest.approx(np.mean(hits)), (layer, head)

@@ -65,7 +65,7 @@ def test_sample_py_opens_a_transformers_model_and_writes_what_a_run_gets(kind, t
     assert {"attention.npy", "tokens.json", "summary.json", "summary.txt", "attention.html", "layer_00.png",
             "layer_01.png"} <= names, names
     summary = json.loads((out / "summary.json").read_text())
-    assert {"copying", "ablation", "induction"} <= set(summary["heads"][0]), summary["heads"][0]
+    assert {"copying", "copying_text", "ablation", "induction"} <= set(summary["heads"][0]), summary["heads"][0]
     assert len(summary["logit_lens_last_token"]["top1"]) == 3, "the embeddings and 2 blocks"
     assert "copy" in err and "logit lens" in err, err
     page = (out / "attention.html").read_text()

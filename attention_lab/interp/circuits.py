@@ -47,8 +47,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attention_lab.interp.capture import plain_module
-from attention_lab.interp.inside import head_weights
+from attention_lab.interp.capture import capture_attention, plain_module
+from attention_lab.interp.inside import head_qkv, head_weights
 from model.attention import qk_norm
 
 CHUNK = 512  # rows of a V x V matrix made at once: 512 x 4096 float32 = 8 MB
@@ -223,3 +223,24 @@ def ov_eigenvalue_score(model, layer: int, head: int) -> float:
     eig = torch.linalg.eigvals(q.T @ _unembedding(model).double().T @ x @ q)  # (r,) complex
     total = eig.abs().sum()
     return float(eig.sum().real / total) if total > 0 else 0.0
+
+
+@torch.no_grad()
+def copying_in_context(model, ids, layer: int, head: int) -> float:
+    """The copying score measured on a text instead of on lone embeddings: the share of positions i (i >= 1) at
+    which the head's output, through the unembedding, raises most the logit of the token it attends to most:
+    argmax_b (sum_j w_ij v_j) W_O^T W_U^T [b] == ids[argmax_j w_ij].
+
+    The weights-only copying_score reads each token's embedding through ln_1 alone; a head in a later layer
+    reads the residual stream after the earlier layers wrote into it, so an induction head can copy in context
+    (high here, on a repeated text) while its embedding-only score is at chance (docs/heads.md measures both).
+    ln_f is left out of the path, as in ov_logits; the softcap does not change an argmax.
+    """
+    model = plain_module(model)
+    idx = torch.as_tensor(ids, dtype=torch.long)[-model.config.block_size:]
+    weights = capture_attention(model, idx)[layer, head].astype(np.float64)  # (T, T)
+    _, _, v = head_qkv(model, idx, layer, head)  # (T, hs)
+    w_o = head_weights(model, layer, head).W_O.double().cpu().numpy()  # (C, hs)
+    logits = ((weights @ v) @ w_o.T) @ _unembedding(model).double().cpu().numpy().T  # (T, V)
+    attended = idx.numpy()[weights.argmax(-1)]
+    return float((logits.argmax(-1) == attended)[1:].mean())

@@ -274,7 +274,7 @@ def head_label(scores: dict[str, np.ndarray], layer: int, head: int, threshold: 
 
 
 def head_rows(scores: dict[str, np.ndarray], ablation: np.ndarray | None = None,
-              copying: np.ndarray | None = None) -> list[dict]:
+              copying: np.ndarray | None = None, copying_text: np.ndarray | None = None) -> list[dict]:
     """One dict per head: its label, every role score and (optionally) the ablation effect and the copying score
     of its OV circuit (attention_lab/interp/circuits.py), rounded."""
     n_layer, n_head = scores["previous_token"].shape
@@ -287,6 +287,8 @@ def head_rows(scores: dict[str, np.ndarray], ablation: np.ndarray | None = None,
                 row["ablation"] = round(float(ablation[layer, head]), 4)
             if copying is not None:
                 row["copying"] = round(float(copying[layer, head]), 4)
+            if copying_text is not None:
+                row["copying_text"] = round(float(copying_text[layer, head]), 4)
             rows.append(row)
     return rows
 
@@ -296,8 +298,9 @@ def format_head_table(rows: Sequence[dict]) -> str:
     cols = [(MEASURES[role].short, role) for role in ROLES]
     has_ablation = bool(rows) and "ablation" in rows[0]
     has_copying = bool(rows) and "copying" in rows[0]
+    has_text = bool(rows) and "copying_text" in rows[0]
     header = (f"{'head':>5}  {'role':<15}" + "".join(f"{c:>7}" for c, _ in cols) + ("  ablation" if has_ablation else "")
-              + ("   copy" if has_copying else ""))
+              + ("   copy" if has_copying else "") + ("  copy@text" if has_text else ""))
     lines = [header]
     for r in rows:
         line = f"{head_name(r['layer'], r['head']):>5}  {r['role']:<15}" + "".join(f"{r[k]:7.2f}" for _, k in cols)
@@ -305,8 +308,11 @@ def format_head_table(rows: Sequence[dict]) -> str:
             line += f"  {r['ablation']:+8.3f}"
         if has_copying:
             line += f"  {r['copying']:5.2f}"
+        if has_text:
+            line += f"  {r['copying_text']:9.2f}"
         lines.append(line)
     lines.append("scores: share of attention on each role's target (attention_lab/interp/roles.py); ent: entropy, 1 = uniform"
                  + ("; ablation: loss change (nats/token) on this text when the head is zeroed" if has_ablation else "")
-                 + ("; copy: share of tokens whose own logit the head's OV circuit raises most" if has_copying else ""))
+                 + ("; copy: share of tokens whose own logit the head's OV circuit raises most" if has_copying else "")
+                 + ("; copy@text: the same on this text, for the token each position attends to most" if has_text else ""))
     return "\n".join(lines)

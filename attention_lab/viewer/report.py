@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from attention_lab.interp.capture import capture_attention
-from attention_lab.interp.circuits import copying_score, ov_logits, qk_token_pairs
+from attention_lab.interp.circuits import copying_in_context, copying_score, ov_logits, qk_token_pairs
 from attention_lab.interp.figures import attention_figure, figure_to_array, markdown_code
 from attention_lab.interp.heads import ablation_effects, format_head_table, head_rows
 from attention_lab.interp.inside import head_qkv, head_weights
@@ -67,7 +67,9 @@ def dump_attention(
         ablation = ablation_effects(model, idx[:, :-1], idx[:, 1:])
     circuits = head_circuits(model, window, tokenizer)
     lens = logit_lens(model, window, k=5)
-    rows = head_rows(scores, ablation, np.asarray(circuits["copying"]))
+    in_text = np.array([[copying_in_context(model, window, layer, h) for h in range(model.config.n_head)]
+                        for layer in range(model.config.n_layer)]) if len(window) > 1 else None
+    rows = head_rows(scores, ablation, np.asarray(circuits["copying"]), in_text)
     table = format_head_table(rows) + "\n" + lens_lines(lens, tokenizer, labels)
 
     files = [out.weights, out.tokens, out.summary, out.summary_text]
@@ -83,6 +85,8 @@ def dump_attention(
     write_json_atomic(out.summary, {"heads": rows, "roles": ROLE_HELP,
                                     "ablation": "loss change in nats/token on this text when the head is zeroed",
                                     "copying": "share of tokens whose own logit the head's OV circuit raises most",
+                                    "copying_text": "the same on this text: the head's output raises most the "
+                                                    "logit of the token it attends to most",
                                     "logit_lens_last_token": {"layers": ["embeddings"] + [f"after block {i}" for i in
                                                                                           range(len(last) - 1)],
                                                               "top1": last,
