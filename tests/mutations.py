@@ -229,6 +229,11 @@ MUTATIONS = (
              "const scaled = linear ? dot : dot * this.scale;", "const scaled = linear ? dot : dot / this.hs;",
              ("tests/test_viewer.py::test_step_inside_shows_the_computation_with_the_models_own_numbers",),
              "the page's step-inside panel scales the scores by 1/d_k instead of 1/sqrt(d_k)", browser=True),
+    Mutation("bigcode_not_multi_query", "attention_lab/interop/convert.py",
+             'architectures=["GPTBigCodeForCausalLM"], multi_query=True,',
+             'architectures=["GPTBigCodeForCausalLM"], multi_query=False,',
+             ("tests/test_export.py::test_every_model_option_exports_with_our_logits",),
+             "a multi-query model exported to GPTBigCode as if every head had its own keys and values"),
 )
 
 

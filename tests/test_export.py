@@ -179,6 +179,11 @@ def test_an_unknown_config_field_is_refused_loudly(tmp_path, char_json):
     ({"pos_encoding": "rope", "qk_norm": True}, "remote"),
     ({"pos_encoding": "learned", "logit_softcap": 15.0}, "remote"),
     ({"pos_encoding": "none", "value_residual": True}, "remote"),
+    ({"pos_encoding": "learned", "n_kv_head": 1}, "gpt_bigcode"),
+    ({"pos_encoding": "sinusoidal", "n_kv_head": 1, "bias": False}, "gpt_bigcode"),
+    ({"pos_encoding": "rope", "n_kv_head": 1}, "remote"),
+    ({"pos_encoding": "learned", "n_kv_head": 2}, "remote"),
+    ({"pos_encoding": "learned", "n_kv_head": 1, "window": 4}, "remote"),
 ])
 def test_plan_export_picks_the_architecture(overrides, target):
     plan = plan_export(GPTConfig(**overrides))
@@ -234,6 +239,8 @@ OPTIONS = {
     "everything": dict(pos_encoding="alibi", qk_norm=True, mlp_act="relu2", logit_softcap=3.0, value_residual=True,
                        tie_embeddings=False, n_layer=3),
     "grouped-query": dict(pos_encoding="rope", n_kv_head=1),
+    "multi-query-native": dict(pos_encoding="learned", n_kv_head=1),
+    "multi-query-native-no-bias": dict(pos_encoding="sinusoidal", n_kv_head=1, bias=False, tie_embeddings=False),
     "window": dict(pos_encoding="alibi", window=5, window_pattern="LG", n_kv_head=2),
     "sinks": dict(pos_encoding="learned", attn_sinks=True),
     "linear": dict(pos_encoding="learned", attention="linear", linear_out_norm=True),
@@ -246,6 +253,8 @@ def test_every_model_option_exports_with_our_logits(tmp_path, bpe_json, option):
     ours = tiny(bpe_json, seed=2, **OPTIONS[option])
     result = export_pretrained(ours, tmp_path / "out", bpe_json)
     theirs = load_hf(result.path)
+    if option.startswith("multi-query-native"):
+        assert type(theirs).__name__ == "GPTBigCodeForCausalLM", f"{option} should export natively: {result.plan}"
     assert_same_logits(ours, theirs, option)
     assert_round_trip(ours, result.path)
     if option == "logit_softcap":

@@ -53,7 +53,7 @@ FIELD_ROLES = {
     "qk_norm": "remote code when true",
     "logit_softcap": "remote code when > 0",
     "value_residual": "remote code when true",
-    "n_kv_head": "remote code when below n_head",
+    "n_kv_head": "GPTBigCode when 1 with learned, sinusoidal or no positions; else remote code when below n_head",
     "window": "remote code when > 0",
     "window_pattern": "remote code (with window)",
     "attn_sinks": "remote code when true",
@@ -74,9 +74,8 @@ class ExportPlan:
 
     @property
     def architecture(self) -> str:
-        return {"gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM", "remote": "AttentionLabForCausalLM"}[
-            self.target
-        ]
+        return {"gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM", "gpt_bigcode": "GPTBigCodeForCausalLM",
+                "remote": "AttentionLabForCausalLM"}[self.target]
 
 
 def unmapped_fields(cfg: GPTConfig) -> list[str]:
@@ -98,9 +97,10 @@ def native_blockers(cfg: GPTConfig) -> list[str]:
         reasons.append(f"logit_softcap={cfg.logit_softcap}: GPT-2 and GPT-NeoX do not soft-cap their logits")
     if cfg.value_residual:
         reasons.append("value_residual=True: GPT-2 and GPT-NeoX do not mix the first block's values into later ones")
-    if cfg.kv_heads != cfg.n_head:
-        reasons.append(f"n_kv_head={cfg.n_kv_head}: GPT-2 and GPT-NeoX give every query head its own keys and values "
-                       "(StarCoder2 and GPTBigCode share them, but differ from this model elsewhere: not checked)")
+    if cfg.kv_heads != cfg.n_head and not bigcode_fits(cfg):
+        reasons.append(f"n_kv_head={cfg.n_kv_head} with {cfg.pos_encoding} positions: GPT-2 and GPT-NeoX give every "
+                       "query head its own keys and values; GPTBigCode (multi-query) has learned positions only; "
+                       "StarCoder2 (RoPE + grouped-query) was not checked")
     if cfg.window:
         reasons.append(f"window={cfg.window}: GPT-2 and GPT-NeoX attend over the whole context")
     if cfg.attn_sinks:
@@ -110,6 +110,12 @@ def native_blockers(cfg: GPTConfig) -> list[str]:
     if cfg.mlp_act not in NATIVE_ACTIVATIONS:
         reasons.append(f"mlp_act={cfg.mlp_act!r} has no transformers activation known to compute it exactly")
     return reasons
+
+
+def bigcode_fits(cfg: GPTConfig) -> bool:
+    """Multi-query attention with additive (or no) positions: GPTBigCode's multi_query layout is ours exactly
+    (c_attn rows [q | k | v] of one kv head, nn.Linear, GPT-2's names)."""
+    return cfg.kv_heads == 1 < cfg.n_head and cfg.pos_encoding in GPT2_POSITIONS
 
 
 def plan_export(cfg: GPTConfig, remote_code: bool = False) -> ExportPlan:
@@ -126,6 +132,8 @@ def plan_export(cfg: GPTConfig, remote_code: bool = False) -> ExportPlan:
         reasons = ["remote code was asked for"]
     if reasons:
         return ExportPlan("remote", reasons)
+    if bigcode_fits(cfg):
+        return ExportPlan("gpt_bigcode", [])
     return ExportPlan("gpt2" if cfg.pos_encoding in GPT2_POSITIONS else "gpt_neox", [])
 
 
@@ -273,6 +281,43 @@ def gpt2_variant(hf_sd: dict[str, Tensor], base: GPTConfig, hint: dict | None) -
                                               and not k.endswith(IGNORED_SUFFIXES)):
         changes["bias"] = False
     return dataclasses.replace(base, **changes)
+
+
+# --------------------------------------------------------------------------------------------- GPTBigCode (MQA)
+
+
+def bigcode_config_from(cfg: GPTConfig) -> dict:
+    """GPTConfig (multi-query, additive positions) -> transformers.GPTBigCodeConfig's fields."""
+    _check_target(cfg, "gpt_bigcode")
+    return dict(hf_config_from(dataclasses.replace(cfg, n_kv_head=0)), model_type="gpt_bigcode",
+                architectures=["GPTBigCodeForCausalLM"], multi_query=True, num_key_value_heads=1,
+                scale_attn_weights=True, attention_softmax_in_fp32=True, scale_attention_softmax_in_fp32=False)
+
+
+def config_from_bigcode(hf: dict) -> GPTConfig:
+    if not hf.get("multi_query", True):
+        raise ValueError("GPTBigCode with multi_query=False groups its c_attn rows per head; only multi-query "
+                         "checkpoints load")
+    return dataclasses.replace(config_from_hf(hf), n_kv_head=1)
+
+
+def state_dict_to_bigcode(sd: dict[str, Tensor], cfg: GPTConfig) -> dict[str, Tensor]:
+    """Our state dict -> GPTBigCodeForCausalLM's: the same names and layout (nn.Linear, no transposes); fixed
+    position tables and zero biases where ours has none, as for GPT-2."""
+    _check_target(cfg, "gpt_bigcode")
+    out = {k: v.detach().clone().contiguous() for k, v in sd.items()}
+    like = out["transformer.wte.weight"]
+    if cfg.pos_encoding == "sinusoidal":
+        out["transformer.wpe.weight"] = sinusoidal_table(cfg.block_size, cfg.n_embd).to(like.dtype)
+    elif cfg.pos_encoding == "none":
+        out["transformer.wpe.weight"] = like.new_zeros(cfg.block_size, cfg.n_embd)
+    if not cfg.bias:
+        widths = {"attn.c_attn": cfg.n_embd + 2 * cfg.head_size, "mlp.c_fc": cfg.mlp_ratio * cfg.n_embd}
+        for i in range(cfg.n_layer):
+            for name in BIASED:
+                out[f"transformer.h.{i}.{name}.bias"] = like.new_zeros(widths.get(name, cfg.n_embd))
+        out["transformer.ln_f.bias"] = like.new_zeros(cfg.n_embd)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------------ GPT-NeoX

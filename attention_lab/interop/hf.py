@@ -27,9 +27,13 @@ from safetensors.torch import load_file, save_file
 
 from attention_lab.interop.convert import (
     HINT_KEY,
+    IGNORED_SUFFIXES,
     ExportPlan,
+    bigcode_config_from,
+    config_from_bigcode,
     config_from_hf,
     config_from_neox,
+    gpt2_key,
     gpt2_variant,
     hf_config_from,
     neox_config_from,
@@ -37,6 +41,7 @@ from attention_lab.interop.convert import (
     plan_export,
     state_dict_from_hf,
     state_dict_from_neox,
+    state_dict_to_bigcode,
     state_dict_to_hf,
     state_dict_to_neox,
 )
@@ -60,7 +65,7 @@ AUTO_MAP = {
     "AutoConfig": "configuration_attention_lab.AttentionLabConfig",
     "AutoModelForCausalLM": "modeling_attention_lab.AttentionLabForCausalLM",
 }
-MODEL_TYPES = ("gpt2", "gpt_neox", "attention_lab")
+MODEL_TYPES = ("gpt2", "gpt_neox", "gpt_bigcode", "attention_lab")
 
 
 # ----------------------------------------------------------------------------------------------------- loading
@@ -148,6 +153,16 @@ def config_and_state_dict(hf_config: dict, hf_sd: dict[str, torch.Tensor], where
     if model_type == "gpt_neox":
         cfg = neox_variant(hf_sd, config_from_neox(hf_config), hint)
         return cfg, state_dict_from_neox(hf_sd, cfg)
+    if model_type == "gpt_bigcode":  # our names and layout: the GPT-2 variant rules, no transposes
+        cfg = gpt2_variant(hf_sd, config_from_bigcode(hf_config), hint)
+        sd = {gpt2_key(k): v for k, v in hf_sd.items() if not k.endswith(IGNORED_SUFFIXES)}
+        if not cfg.bias:  # the zero biases the export added
+            sd = {k: v for k, v in sd.items() if not k.endswith(".bias")}
+        if "lm_head.weight" not in sd and cfg.tie_embeddings:
+            sd["lm_head.weight"] = sd["transformer.wte.weight"]
+        if cfg.pos_encoding != "learned":
+            sd.pop("transformer.wpe.weight", None)
+        return cfg, sd
     if model_type == "attention_lab":
         names = [f.name for f in dataclasses.fields(GPTConfig)]
         unknown = sorted(set(hint or {}) - set(names))
@@ -231,6 +246,8 @@ def hf_export_config(cfg: GPTConfig, plan: ExportPlan, eot_id: int | None, dtype
     """config.json for `plan`: the architecture's own fields, token ids, dtype and our config under HINT_KEY."""
     if plan.target == "gpt2":
         hf = hf_config_from(cfg)
+    elif plan.target == "gpt_bigcode":
+        hf = bigcode_config_from(cfg)
     elif plan.target == "gpt_neox":
         hf = neox_config_from(cfg)
     else:
@@ -260,6 +277,9 @@ def hf_state_dict(model: GPT, plan: ExportPlan) -> dict[str, torch.Tensor]:
     sd = model.state_dict()
     if plan.target == "gpt2":
         out = state_dict_to_hf(sd, cfg)
+        head = "lm_head.weight"
+    elif plan.target == "gpt_bigcode":
+        out = state_dict_to_bigcode(sd, cfg)
         head = "lm_head.weight"
     elif plan.target == "gpt_neox":
         out = state_dict_to_neox(sd, cfg)
