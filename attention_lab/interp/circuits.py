@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attention_lab.interp.capture import capture_attention, plain_module
-from attention_lab.interp.inside import head_qkv, head_weights
+from attention_lab.interp.inside import head_shares, head_vectors, head_weights
 from model.attention import qk_norm
 
 CHUNK = 512  # rows of a V x V matrix made at once: 512 x 4096 float32 = 8 MB
@@ -225,11 +225,23 @@ def ov_eigenvalue_score(model, layer: int, head: int) -> float:
     return float(eig.sum().real / total) if total > 0 else 0.0
 
 
+def copying_of(model, shares: np.ndarray, weights: np.ndarray, ids) -> np.ndarray:
+    """Per head (L, nh): the share of positions i >= 1 at which the head's output there (shares (L, nh, T, C), from
+    inside.head_shares), through the unembedding, raises most the logit of the token the head attends to most
+    (weights (L, nh, T, T)): argmax_b share_i W_U^T [b] == ids[argmax_j w_ij]."""
+    w_u = _unembedding(plain_module(model)).double().cpu().numpy().T  # (C, V)
+    attended = np.asarray(ids)[np.asarray(weights).argmax(-1)]  # (L, nh, T)
+    out = np.zeros(shares.shape[:2])
+    for layer, head in np.ndindex(*out.shape):  # one (T, V) logit matrix at a time
+        best = (shares[layer, head] @ w_u).argmax(-1)
+        out[layer, head] = (best == attended[layer, head])[1:].mean()
+    return out
+
+
 @torch.no_grad()
-def copying_in_context(model, ids, layer: int, head: int) -> float:
-    """The copying score measured on a text instead of on lone embeddings: the share of positions i (i >= 1) at
-    which the head's output, through the unembedding, raises most the logit of the token it attends to most:
-    argmax_b (sum_j w_ij v_j) W_O^T W_U^T [b] == ids[argmax_j w_ij].
+def copying_in_context(model, ids) -> np.ndarray:
+    """The copying score measured on a text instead of on lone embeddings, for every head (L, nh): copying_of
+    the heads' outputs on `ids` (cropped to the last block_size).
 
     The weights-only copying_score reads each token's embedding through ln_1 alone; a head in a later layer
     reads the residual stream after the earlier layers wrote into it, so an induction head can copy in context
@@ -238,9 +250,6 @@ def copying_in_context(model, ids, layer: int, head: int) -> float:
     """
     model = plain_module(model)
     idx = torch.as_tensor(ids, dtype=torch.long)[-model.config.block_size:]
-    weights = capture_attention(model, idx)[layer, head].astype(np.float64)  # (T, T)
-    _, _, v = head_qkv(model, idx, layer, head)  # (T, hs)
-    w_o = head_weights(model, layer, head).W_O.double().cpu().numpy()  # (C, hs)
-    logits = ((weights @ v) @ w_o.T) @ _unembedding(model).double().cpu().numpy().T  # (T, V)
-    attended = idx.numpy()[weights.argmax(-1)]
-    return float((logits.argmax(-1) == attended)[1:].mean())
+    weights = capture_attention(model, idx)  # (L, nh, T, T)
+    shares = head_shares(model, weights, head_vectors(model, idx)[2])
+    return copying_of(model, shares, weights, idx.numpy())

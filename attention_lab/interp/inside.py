@@ -305,17 +305,34 @@ def _linear_steps(cfg, q: np.ndarray, k: np.ndarray, v: np.ndarray, query: int, 
 
 
 @torch.no_grad()
-def head_qkv(model, ids, layer: int, head: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """q, k, v (T, hs) of one head at every position, as its dot products and weighted sum see them (after
-    QK-norm, RoPE and the value mix): what the page's "step inside" panel computes with."""
+def head_vectors(model, ids) -> np.ndarray:
+    """q, k, v of every head at every position, as its dot products and weighted sum see them (after QK-norm,
+    RoPE and the value mix): float64 (3, L, nh, T, hs), from one forward pass. What the page's "step inside"
+    panel computes with."""
     model = plain_module(model)
-    _check_head(model.config, layer, head)
-    stream = residual_stream(model, ids)
-    blocks = model.transformer.h
-    x_ln = layer_norm(_np(stream[layer]), blocks[layer].ln_1)
-    x0_ln = layer_norm(_np(stream[0]), blocks[0].ln_1) if blocks[layer].attn.value_lambda is not None else None
-    vec = _vectors(model, layer, head, x_ln, x0_ln)
-    return vec["q_rot"], vec["k"], vec["v"]
+    cfg, blocks = model.config, model.transformer.h
+    stream = residual_stream(model, ids)  # (L + 1, T, C)
+    out = np.zeros((3, cfg.n_layer, cfg.n_head, stream.size(1), cfg.head_size))
+    x0_ln = layer_norm(_np(stream[0]), blocks[0].ln_1)  # block 0's ln_1, mixed in by value_residual
+    for layer in range(cfg.n_layer):
+        x_ln = layer_norm(_np(stream[layer]), blocks[layer].ln_1)
+        for head in range(cfg.n_head):
+            vec = _vectors(model, layer, head, x_ln, x0_ln)
+            out[:, layer, head] = vec["q_rot"], vec["k"], vec["v"]
+    return out
+
+
+def head_shares(model, weights: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """What every head adds to the residual stream at every position: (sum_j w_ij v_j) W_O^T, float64
+    (L, nh, T, C), from the attention weights (L, nh, T, T) and the values (L, nh, T, hs) of head_vectors."""
+    model = plain_module(model)
+    cfg = model.config
+    out = np.zeros((cfg.n_layer, cfg.n_head, v.shape[2], cfg.n_embd))
+    for layer in range(cfg.n_layer):
+        for head in range(cfg.n_head):
+            w_o = _np(head_weights(model, layer, head).W_O)  # (C, hs)
+            out[layer, head] = (np.asarray(weights[layer, head], dtype=np.float64) @ v[layer, head]) @ w_o.T
+    return out
 
 
 @torch.no_grad()

@@ -22,10 +22,10 @@ import numpy as np
 import torch
 
 from attention_lab.interp.capture import capture_attention
-from attention_lab.interp.circuits import copying_in_context, copying_score, ov_logits, qk_token_pairs
+from attention_lab.interp.circuits import copying_of, copying_score, ov_logits, qk_token_pairs
 from attention_lab.interp.figures import attention_figure, figure_to_array, markdown_code
 from attention_lab.interp.heads import ablation_effects, format_head_table, head_rows
-from attention_lab.interp.inside import head_qkv, head_weights
+from attention_lab.interp.inside import head_shares, head_vectors
 from attention_lab.interp.lens import logit_lens
 from attention_lab.interp.roles import ROLE_HELP, role_scores
 from attention_lab.store.layout import SampleLayout
@@ -67,8 +67,9 @@ def dump_attention(
         ablation = ablation_effects(model, idx[:, :-1], idx[:, 1:])
     circuits = head_circuits(model, window, tokenizer)
     lens = logit_lens(model, window, k=5)
-    in_text = np.array([[copying_in_context(model, window, layer, h) for h in range(model.config.n_head)]
-                        for layer in range(model.config.n_layer)]) if len(window) > 1 else None
+    qkv = head_vectors(model, window)  # (3, L, nh, T, hs): one forward pass for every head
+    shares = head_shares(model, weights, qkv[2])  # (L, nh, T, C): what each head adds at each position
+    in_text = copying_of(model, shares, weights, window) if len(window) > 1 else None
     rows = head_rows(scores, ablation, np.asarray(circuits["copying"]), in_text)
     table = format_head_table(rows) + "\n" + lens_lines(lens, tokenizer, labels)
 
@@ -94,7 +95,7 @@ def dump_attention(
     out.summary_text.write_text(table + "\n", encoding="utf-8")
     if html:
         page_scores = dict(scores) | ({"ablation": ablation} if ablation is not None else {})
-        inside = inside_data(model, window, weights, tokenizer, lens, circuits)
+        inside = inside_data(model, qkv, shares, tokenizer, lens, circuits)
         files.append(write_sample_page(out.page, weights, labels, page_scores, title=title or "attention", inside=inside))
 
     for layer in range(weights.shape[0]):
@@ -150,21 +151,15 @@ def lens_lines(lens, tokenizer: Tokenizer, labels: list[str]) -> str:
     return f"logit lens after {labels[-1]!r} (the most likely next token after each layer): " + " | ".join(tops)
 
 
-@torch.no_grad()
-def inside_data(model: GPT, window: list[int], weights: np.ndarray, tokenizer: Tokenizer, lens, circuits: dict) -> dict:
+def inside_data(model: GPT, qkv: np.ndarray, shares: np.ndarray, tokenizer: Tokenizer, lens, circuits: dict) -> dict:
     """What the page's "step inside" panel computes with: every head's q, k, v (T, hs) as the dot products and the
-    weighted sum see them (float32), the kind of attention and its per-layer/per-head constants, each head's
-    share of the output projection at every query (its norm), the logit lens and the circuits."""
+    weighted sum see them (float32; head_vectors), the kind of attention and its per-layer/per-head constants, the
+    norm of each head's share of the output projection at every query (head_shares), the logit lens and the
+    circuits."""
     cfg = model.config
-    n_layer, n_head, t, hs = cfg.n_layer, cfg.n_head, len(window), cfg.head_size
-    qkv = np.zeros((3, n_layer, n_head, t, hs), dtype=np.float32)
-    share_norm = np.zeros((n_layer, n_head, t))
-    for layer in range(n_layer):
-        for h in range(n_head):
-            q, k, v = head_qkv(model, window, layer, h)
-            qkv[:, layer, h] = q, k, v
-            w_o = head_weights(model, layer, h).W_O.double().cpu().numpy()  # (C, hs)
-            share_norm[layer, h] = np.linalg.norm((weights[layer, h].astype(np.float64) @ v) @ w_o.T, axis=-1)
+    n_layer, n_head, hs = cfg.n_layer, cfg.n_head, cfg.head_size
+    qkv = qkv.astype(np.float32)
+    share_norm = np.linalg.norm(shares, axis=-1)  # (L, nh, T)
     pe = model.transformer.wpe
     slopes = pe.slopes.tolist() if hasattr(pe, "slopes") else [0.0] * n_head
     sinks = [[float(s) for s in block.attn.sink] if getattr(block.attn, "sink", None) is not None else None
