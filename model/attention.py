@@ -86,16 +86,16 @@ def one_query_gqa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -
 
 def masked_sdpa(q: Tensor, k: Tensor, v: Tensor, visible: Tensor, bias: Tensor | None = None,
                 sink: Tensor | None = None, dropout_p: float = 0.0) -> Tensor:
-    """sdpa with an explicit mask; q (..., nh, T, hs), k and v (..., nkv, S, hs), visible broadcastable to
-    (..., T, S), bias to (nh, T, S) or None. The sink is exact: one more key that every query sees, whose score
+    """sdpa with an explicit mask; q (B, nh, [blocks,] T, hs), k and v (B, nkv, [blocks,] S, hs), visible
+    broadcastable to ([blocks,] T, S), bias to (nh, [1,] T, S) or None. The sink is exact: one more key that every query sees, whose score
     is the head's sink logit and whose value is 0, built by giving q a channel of ones and that key the logit
     times sqrt(hs) in it (the scale stays 1/sqrt(hs))."""
     hs = q.size(-1)
-    gqa = {"enable_gqa": True} if q.size(-3) != k.size(-3) else {}
+    gqa = {"enable_gqa": True} if q.size(1) != k.size(1) else {}  # heads are dim 1, with or without blocks
     if gqa and q.dim() == 4 and q.size(2) == 1 and sink is None and bias is None and dropout_p == 0.0:
         return one_query_gqa(q, k, v, visible)  # (1, S) mask: the same for every query head of a group
-    if sink is not None:
-        k, v = expand_kv(k, q.size(-3)) if k.dim() == 4 else k, expand_kv(v, q.size(-3)) if v.dim() == 4 else v
+    if sink is not None:  # the sink key differs per query head: every query head gets its own keys
+        k, v = expand_kv(k, q.size(1)), expand_kv(v, q.size(1))
         gqa = {}
         ones = q.new_ones(*q.shape[:-1], 1)
         q = torch.cat([q, ones], dim=-1)

@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from .attention import KVCache, dropout, expand_kv, split_qkv
+from .attention import KVCache, dropout, expand_kv, qk_norm, split_qkv
 from .config import GPTConfig
 from .positions import PositionalEncoding
 
@@ -97,7 +97,7 @@ class LinearAttention(nn.Module):
         b, t, c = x.shape
         q, k, v = split_qkv(self.c_attn(x), self.n_head, self.n_kv_head)
         if self.qk_norm:
-            q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
+            q, k = qk_norm(q), qk_norm(k)
         v_own = v
         if self.value_lambda is not None and v_first is not None:
             v = self.value_lambda * v + (1.0 - self.value_lambda) * v_first

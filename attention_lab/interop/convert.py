@@ -224,17 +224,22 @@ def state_dict_to_hf(sd: dict[str, Tensor], cfg: GPTConfig) -> dict[str, Tensor]
         key: (value.t() if key.endswith(TRANSPOSED) else value).detach().clone().contiguous()
         for key, value in sd.items()
     }
+    return _with_gpt2_fixtures(out, cfg, c_attn_width=3 * cfg.n_embd)
+
+
+def _with_gpt2_fixtures(out: dict[str, Tensor], cfg: GPTConfig, c_attn_width: int) -> dict[str, Tensor]:
+    """What GPT-2-style architectures (GPT2LMHeadModel, GPTBigCode) always have and ours may not: a `wpe` table
+    (the sinusoidal one, or zeros for no positions) and biases (zeros when cfg.bias is false)."""
     like = out["transformer.wte.weight"]
     if cfg.pos_encoding == "sinusoidal":  # a fixed table: GPT-2's wpe holds it, frozen by nothing but intent
         out["transformer.wpe.weight"] = sinusoidal_table(cfg.block_size, cfg.n_embd).to(like.dtype)
     elif cfg.pos_encoding == "none":
         out["transformer.wpe.weight"] = like.new_zeros(cfg.block_size, cfg.n_embd)
     if not cfg.bias:
+        widths = {"attn.c_attn": c_attn_width, "mlp.c_fc": cfg.mlp_ratio * cfg.n_embd}
         for i in range(cfg.n_layer):
             for name in BIASED:
-                width = 3 * cfg.n_embd if name == "attn.c_attn" else cfg.n_embd
-                width = cfg.mlp_ratio * cfg.n_embd if name == "mlp.c_fc" else width
-                out[f"transformer.h.{i}.{name}.bias"] = like.new_zeros(width)
+                out[f"transformer.h.{i}.{name}.bias"] = like.new_zeros(widths.get(name, cfg.n_embd))
         out["transformer.ln_f.bias"] = like.new_zeros(cfg.n_embd)
     return out
 
@@ -306,18 +311,7 @@ def state_dict_to_bigcode(sd: dict[str, Tensor], cfg: GPTConfig) -> dict[str, Te
     position tables and zero biases where ours has none, as for GPT-2."""
     _check_target(cfg, "gpt_bigcode")
     out = {k: v.detach().clone().contiguous() for k, v in sd.items()}
-    like = out["transformer.wte.weight"]
-    if cfg.pos_encoding == "sinusoidal":
-        out["transformer.wpe.weight"] = sinusoidal_table(cfg.block_size, cfg.n_embd).to(like.dtype)
-    elif cfg.pos_encoding == "none":
-        out["transformer.wpe.weight"] = like.new_zeros(cfg.block_size, cfg.n_embd)
-    if not cfg.bias:
-        widths = {"attn.c_attn": cfg.n_embd + 2 * cfg.head_size, "mlp.c_fc": cfg.mlp_ratio * cfg.n_embd}
-        for i in range(cfg.n_layer):
-            for name in BIASED:
-                out[f"transformer.h.{i}.{name}.bias"] = like.new_zeros(widths.get(name, cfg.n_embd))
-        out["transformer.ln_f.bias"] = like.new_zeros(cfg.n_embd)
-    return out
+    return _with_gpt2_fixtures(out, cfg, c_attn_width=cfg.n_embd + 2 * cfg.head_size)
 
 
 # ------------------------------------------------------------------------------------------------------ GPT-NeoX
