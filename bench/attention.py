@@ -138,10 +138,9 @@ VARIANTS = {
 def decode_model(variant: dict, block: int, quick: bool) -> GPT:
     shape = dict(n_layer=2, n_head=2, n_embd=16) if quick else dict(n_layer=6, n_head=6, n_embd=384)
     window = {"window": 16} if quick and "window" in variant else {}
-    cfg = GPTConfig(vocab_size=4096, block_size=block, pos_encoding="rope", bias=False, **shape)
-    cfg = GPTConfig(**(cfg.to_dict() | variant | window))
+    base = dict(vocab_size=4096, block_size=block, pos_encoding="rope", bias=False, **shape)
     torch.manual_seed(0)
-    return GPT(cfg).eval()
+    return GPT(GPTConfig(**(base | variant | window))).eval()
 
 
 def cache_bytes(cache) -> int:
