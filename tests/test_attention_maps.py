@@ -133,8 +133,10 @@ def test_measured_roles_label_hand_made_heads():
     got = [r["role"] for r in rows]
     assert got == [names[e] for e in expected], f"head roles: got {got}, want {expected}"
     by_name = dict(zip(expected, rows))
-    # row 0 has no previous token (it looks at itself): (T-1)/T of all rows' mass is on t-1
-    assert by_name["previous"]["previous_token"] == pytest.approx((len(ids) - 1) / len(ids), abs=1e-4) and \
+    # row 0 has no previous token (it looks at itself): every row that has one puts all its mass there (the
+    # stripe), (T-1)/T of all rows' mass is on t-1 (detect_head's all-rows form)
+    assert by_name["previous"]["previous_token"] == pytest.approx(1.0) and \
+        by_name["previous"]["previous_token_all_rows"] == pytest.approx((len(ids) - 1) / len(ids), abs=1e-4) and \
         by_name["previous"]["entropy"] == pytest.approx(0.0), f"a one-hot previous-token head: {by_name['previous']}"
     assert by_name["broad"]["entropy"] == pytest.approx(1.0), "uniform attention has normalised entropy 1"
     assert by_name["induction"]["induction"] == pytest.approx(1.0), f"induction head: {by_name['induction']}"

@@ -299,11 +299,11 @@ def format_head_table(rows: Sequence[dict]) -> str:
     has_ablation = bool(rows) and "ablation" in rows[0]
     has_copying = bool(rows) and "copying" in rows[0]
     has_text = bool(rows) and "copying_text" in rows[0]
-    header = (f"{'head':>5}  {'role':<15}" + "".join(f"{c:>7}" for c, _ in cols) + ("  ablation" if has_ablation else "")
+    header = (f"{'head':>5}  {'role':<15}" + "".join(f"{c:>8}" for c, _ in cols) + ("  ablation" if has_ablation else "")
               + ("   copy" if has_copying else "") + ("  copy@text" if has_text else ""))
     lines = [header]
     for r in rows:
-        line = f"{head_name(r['layer'], r['head']):>5}  {r['role']:<15}" + "".join(f"{r[k]:7.2f}" for _, k in cols)
+        line = f"{head_name(r['layer'], r['head']):>5}  {r['role']:<15}" + "".join(f"{r[k]:8.2f}" for _, k in cols)
         if has_ablation:
             line += f"  {r['ablation']:+8.3f}"
         if has_copying:
@@ -311,7 +311,9 @@ def format_head_table(rows: Sequence[dict]) -> str:
         if has_text:
             line += f"  {r['copying_text']:9.2f}"
         lines.append(line)
-    lines.append("scores: share of attention on each role's target (attention_lab/interp/roles.py); ent: entropy, 1 = uniform"
+    lines.append("prev, dup, ind: share of attention on the role's target over the queries that have one (the stripe); "
+                 "\u00b7TL: the same over every query, TransformerLens's detect_head (attention_lab/interp/roles.py); "
+                 "ent: entropy, 1 = uniform"
                  + ("; ablation: loss change (nats/token) on this text when the head is zeroed" if has_ablation else "")
                  + ("; copy: share of tokens whose own logit the head's OV circuit raises most" if has_copying else "")
                  + ("; copy@text: the same on this text, for the token each position attends to most" if has_text else ""))

@@ -5,17 +5,22 @@ summary tables, the TensorBoard timeline) reads ROLE_TABLE; nothing else lists r
 Shapes: B batch, L n_layer, nh n_head, T tokens, A an attention pattern (..., T, T) whose rows (queries) sum
 to 1 over the keys they may see (keys <= query).
 
-Role scores (the "mul" form of TransformerLens's `detect_head`): for a role's detection pattern D (T, T) of 0/1,
+Role scores. For a role's detection pattern D (T, T) of 0/1 there are two standard numbers, and each has its
+own name here:
 
-    score(A, D) = sum(A * D) / sum(A)                              summed over every query row and key
+    stripe     score(A, D) = sum(A * D) / sum(A)   summed over the query rows i that HAVE a target (D[i].any())
+    all rows   score(A, D) = sum(A * D) / sum(A)   summed over every query row: TransformerLens's
+                                                   `detect_head(..., error_measure="mul")`
 
-i.e. the share of all attention mass that lands where the role says it should. Options drop parts of A first
-(on a copy, never the caller's array): `exclude_first` zeroes key 0 (the "attention sink" most heads park
-mass on), `exclude_self` zeroes the diagonal, and `target_rows_only` keeps only the query rows for which D
-has a target at all. The trainer scores duplicate-token and induction heads with target_rows_only: on the
-probe (random tokens, then the same tokens again) the first half's rows have nothing to copy, so over all
-rows even a perfect induction head would score only about 0.5; over the repeat's rows it scores 1. This is
-the "induction stripe" mean of the TransformerLens tutorials, in detect_head's form.
+`previous_token`, `duplicate_token` and `induction` are the stripe form: the share of attention that lands on the
+role's target, among the queries that have one. It is the "induction stripe" of TransformerLens's induction-head
+tutorial and of Olsson et al. (2022): on the probe (random tokens, then the same tokens again) the first half's
+rows have nothing to copy, so a perfect induction head scores 1 on the stripe. `previous_token_all_rows`,
+`duplicate_token_all_rows` and `induction_all_rows` are detect_head's form: rows without a target still count in
+the denominator, so on the probe even a perfect induction head scores only about half. A batch of sequences is
+the mean of each sequence's score, as detect_head averages over a list of prompts. Options drop parts of A first
+(on a copy, never the caller's array): `exclude_first` zeroes key 0 (the "attention sink" most heads park mass
+on) and `exclude_self` zeroes the diagonal, as detect_head's exclude_bos / exclude_current_token.
 
     previous_token   D[i, j] = 1 if j == i - 1
     duplicate_token  D[i, j] = 1 if j < i and ids[j] == ids[i]           (an earlier copy of the query's token)
@@ -29,8 +34,9 @@ and three summaries of where the mass goes, each averaged over query rows i >= 1
     entropy          H(A[i, :i+1]) / log(i + 1)       0: one key takes everything; 1: uniform over the i+1 keys
 
 Uniform causal attention is the baseline: each row i spreads 1/(i+1) over its keys, so previous_token scores
-(1/T) * sum_{i=1}^{T-1} 1/(i+1) (0.035 at T = 128, 0.058 at T = 64), first_token and self score the mean of
-1/(i+1) over rows i >= 1, and entropy scores 1.
+the mean of 1/(i+1) over rows i >= 1 (0.0349 at T = 128, 0.0594 at T = 64; previous_token_all_rows
+(1/T) * sum_{i=1}^{T-1} 1/(i+1): 0.0346 and 0.0585), first_token and self score the mean of 1/(i+1) over rows
+i >= 1, and entropy scores 1.
 """
 
 from __future__ import annotations
@@ -50,18 +56,33 @@ class Role:
     label: str  # legend text
     help: str  # one sentence: what a high value means
     unit: str = "score"
+    form: str = ""  # which definition: "stripe" or "all rows" for the detection-pattern scores (see above)
     names_heads: bool = True  # may be a head's label in the summary table (a head is "mixed" if none reaches it)
     tracked: bool = True  # drawn in the fingerprints and timelines (TensorBoard, tb_report)
 
 
 ROLE_TABLE = (
-    Role("previous_token", "prev", "previous token", "attends to the token just before the query"),
-    Role("duplicate_token", "dup", "duplicate token", "attends to earlier copies of the query's own token"),
-    Role("induction", "ind", "induction",
-         "attends to the token that followed an earlier copy of the query's token (prefix matching)"),
+    Role("previous_token", "prev", "previous token (stripe)",
+         "share of attention on the token just before the query, over the queries that have one", form="stripe"),
+    Role("duplicate_token", "dup", "duplicate token (stripe)",
+         "share of attention on earlier copies of the query's own token, over the queries that have one",
+         form="stripe"),
+    Role("induction", "ind", "induction (stripe)",
+         "share of attention on the token that followed an earlier copy of the query's token (prefix matching), "
+         "over the queries that have one", form="stripe"),
     Role("first_token", "first", "first token (sink)", "parks attention on the first token (an attention sink)"),
     Role("self", "self", "self", "attends to the query's own position", tracked=False),
     Role("entropy", "ent", "entropy", "how spread out: 0 = one key, 1 = uniform", names_heads=False, tracked=False),
+    # TransformerLens's detect_head numbers for the same three patterns, shown beside the stripe scores
+    Role("previous_token_all_rows", "prev·TL", "previous token, all rows (detect_head)",
+         "as previous_token, over every query row: TransformerLens's detect_head", names_heads=False,
+         tracked=False, form="all rows"),
+    Role("duplicate_token_all_rows", "dup·TL", "duplicate token, all rows (detect_head)",
+         "as duplicate_token, over every query row: TransformerLens's detect_head", names_heads=False,
+         tracked=False, form="all rows"),
+    Role("induction_all_rows", "ind·TL", "induction, all rows (detect_head)",
+         "as induction, over every query row: TransformerLens's detect_head (about half the stripe on the probe)",
+         names_heads=False, tracked=False, form="all rows"),
 )
 # not roles but per-head numbers the pages and tables show beside them: the loss change when the head is zeroed
 ABLATION_TABLE = (
@@ -75,6 +96,7 @@ ABLATION_TABLE = (
 ROLES = tuple(r.name for r in ROLE_TABLE)  # every role score role_scores computes, in table order
 TRACKED_ROLES = tuple(r.name for r in ROLE_TABLE if r.tracked)
 ROLE_HELP = {r.name: r.help for r in ROLE_TABLE}
+DETECTION_ROLES = ("previous_token", "duplicate_token", "induction")  # each has a stripe and an all-rows form
 MEASURES = {r.name: r for r in ROLE_TABLE + ABLATION_TABLE}
 
 
@@ -136,13 +158,11 @@ def normalised_entropy(a: np.ndarray) -> np.ndarray:
     return (h / np.log(np.arange(2, t + 1))).mean(-1)
 
 
-def role_scores(attn: np.ndarray, ids: np.ndarray, *, exclude_first: bool = False, exclude_self: bool = False,
-                target_rows_only: bool = True) -> dict[str, np.ndarray]:
-    """Every role's score per head, averaged over the batch: attn (B, L, nh, T, T), ids (B, T) -> role: (L, nh).
-
-    exclude_first / exclude_self apply to the three detection-pattern scores, as in TransformerLens;
-    target_rows_only to the duplicate-token and induction scores (previous_token has a target in every row
-    but the first).
+def role_scores(attn: np.ndarray, ids: np.ndarray, *, exclude_first: bool = False,
+                exclude_self: bool = False) -> dict[str, np.ndarray]:
+    """Every role's score per head, the mean over the batch of each sequence's score: attn (B, L, nh, T, T),
+    ids (B, T) -> role: (L, nh). Each detection role twice: its stripe score (`induction`) and its all-rows
+    score (`induction_all_rows`, TransformerLens's detect_head). exclude_first / exclude_self apply to both.
     """
     attn = np.asarray(attn, dtype=np.float64)
     ids = np.asarray(ids)
@@ -154,10 +174,11 @@ def role_scores(attn: np.ndarray, ids: np.ndarray, *, exclude_first: bool = Fals
     opts = {"exclude_first": exclude_first, "exclude_self": exclude_self}
     out = {role: np.zeros((n_layer, n_head)) for role in ROLES}
     for a, seq in zip(attn, ids):
-        out["previous_token"] += detection_score(a, previous_token_pattern(t), **opts)
-        out["duplicate_token"] += detection_score(a, duplicate_token_pattern(seq), **opts,
-                                                  target_rows_only=target_rows_only)
-        out["induction"] += detection_score(a, induction_pattern(seq), **opts, target_rows_only=target_rows_only)
+        patterns = {"previous_token": previous_token_pattern(t), "duplicate_token": duplicate_token_pattern(seq),
+                    "induction": induction_pattern(seq)}
+        for role, d in patterns.items():
+            out[role] += detection_score(a, d, **opts, target_rows_only=True)
+            out[f"{role}_all_rows"] += detection_score(a, d, **opts)
         out["first_token"] += first_token_mass(a)
         out["self"] += self_mass(a)
         out["entropy"] += normalised_entropy(a)
