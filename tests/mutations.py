@@ -234,6 +234,26 @@ MUTATIONS = (
              'architectures=["GPTBigCodeForCausalLM"], multi_query=False,',
              ("tests/test_export.py::test_every_model_option_exports_with_our_logits",),
              "a multi-query model exported to GPTBigCode as if every head had its own keys and values"),
+    # numbers taken on trust before (tests/test_trust_page_bench_export.py, the step-inside browser test)
+    Mutation("inside_page_linear_raw_normalised", "attention_lab/viewer/assets/inside.js",
+             'const raw = this.d.kind === "linear" && !this.d.denominator;', "const raw = false;",
+             ("tests/test_viewer.py::test_step_inside_shows_the_computation_with_the_models_own_numbers"
+              "[linear, no denominator]",),
+             "the step-inside panel's weighted sum of linear attention without its denominator uses the normalised "
+             "weights", browser=True),
+    Mutation("head_shares_linear_raw_normalised", "attention_lab/interp/inside.py",
+             'raw = cfg.attention == "linear" and not cfg.linear_denominator', "raw = False",
+             ("tests/test_trust_page_bench_export.py::test_head_shares_are_what_each_head_hands_c_proj",),
+             "what a head adds (the page's share norm, the in-context copying score) of linear attention without "
+             "its denominator uses the normalised weights"),
+    Mutation("kv_cache_bytes_per_query_head", "bench/attention.py",
+             "return 2 * kept * cfg.kv_heads * hs * 4", "return 2 * kept * cfg.n_head * hs * 4",
+             ("tests/test_trust_page_bench_export.py::test_predicted_cache_bytes_are_what_a_real_cache_holds",),
+             "the decoding-cache table counts keys and values per query head, not per key/value head"),
+    Mutation("neox_export_without_rotary_pct", "attention_lab/interop/convert.py",
+             "rotary_pct=1.0,  # transformers 4.x names", "# transformers 4.x names",
+             ("tests/test_trust_page_bench_export.py::test_exported_config_reads_the_same_in_transformers_4_and_5",),
+             "GPT-NeoX config.json without rotary_pct: transformers 4.x rotates a quarter of each head"),
 )
 
 

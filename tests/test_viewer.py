@@ -634,10 +634,48 @@ def test_the_weights_a_person_reads_are_attention_npy(browser, sampled_page):
     assert_quiet(browser, "reading the weights")
 
 
-@pytest.mark.parametrize("variant", ["plain", "window+sinks+alibi"])
+# one tiny model per attention kind the panel computes differently (inside.js rows / weights / headOut); each on
+# its own, over the base below (2 layers, 3 heads of 8, RoPE, QK-norm)
+STEP_INSIDE_VARIANTS = {
+    "plain": {},
+    "window+sinks+alibi": dict(window=6, attn_sinks=True, pos_encoding="alibi", n_kv_head=1),
+    "linear": dict(attention="linear", pos_encoding="learned"),
+    "linear, no denominator": dict(attention="linear", pos_encoding="learned", linear_denominator=False),
+    "linear, out_norm": dict(attention="linear", pos_encoding="learned", linear_out_norm=True),
+    "sinks": dict(attn_sinks=True),
+    "window, local in layer 1 only": dict(window=4, window_pattern="GL"),
+    "alibi": dict(pos_encoding="alibi"),
+    "grouped-query": dict(n_head=4, n_embd=32, n_kv_head=2),
+}
+STEP_INSIDE_TOL = 1e-5  # the page's float64 arithmetic on float32 q, k, v against step_inside's float64 one
+
+
+def _same(got: float, want: float, tol: float = STEP_INSIDE_TOL) -> bool:
+    """Equal within tol, relative to the size of the number above 1 (both -inf counts as equal)."""
+    if np.isinf(want) or np.isinf(got):
+        return got == want
+    return abs(got - want) <= tol * max(1.0, abs(want))
+
+
+def _panel_rows(driver) -> list[dict]:
+    """Every row of the step-inside table in one call: its key and, per number column, the text shown and the
+    full value (the cell's tooltip; None where the column is empty)."""
+    return driver.execute_script(
+        "return [...document.querySelectorAll('#in-table tbody tr')].map(tr => {"
+        "  const row = {key: tr.dataset.key};"
+        "  for (const c of ['dot', 'scaled', 'bias', 'masked', 'weight']) {"
+        "    const td = tr.querySelector('td.' + c);"
+        "    row[c] = td ? [td.textContent, td.hasAttribute('title') ? td.getAttribute('title') : null] : null;"
+        "  }"
+        "  return row; })")
+
+
+@pytest.mark.parametrize("variant", list(STEP_INSIDE_VARIANTS))
 def test_step_inside_shows_the_computation_with_the_models_own_numbers(browser, tmp_path, variant, shots, capsys):
-    """The panel's dot products, scaled scores, masked row, softmax and output norm, read from the page, equal
-    attention_lab.interp.inside.step_inside for the same text, layer, head and query."""
+    """The panel's dot products, scaled scores, ALiBi bias, masked row, softmax weights (a sink's share too), the
+    weighted sum and the output norm, read from the page (each number's full value is its cell's tooltip), equal
+    attention_lab.interp.inside.step_inside for the same text, layer, head and query to 1e-5, for every kind of
+    attention the panel computes differently; the numbers shown are those values rounded."""
     from selenium.webdriver.support.ui import Select
 
     from attention_lab.interp.inside import step_inside
@@ -646,37 +684,66 @@ def test_step_inside_shows_the_computation_with_the_models_own_numbers(browser, 
     text = "Whether 'tis nobler in the mind to suffer the slings and arrows of outrageous fortune. " * 3
     tok = Tokenizer.train_char([[text]])
     torch.manual_seed(5)
-    extra = dict(window=6, attn_sinks=True, pos_encoding="alibi", n_kv_head=1) if variant != "plain" else {}
-    model = GPT(GPTConfig(**({"vocab_size": tok.vocab_size, "block_size": 40, "n_layer": 2, "n_head": 3,
-                              "n_embd": 24, "pos_encoding": "rope", "qk_norm": True} | extra)))
+    cfg = GPTConfig(**({"vocab_size": tok.vocab_size, "block_size": 40, "n_layer": 2, "n_head": 3, "n_embd": 24,
+                        "pos_encoding": "rope", "qk_norm": True} | STEP_INSIDE_VARIANTS[variant]))
+    model = GPT(cfg)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn(p.shape) * 0.3)
+        for block in model.transformer.h:  # sink logits large enough to take a visible share
+            if getattr(block.attn, "sink", None) is not None:
+                block.attn.sink.copy_(torch.linspace(1.0, 3.0, cfg.n_head))
     ckpt = save_checkpoint(tmp_path / "run" / "checkpoints", 1, model, tok.to_str(), {"val_loss": 1.0})
     out = tmp_path / "out"
     assert sample.main(["--checkpoint", str(ckpt), "--prompt", "Whether 'tis nobler", "--max-new-tokens", "10",
                         "--seed", "0", "--out", str(out), "--device", "cpu"]) == 0
     ids = json.loads((out / "tokens.json").read_text())["token_ids"]
     model = load_checkpoint(ckpt).build_model("cpu")
+    linear = cfg.attention == "linear"
     open_page(browser, out / "attention.html")
     toks = css(browser, "#tokens .tok")
-    for layer, head, query in ((0, 0, len(ids) - 1), (1, 2, 11), (1, 1, 3)):
+    for layer, head, query in ((0, 0, len(ids) - 1), (1, 2, 11), (1, 1, 3), (1, cfg.n_head - 1, 9)):
         Select(css(browser, "#hv-layer")[0]).select_by_value(str(layer))
         Select(css(browser, "#in-head")[0]).select_by_value(str(head))
         hover(browser, toks[query])
         want = step_inside(model, ids, layer, head, query)
-        at = f"layer {layer}, head {head}, query {query}"
-        assert f"query #{query}" in css(browser, "#in-what")[0].text, at
+        at = f"{variant}: layer {layer}, head {head}, query {query}"
+        what = css(browser, "#in-what")[0].text
+        assert f"query #{query}" in what, f"{at}: the panel shows {what!r}"
+        window = cfg.layer_window(layer)
+        assert ("sees the last" in what) == (window is not None), f"{at}: window {window}, the panel says {what!r}"
+        rows = {r["key"]: r for r in _panel_rows(browser)}
+        want_cols = {"dot": want.dots, "scaled": want.scaled, "bias": want.bias, "masked": want.masked,
+                     "weight": want.weights}
         for j in range(query + 1):
-            row = css(browser, f'#in-table tr[data-key="{j}"]')[0]
-            cell = {c: row.find_element("css selector", f"td.{c}").text for c in ("dot", "scaled", "masked", "weight")}
-            assert abs(float(cell["dot"]) - want.dots[j]) < 2e-4, f"{at}, key {j}: q.k {cell['dot']} vs {want.dots[j]}"
-            assert abs(float(cell["scaled"]) - want.scaled[j]) < 2e-4, f"{at}, key {j}: scaled {cell['scaled']}"
-            if np.isneginf(want.masked[j]):
-                assert "\u221e" in cell["masked"], f"{at}, key {j} should be masked: {cell['masked']}"
-            else:
-                assert abs(float(cell["masked"]) - want.masked[j]) < 2e-4, f"{at}, key {j}: {cell['masked']}"
-            assert abs(float(cell["weight"].split()[0]) - want.weights[j]) < 2e-4, f"{at}, key {j}: {cell['weight']}"
+            assert str(j) in rows, f"{at}: the table has no row for key {j}"
+            for col, values in want_cols.items():
+                shown, full = rows[str(j)][col]
+                if linear and col in ("scaled", "bias"):  # linear attention has no scaling and no bias
+                    assert full is None and not shown.strip(), f"{at}, key {j}: {col} should be empty: {shown!r}"
+                    continue
+                assert full is not None, f"{at}, key {j}: the {col} cell carries no full value"
+                got, expected = float(full), float(values[j])
+                assert _same(got, expected), f"{at}, key {j}: {col} is {got!r} on the page, step_inside {expected!r}"
+                if np.isinf(expected):
+                    assert "\u221e" in shown, f"{at}, key {j} should show -inf in {col}: {shown!r}"
+                else:
+                    assert abs(float(shown.split()[0]) - got) <= 5.1e-5, (
+                        f"{at}, key {j}: {col} shows {shown!r}, the value is {got}")
+        sink = getattr(model.transformer.h[layer].attn, "sink", None)
+        if sink is None:
+            assert "sink" not in rows, f"{at}: a sink row in a model without sinks"
+        else:
+            assert "sink" in rows, f"{at}: the model has sink logits but the table has no sink row"
+            share = 1.0 - want.weights.sum()  # what the keys do not take goes to the sink
+            assert share > 0.01, f"fixture: the sink should take a visible share, took {share}"
+            for col, expected in (("masked", float(sink[head])), ("weight", share)):
+                got = float(rows["sink"][col][1])
+                assert _same(got, expected), f"{at}: the sink's {col} is {got!r} on the page, expected {expected!r}"
+        head_out = np.array(json.loads(css(browser, "#in-out canvas")[0].get_attribute("data-values")))
+        assert head_out.shape == want.head_out.shape and np.all(
+            np.abs(head_out - want.head_out) <= STEP_INSIDE_TOL * np.maximum(1.0, np.abs(want.head_out))), (
+            f"{at}: the weighted sum on the page {head_out} differs from step_inside's {want.head_out}")
         norm = float(re.search(r"norm (\d+\.\d+)", css(browser, "#in-share")[0].text).group(1))
         assert abs(norm - np.linalg.norm(want.share)) < 2e-3, f"{at}: the head's share {norm} vs {want.share}"
     if variant == "plain":

@@ -251,5 +251,5 @@ def copying_in_context(model, ids) -> np.ndarray:
     model = plain_module(model)
     idx = torch.as_tensor(ids, dtype=torch.long)[-model.config.block_size:]
     weights = capture_attention(model, idx)  # (L, nh, T, T)
-    shares = head_shares(model, weights, head_vectors(model, idx)[2])
+    shares = head_shares(model, weights, head_vectors(model, idx))
     return copying_of(model, shares, weights, idx.numpy())

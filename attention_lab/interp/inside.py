@@ -287,12 +287,14 @@ def _head_steps(model, layer: int, head: int, x_ln: np.ndarray, x0_ln: np.ndarra
                 masked=masked, weights=weights, head_out=head_out, share=head_out @ _np(w.W_O).T)
 
 
+def _phi(x: np.ndarray) -> np.ndarray:
+    """Linear attention's feature map, elu(x) + 1 (> 0)."""
+    return np.where(x > 0, x + 1.0, np.exp(x))
+
+
 def _linear_steps(cfg, q: np.ndarray, k: np.ndarray, v: np.ndarray, query: int, t: int, w: HeadWeights) -> dict:
     """Linear attention's steps (model/linear_attention.py): feature dot products instead of softmax scores."""
-    def phi(x):
-        return np.where(x > 0, x + 1.0, np.exp(x))  # elu(x) + 1
-
-    dots = phi(k) @ phi(q)  # (n,) phi(q_i) . phi(k_j) > 0
+    dots = _phi(k) @ _phi(q)  # (n,) phi(q_i) . phi(k_j) > 0
     masked = np.full(t, -np.inf)
     masked[: query + 1] = dots
     weights = np.zeros(t)
@@ -322,16 +324,28 @@ def head_vectors(model, ids) -> np.ndarray:
     return out
 
 
-def head_shares(model, weights: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """What every head adds to the residual stream at every position: (sum_j w_ij v_j) W_O^T, float64
-    (L, nh, T, C), from the attention weights (L, nh, T, T) and the values (L, nh, T, hs) of head_vectors."""
+def head_shares(model, weights: np.ndarray, qkv: np.ndarray) -> np.ndarray:
+    """What every head adds to the residual stream at every position: head_out W_O^T, float64 (L, nh, T, C), from
+    the attention weights (L, nh, T, T) and head_vectors' q, k, v (3, L, nh, T, hs).
+
+    head_out_i = sum_j w_ij v_j, as in step_inside; linear attention as _linear_steps: without its denominator
+    the raw phi(q_i) . phi(k_j) weigh the values (the normalised weights the maps show would divide the output by
+    their sum), and linear_out_norm RMS-normalises head_out.
+    """
     model = plain_module(model)
     cfg = model.config
+    q, k, v = qkv
+    raw = cfg.attention == "linear" and not cfg.linear_denominator
     out = np.zeros((cfg.n_layer, cfg.n_head, v.shape[2], cfg.n_embd))
     for layer in range(cfg.n_layer):
         for head in range(cfg.n_head):
             w_o = _np(head_weights(model, layer, head).W_O)  # (C, hs)
-            out[layer, head] = (np.asarray(weights[layer, head], dtype=np.float64) @ v[layer, head]) @ w_o.T
+            w = (np.tril(_phi(q[layer, head]) @ _phi(k[layer, head]).T) if raw
+                 else np.asarray(weights[layer, head], dtype=np.float64))  # (T, T)
+            head_out = w @ v[layer, head]  # (T, hs)
+            if cfg.attention == "linear" and cfg.linear_out_norm:
+                head_out = rms_norm(head_out)
+            out[layer, head] = head_out @ w_o.T
     return out
 
 

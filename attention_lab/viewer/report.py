@@ -68,7 +68,7 @@ def dump_attention(
     circuits = head_circuits(model, window, tokenizer)
     lens = logit_lens(model, window, k=5)
     qkv = head_vectors(model, window)  # (3, L, nh, T, hs): one forward pass for every head
-    shares = head_shares(model, weights, qkv[2])  # (L, nh, T, C): what each head adds at each position
+    shares = head_shares(model, weights, qkv)  # (L, nh, T, C): what each head adds at each position
     in_text = copying_of(model, shares, weights, window) if len(window) > 1 else None
     rows = head_rows(scores, ablation, np.asarray(circuits["copying"]), in_text)
     table = format_head_table(rows) + "\n" + lens_lines(lens, tokenizer, labels)

@@ -20,6 +20,9 @@ function fmt(x, digits = 4) {
   return x.toFixed(digits);
 }
 
+// Every number in full (a cell's tooltip): the table rounds to 4 decimals, a reader checking a value needs all.
+function exact(x) { return String(x); }
+
 // Bars of a vector: one column per channel, up for positive, down for negative, scaled to the largest |value|.
 function barStrip(values, width, height, colour) {
   const canvas = el("canvas", { class: "bars", width, height });
@@ -132,18 +135,19 @@ class InsidePanel {
     const body = rows.map((r) => el("tr", { "data-key": r.j, class: r.hidden ? "hidden-key" : "" },
       el("td", { class: "key", text: `#${r.j} ${axisLabel(this.tokens[r.j], 12)}` }),
       el("td", {}, barStrip(this.vec(this.k, l, h, r.j), 96, 16, "#7f8c8d")),
-      el("td", { class: "dot", text: fmt(r.dot) }),
-      el("td", { class: "scaled", text: linear ? "" : fmt(r.scaled) }),
-      el("td", { class: "bias", text: linear ? "" : fmt(r.bias) }),
-      el("td", { class: "masked", text: r.hidden ? "\u2212\u221e (outside the window)" : fmt(r.logit) }),
-      el("td", { class: "weight" }, el("span", { class: "wbar", style: `width:${(100 * r.weight).toFixed(1)}px;` +
-                                                                       `background:${colour}` }),
+      el("td", { class: "dot", text: fmt(r.dot), title: exact(r.dot) }),
+      el("td", { class: "scaled", text: linear ? "" : fmt(r.scaled), title: linear ? null : exact(r.scaled) }),
+      el("td", { class: "bias", text: linear ? "" : fmt(r.bias), title: linear ? null : exact(r.bias) }),
+      el("td", { class: "masked", text: r.hidden ? "\u2212\u221e (outside the window)" : fmt(r.logit),
+                 title: exact(r.logit) }),
+      el("td", { class: "weight", title: exact(r.weight) },
+         el("span", { class: "wbar", style: `width:${(100 * r.weight).toFixed(1)}px;background:${colour}` }),
          el("span", { text: ` ${fmt(r.weight)}` }))));
     if (sink) {
       body.push(el("tr", { "data-key": "sink", class: "sink-row" },
         el("td", { class: "key", text: "sink" }), el("td"), el("td"), el("td"), el("td"),
-        el("td", { class: "masked", text: fmt(sink.logit) }),
-        el("td", { class: "weight", text: `${fmt(sink.weight)} (attends to nothing)` })));
+        el("td", { class: "masked", text: fmt(sink.logit), title: exact(sink.logit) }),
+        el("td", { class: "weight", text: `${fmt(sink.weight)} (attends to nothing)`, title: exact(sink.weight) })));
     }
     if (i + 1 < this.T) {
       body.push(el("tr", { "data-key": "future", class: "future-row" },
@@ -156,8 +160,10 @@ class InsidePanel {
     const box = document.querySelector("#inside .in-scroll"), target = body[best.j];
     box.scrollTop = Math.max(0, target.offsetTop - box.clientHeight / 2);
     const share = this.d.share_norm[l][h][i];
+    const outStrip = barStrip(out, 256, 28, colour);
+    outStrip.dataset.values = JSON.stringify(Array.from(out)); // the numbers behind the bars, in full
     document.getElementById("in-out").replaceChildren(
-      el("span", { class: "in-label", text: "out" }), barStrip(out, 256, 28, colour),
+      el("span", { class: "in-label", text: "out" }), outStrip,
       el("span", { class: "in-note", id: "in-share",
                    text: `\u03a3_j w_j v_j; through its slice of c_proj it adds a vector of norm ${share.toFixed(3)} ` +
                          "to the residual stream" }));
