@@ -15,6 +15,7 @@
       sampling.py         a prompt encoded, its continuation generated and streamed as text
       training/           the config schema, optimizers and schedules, the evaluation callbacks, TrainState, the
                           loop's parts, the whole-split evaluation
+      claims.py           the tutorials' claims as experiments: arms trained by train.py, measured, reported
     train.py, sample.py   entry points: short stories over the rooms above
     bench/                benchmark scripts: import the library, never the entry points
 
@@ -36,6 +37,9 @@ ROOMS: dict[str, tuple[str, ...]] = {
     "attention_lab.interop": ("model", "data", "attention_lab.runtime", "attention_lab.store"),
     "attention_lab.training": ("model", "data", "attention_lab.runtime", "attention_lab.store",
                                "attention_lab.interp", "attention_lab.viewer", "attention_lab.interop"),
+    # experiments: the tutorials' claims as arms trained by train.py (subprocesses), measured and reported
+    "attention_lab.claims": ("model", "data", "attention_lab.runtime", "attention_lab.store", "attention_lab.interp",
+                             "attention_lab.training"),
     # the old `python -m attention_lab.<command>` paths: thin entry points over the rooms
     "attention_lab": ("attention_lab.training", "attention_lab.interop", "attention_lab.viewer"),
     "bench": ("model", "data", "attention_lab.runtime", "attention_lab.store", "attention_lab.interp",

@@ -2,6 +2,7 @@
 
     python -m attention_lab.evaluate runs/default/2026-11-23_13-44-07
     python -m attention_lab.evaluate RUN --which latest --split train --json score.json
+    python -m attention_lab.evaluate RUN --by-position     # also: the loss at each position of the context
 
 The trainer's evaluation reads a fixed sample of windows (train.eval_batches batches of train.batch_size), which
 is quick but depends on the batch size: two runs with different batch sizes are scored on different text. This
@@ -12,6 +13,9 @@ the tokens no earlier window scored. So each of the split's n - 1 next tokens is
 between 0 and block_size - 1 tokens of context (as in training).
 
 bits per byte = total nats / ln 2 / the split's UTF-8 bytes (whatever the tokenizer).
+
+--by-position: the loss at positions 1 ... block_size (position p predicts its token from the p - 1 before it) over
+the split's full windows, which says how much of its context a model uses (attention_lab/interp/measures.py).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from attention_lab.interp.measures import position_losses
 from attention_lab.runtime import cli
 from attention_lab.runtime.device import autocast, eval_mode, pick_device, pick_dtype
 from attention_lab.store.checkpoint import CheckpointError, load_checkpoint
@@ -103,6 +108,28 @@ def score_run(run: Path, which: str = "best", split: str = "val", data_dir: Path
                  str(ckpt.path), ckpt.step)
 
 
+def position_curve(run: Path, which: str = "best", split: str = "val", data_dir: Path | None = None,
+                   max_windows: int = 256, device: str = "auto") -> np.ndarray:
+    """(block_size,) mean loss in nats at each position over up to max_windows of the split's full windows,
+    evenly spread, float32."""
+    ckpt = load_checkpoint(run, which)
+    data = PreparedData.open(data_dir or _data_dir_of(Path(run), ckpt.path))
+    model = ckpt.build_model(pick_device(device))
+    t = ckpt.config.block_size
+    starts, first = tiling_windows(len(data.tokens(split)), t)
+    starts = starts[first == 0]  # full windows only: every position scored
+    starts = starts[np.linspace(0, len(starts) - 1, min(max_windows, len(starts))).astype(np.int64)]
+    x, y = windows(data.tokens(split), starts, t)
+    device_ = next(model.parameters()).device
+    return position_losses(model, x.to(device_), y.to(device_))
+
+
+def format_position_curve(curve: np.ndarray) -> str:
+    """Positions 1, 2, 4, 8, ... and the last, with their loss."""
+    marks = sorted({1, *[2 ** k for k in range(1, 20) if 2 ** k <= len(curve)], len(curve)})
+    return "loss by position: " + ", ".join(f"{p}: {curve[p - 1]:.3f}" for p in marks) + " (nats/token)"
+
+
 def _data_dir_of(run: Path, ckpt_path: Path) -> Path:
     """The prepared data folder the run's provenance.json names (relative to where training ran: tried from
     here and from the folders above the run)."""
@@ -134,6 +161,8 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", choices=("float32", "bfloat16", "auto"), default="float32",
                    help="autocast dtype; float32 (default) scores every run the same way on any machine")
     p.add_argument("--json", type=Path, help="also write the score to this JSON file")
+    p.add_argument("--by-position", action="store_true",
+                   help="also the loss at each position of the context (how much of it the model uses)")
     args = p.parse_args(argv)
     if args.batch_size < 1:
         p.error(f"--batch-size {args.batch_size} must be >= 1")
@@ -144,8 +173,13 @@ def report(args: argparse.Namespace) -> None:
     score = score_run(args.run, args.which, args.split, args.data, args.batch_size, args.device, args.dtype)
     print(f"{score.split}: {score.bits_per_byte:.4f} bits/byte ({score.nats_per_token:.4f} nats/token over "
           f"{score.tokens:,} tokens, {score.bytes:,} bytes), checkpoint {score.checkpoint} (step {score.step})")
+    record = dict(score.__dict__)
+    if args.by_position:
+        curve = position_curve(args.run, args.which, args.split, args.data, device=args.device)
+        print(format_position_curve(curve))
+        record["position_loss"] = curve.round(4).tolist()
     if args.json:
-        args.json.write_text(json.dumps(score.__dict__, indent=1) + "\n")
+        args.json.write_text(json.dumps(record, indent=1) + "\n")
 
 
 if __name__ == "__main__":
