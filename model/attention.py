@@ -16,6 +16,15 @@ The variants (GPTConfig), each a change to the keys a query sees or to the softm
   sinks (attn_sinks)                    a learned logit s_h per head joins the softmax's denominator:
                                         w_ij = exp(a_ij) / (exp(s_h) + sum_j' exp(a_ij')), so a head may attend
                                         to nothing (gpt-oss)
+The experiment switches (GPTConfig; each default is the line above), to test what the tutorials claim:
+  attn_scale  s = 1/sqrt(hs) | 1 ("none") | 1/hs ("inverse"):   scores = s Q K^T + bias
+  causal_mask before_softmax  w = softmax(scores, -inf on hidden keys): rows sum to 1
+              after_softmax   w = softmax(scores over every key), then hidden keys' w set to 0: rows sum to < 1 and
+                              the future still reaches each row through the denominator (math path only: the sdpa
+                              backend runs the math path for it)
+              none            w = softmax(scores over every key): the future leaks into each prediction
+  qk_tied     one projection for queries and keys: c_attn's rows are [q: nh heads | v: nh heads] and k = q
+              (before positions and QK-norm), so the scores q_i . q_j are symmetric before positions
 Linear attention, which has no softmax, is model/linear_attention.py.
 """
 
@@ -57,43 +66,53 @@ def expand_kv(x: Tensor, n_head: int) -> Tensor:
 
 
 def math_attention(q: Tensor, k: Tensor, v: Tensor, visible: Tensor, bias: Tensor | None = None,
-                   sink: Tensor | None = None, dropout_p: float = 0.0) -> tuple[Tensor, Tensor]:
+                   sink: Tensor | None = None, dropout_p: float = 0.0, scale: float | None = None,
+                   causal_mask: str = "before_softmax") -> tuple[Tensor, Tensor]:
     """The reference. q (B, nh, T, hs), k and v (B, nkv, S, hs), visible (T, S), bias (nh, T, S) or None, sink
-    (nh,) or None -> y (B, nh, T, hs), weights (B, nh, T, S)."""
+    (nh,) or None, scale the factor on q.k (None: 1/sqrt(hs)) -> y (B, nh, T, hs), weights (B, nh, T, S).
+
+    causal_mask says where `visible` acts: "before_softmax" -inf on hidden scores, "after_softmax" zeros on the
+    weights of hidden keys after a softmax over every key, "none" not at all (module docstring)."""
     k, v = expand_kv(k, q.size(1)), expand_kv(v, q.size(1))
-    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))  # (B, nh, T, S)
+    scale = 1.0 / math.sqrt(k.size(-1)) if scale is None else scale
+    scores = (q @ k.transpose(-2, -1)) * scale  # (B, nh, T, S)
     if bias is not None:
         scores = scores + bias
-    # -inf before the softmax makes every hidden key's weight exactly 0
-    scores = scores.masked_fill(~visible, float("-inf"))
+    if causal_mask == "before_softmax":  # -inf before the softmax makes every hidden key's weight exactly 0
+        scores = scores.masked_fill(~visible, float("-inf"))
     if sink is None:
         weights = F.softmax(scores, dim=-1)  # (B, nh, T, S), each row sums to 1
     else:  # the sink is one more logit in the denominator, with no value: rows sum to at most 1
         column = sink.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
         weights = F.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
+    if causal_mask == "after_softmax":  # the hidden keys' weights dropped, their exp(score) kept in the denominator
+        weights = weights.masked_fill(~visible, 0.0)
     y = dropout(weights, dropout_p, training=True) @ v  # (B, nh, T, hs); the caller passes 0 in eval
     return y, weights
 
 
-def one_query_gqa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+def one_query_gqa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, scale: float | None = None) -> Tensor:
     """Decoding one token with grouped-query heads: each group's query heads become the query axis of their one
     kv head, q (B, nh, 1, hs) -> (B, nkv, nh/nkv, hs), so the cached keys are read once, never copied per query
     head (sdpa's enable_gqa copies them on the CPU: 2x slower at 8,192 cached keys). -> (B, nh, 1, hs)."""
     b, nh, _, hs = q.shape
-    y = F.scaled_dot_product_attention(q.reshape(b, k.size(1), nh // k.size(1), hs), k, v, attn_mask=mask)
+    y = F.scaled_dot_product_attention(q.reshape(b, k.size(1), nh // k.size(1), hs), k, v, attn_mask=mask,
+                                       scale=scale)
     return y.reshape(b, nh, 1, hs)
 
 
 def masked_sdpa(q: Tensor, k: Tensor, v: Tensor, visible: Tensor, bias: Tensor | None = None,
-                sink: Tensor | None = None, dropout_p: float = 0.0) -> Tensor:
+                sink: Tensor | None = None, dropout_p: float = 0.0, scale: float | None = None) -> Tensor:
     """sdpa with an explicit mask; q (B, nh, [blocks,] T, hs), k and v (B, nkv, [blocks,] S, hs), visible
-    broadcastable to ([blocks,] T, S), bias to (nh, [1,] T, S) or None. The sink is exact: one more key that every query sees, whose score
-    is the head's sink logit and whose value is 0, built by giving q a channel of ones and that key the logit
-    times sqrt(hs) in it (the scale stays 1/sqrt(hs))."""
+    broadcastable to ([blocks,] T, S), bias to (nh, [1,] T, S) or None, scale the factor on q.k (None:
+    1/sqrt(hs)). The sink is exact: one more key that every query sees, whose score is the head's sink logit
+    and whose value is 0, built by giving q a channel of ones and that key the logit / scale in it (the scale
+    stays the heads' own)."""
     hs = q.size(-1)
+    scale = 1.0 / math.sqrt(hs) if scale is None else scale
     gqa = {"enable_gqa": True} if q.size(1) != k.size(1) else {}  # heads are dim 1, with or without blocks
     if gqa and q.dim() == 4 and q.size(2) == 1 and sink is None and bias is None and dropout_p == 0.0:
-        return one_query_gqa(q, k, v, visible)  # (1, S) mask: the same for every query head of a group
+        return one_query_gqa(q, k, v, visible, scale)  # (1, S) mask: the same for every query head of a group
     if sink is not None:  # the sink key differs per query head: every query head gets its own keys
         k, v = expand_kv(k, q.size(1)), expand_kv(v, q.size(1))
         gqa = {}
@@ -101,38 +120,46 @@ def masked_sdpa(q: Tensor, k: Tensor, v: Tensor, visible: Tensor, bias: Tensor |
         q = torch.cat([q, ones], dim=-1)
         k = torch.cat([k, k.new_zeros(*k.shape[:-1], 1)], dim=-1)
         sink_key = k.new_zeros(*k.shape[:-2], 1, hs + 1)
-        sink_key[..., -1] = (sink.to(k.dtype) * math.sqrt(hs)).view(-1, *[1] * (k.dim() - 3))  # per head
+        sink_key[..., -1] = (sink.to(k.dtype) * (1.0 / scale)).view(-1, *[1] * (k.dim() - 3))  # per head
         k = torch.cat([sink_key, k], dim=-2)
         v = torch.cat([v.new_zeros(*v.shape[:-2], 1, v.size(-1)), v], dim=-2)
         visible = torch.cat([visible.new_ones(*visible.shape[:-1], 1), visible], dim=-1)
         if bias is not None:
             bias = torch.cat([bias.new_zeros(*bias.shape[:-1], 1), bias], dim=-1)
     mask = visible if bias is None else bias.masked_fill(~visible, float("-inf")).to(q.dtype)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=1.0 / math.sqrt(hs),
-                                          **gqa)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale, **gqa)
 
 
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, pos: Tensor, k_pos: Tensor, window: int | None,
-                    pe: PositionalEncoding, sink: Tensor | None, dropout_p: float, plain_causal: bool) -> Tensor:
+                    pe: PositionalEncoding, sink: Tensor | None, dropout_p: float, plain_causal: bool,
+                    scale: float | None = None, causal: bool = True) -> Tensor:
     """The sdpa backend. plain_causal: the keys are positions 0..S-1 in order and no window hides any of them,
-    so the kernel's own causal paths apply (and no T x S mask is built)."""
+    so the kernel's own causal paths apply (and no T x S mask is built). scale: the factor on q.k (None:
+    1/sqrt(hs)). causal=False (causal_mask="none"): every query sees every key, no mask at all (GPTConfig
+    refuses it with a window or ALiBi)."""
     t, s = q.size(-2), k.size(-2)
+    gqa = {"enable_gqa": True} if q.size(1) != k.size(1) else {}
+    if not causal:
+        if sink is None:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale, **gqa)
+        everything = torch.ones(t, s, dtype=torch.bool, device=q.device)
+        return masked_sdpa(q, k, v, everything, None, sink, dropout_p, scale)
     if pe.has_score_bias or sink is not None or not plain_causal:
         bias = pe.score_bias(pos, k_pos) if pe.has_score_bias else None
-        return masked_sdpa(q, k, v, visible_keys(pos, k_pos, window), bias, sink, dropout_p)
-    gqa = {"enable_gqa": True} if q.size(1) != k.size(1) else {}
+        return masked_sdpa(q, k, v, visible_keys(pos, k_pos, window), bias, sink, dropout_p, scale)
     if t == s:  # no cache, or a prefill into an empty one: the kernel's own causal path
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p, **gqa)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p, scale=scale, **gqa)
     if t == 1:  # one new token sees every cached key
         if gqa and dropout_p == 0.0:
-            return one_query_gqa(q, k, v)
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, **gqa)
+            return one_query_gqa(q, k, v, scale=scale)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale, **gqa)
     # is_causal aligns the mask top-left; queries that follow a cache need it aligned bottom-right
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=visible_keys(pos, k_pos), dropout_p=dropout_p, **gqa)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=visible_keys(pos, k_pos), dropout_p=dropout_p,
+                                          scale=scale, **gqa)
 
 
 def local_attention(q: Tensor, k: Tensor, v: Tensor, window: int, pe: PositionalEncoding,
-                    sink: Tensor | None = None, dropout_p: float = 0.0) -> Tensor:
+                    sink: Tensor | None = None, dropout_p: float = 0.0, scale: float | None = None) -> Tensor:
     """Sliding-window attention in blocks: queries in blocks of P = W, each block against the P keys before it
     and its own P, so (T / W) blocks of W x 2W scores: time and memory grow with T*W, not T*T. Equals
     masked_sdpa with visible_keys(pos, pos, W). q (B, nh, T, hs), k and v (B, nkv, T, hs) -> (B, nh, T, hs).
@@ -159,7 +186,7 @@ def local_attention(q: Tensor, k: Tensor, v: Tensor, window: int, pe: Positional
     visible[0, :, :p] = False  # the first block has nothing before it
     bias = pe.score_bias(rel_q, rel_k) if pe.has_score_bias else None  # ALiBi: relative, the same in every block
     bias = bias[:, None] if bias is not None else None  # (nh, 1, P, 2P) against (B, nh, n, P, 2P)
-    y = masked_sdpa(qb, kb, vb, visible, bias, sink, dropout_p)
+    y = masked_sdpa(qb, kb, vb, visible, bias, sink, dropout_p, scale)
     return y.reshape(b, nh, n * p, hs)[:, :, :t]
 
 
@@ -228,11 +255,22 @@ class KVCache:
         self.state = [None] * self.n_layer
 
 
-def split_qkv(qkv: Tensor, n_head: int, n_kv_head: int) -> tuple[Tensor, Tensor, Tensor]:
+def qkv_width(n_head: int, n_kv_head: int, head_size: int, qk_tied: bool = False) -> int:
+    """c_attn's output channels: [q: nh heads | k: nkv heads | v: nkv heads], hs each; with qk_tied the k part
+    is absent ([q | v], k = q), so each layer has C * nkv * hs weights (and nkv * hs biases) fewer."""
+    return (n_head + (1 if qk_tied else 2) * n_kv_head) * head_size
+
+
+def split_qkv(qkv: Tensor, n_head: int, n_kv_head: int, qk_tied: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """The fused projection's output (B, T, (nh + 2 nkv) hs), rows [q heads | k heads | v heads] -> q (B, nh, T, hs),
-    k and v (B, nkv, T, hs): heads split from the channels."""
+    k and v (B, nkv, T, hs): heads split from the channels. qk_tied: the output is (B, T, (nh + nkv) hs),
+    rows [q heads | v heads] (nkv = nh), and k is q itself."""
     b, t, width = qkv.shape
-    hs = width // (n_head + 2 * n_kv_head)
+    hs = width // (n_head + (1 if qk_tied else 2) * n_kv_head)
+    if qk_tied:
+        q, v = qkv.split([n_head * hs, n_kv_head * hs], dim=-1)
+        q = q.view(b, t, n_head, hs).transpose(1, 2)
+        return q, q, v.view(b, t, n_kv_head, hs).transpose(1, 2)
     q, k, v = qkv.split([n_head * hs, n_kv_head * hs, n_kv_head * hs], dim=-1)
     return (q.view(b, t, n_head, hs).transpose(1, 2), k.view(b, t, n_kv_head, hs).transpose(1, 2),
             v.view(b, t, n_kv_head, hs).transpose(1, 2))
@@ -255,8 +293,12 @@ class CausalSelfAttention(nn.Module):
         self.backend = cfg.attn_backend
         self.dropout_p = cfg.dropout
         self.window = cfg.layer_window(layer)
+        self.scale, self.causal_mask = cfg.score_scale, cfg.causal_mask
+        self.qk_tied = cfg.qk_tied  # keys are the queries: c_attn has no key rows
         # q, k, v projections, fused: the output channels are [q: nh heads | k: nkv heads | v: nkv heads], hs each
-        self.c_attn = nn.Linear(cfg.n_embd, (cfg.n_head + 2 * cfg.kv_heads) * cfg.head_size, bias=cfg.bias)
+        # ([q | v] with qk_tied)
+        width = qkv_width(cfg.n_head, cfg.kv_heads, cfg.head_size, self.qk_tied)
+        self.c_attn = nn.Linear(cfg.n_embd, width, bias=cfg.bias)
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)  # output projection
         self.qk_norm = cfg.qk_norm
         self.sink = nn.Parameter(torch.zeros(cfg.n_head)) if cfg.attn_sinks else None  # one logit per head
@@ -283,7 +325,7 @@ class CausalSelfAttention(nn.Module):
         block's values of the new tokens before any mixing, (B, nkv, T, hs).
         """
         b, t, c = x.shape
-        q, k, v = split_qkv(self.c_attn(x), self.n_head, self.n_kv_head)
+        q, k, v = split_qkv(self.c_attn(x), self.n_head, self.n_kv_head, self.qk_tied)
         if self.qk_norm:
             q, k = qk_norm(q), qk_norm(k)
         q, k = pe.rotate_qk(q, k, rotation)
@@ -296,15 +338,18 @@ class CausalSelfAttention(nn.Module):
         dropout_p = self.dropout_p if self.training else 0.0
 
         weights = None
-        if return_weights or self.backend == "math":
+        if return_weights or self.backend == "math" or self.causal_mask == "after_softmax":
             visible = visible_keys(pos, k_pos, self.window)
+            if self.causal_mask == "none":  # every key, the later ones too (GPTConfig refuses it with a window)
+                visible = torch.ones_like(visible)
             bias = pe.score_bias(pos, k_pos) if pe.has_score_bias else None
-            y, weights = math_attention(q, k, v, visible, bias, self.sink, dropout_p)
+            y, weights = math_attention(q, k, v, visible, bias, self.sink, dropout_p, self.scale, self.causal_mask)
         elif self.window is not None and kv_cache is None and t > self.window:
-            y = local_attention(q, k, v, self.window, pe, self.sink, dropout_p)
+            y = local_attention(q, k, v, self.window, pe, self.sink, dropout_p, self.scale)
         else:  # a ring buffer's keys are out of order and may hold empty slots: only a full layer is plain
             plain = self.window is None or (kv_cache is None and t <= self.window)
-            y = fused_attention(q, k, v, pos, k_pos, self.window, pe, self.sink, dropout_p, plain)
+            y = fused_attention(q, k, v, pos, k_pos, self.window, pe, self.sink, dropout_p, plain, self.scale,
+                                causal=self.causal_mask != "none")
         y = y.transpose(1, 2).contiguous().view(b, t, c)  # re-assemble heads side by side: (B, T, C)
         y = dropout(self.c_proj(y), self.dropout_p, self.training)
         return y, (weights if return_weights else None), v_own

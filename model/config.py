@@ -6,12 +6,15 @@ Names follow GPT-2 (n_layer, n_head, n_embd, block_size) so configs and weights 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 POSITION_ENCODINGS = ("learned", "sinusoidal", "rope", "alibi", "none")
 ATTENTION_BACKENDS = ("math", "sdpa")
 MLP_ACTIVATIONS = ("gelu", "relu2")
 ATTENTION_KINDS = ("softmax", "linear")
+ATTN_SCALES = ("sqrt", "none", "inverse")  # the factor on q.k: 1/sqrt(hs), 1, 1/hs
+CAUSAL_MASKS = ("before_softmax", "after_softmax", "none")
 
 
 @dataclass
@@ -43,6 +46,11 @@ class GPTConfig:
     attention: str = "softmax"  # softmax | linear: causal linear attention with elu+1 features
     linear_denominator: bool = True  # linear: divide by phi(q) . sum_j phi(k_j) (False: no normaliser)
     linear_out_norm: bool = False  # linear: RMS-normalise each head's output (what recent linear models do)
+    # experiment switches (model/attention.py), to test what the tutorials claim; each default is GPT-2's attention
+    attn_scale: str = "sqrt"  # scores = q.k * 1/sqrt(hs) | "none": * 1 | "inverse": * 1/hs
+    causal_mask: str = "before_softmax"  # future keys -inf before the softmax | "after_softmax": softmax over
+    #   every key, then the future keys' weights set to 0 (rows sum to < 1) | "none": every key seen, no mask
+    qk_tied: bool = False  # one projection for queries and keys: k = q (c_attn outputs [q | v]), q_i.q_j symmetric
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "mlp_ratio"):
@@ -81,6 +89,7 @@ class GPTConfig:
         if self.layer_norm_eps <= 0:
             raise ValueError(f"GPTConfig.layer_norm_eps must be positive, got {self.layer_norm_eps!r}")
         self._check_variants()
+        self._check_switches()
 
     def _check_variants(self) -> None:
         if isinstance(self.n_kv_head, bool) or not isinstance(self.n_kv_head, int) or self.n_kv_head < 0 or (
@@ -106,6 +115,39 @@ class GPTConfig:
                 raise ValueError(f"GPTConfig.attention='linear' has no softmax scores to window, sink or bias and "
                                  f"its elu+1 features are not rotated: it cannot be combined with {', '.join(clash)}; "
                                  "use pos_encoding learned, sinusoidal or none, window 0, attn_sinks false")
+
+    def _check_switches(self) -> None:
+        """The experiment switches: each value, then the combinations whose meaning is not defined."""
+        if self.attn_scale not in ATTN_SCALES:
+            raise ValueError(f"GPTConfig.attn_scale must be one of {', '.join(ATTN_SCALES)}; got {self.attn_scale!r}")
+        if self.causal_mask not in CAUSAL_MASKS:
+            raise ValueError(f"GPTConfig.causal_mask must be one of {', '.join(CAUSAL_MASKS)}; got "
+                             f"{self.causal_mask!r}")
+        if not isinstance(self.qk_tied, bool):
+            raise ValueError(f"GPTConfig.qk_tied must be true or false, got {self.qk_tied!r}")
+        if self.attention == "linear" and (self.attn_scale != "sqrt" or self.causal_mask != "before_softmax"):
+            raise ValueError(f"GPTConfig.attention='linear' has no softmax and no scale: attn_scale must be sqrt "
+                             f"(got {self.attn_scale!r}) and causal_mask before_softmax (got {self.causal_mask!r}); "
+                             "its causal sums are the mask")
+        if self.causal_mask != "before_softmax":
+            clash = [f"window={self.window}"] if self.window else []
+            clash += ["pos_encoding=alibi"] if self.pos_encoding == "alibi" else []
+            if clash:
+                raise ValueError(f"GPTConfig.causal_mask={self.causal_mask!r} cannot be combined with "
+                                 f"{', '.join(clash)}: a window and ALiBi's bias m (j - i) are defined for earlier "
+                                 "keys only; use causal_mask=before_softmax, or window 0 and other positions")
+        if self.qk_tied and self.kv_heads != self.n_head:
+            raise ValueError(f"GPTConfig.qk_tied makes every query head its own key head (k = q), so it needs "
+                             f"n_kv_head 0 or {self.n_head}; got n_kv_head={self.n_kv_head}")
+
+    @property
+    def score_scale(self) -> float:
+        """The factor on q.k before the softmax (attn_scale): 1/sqrt(hs), 1 or 1/hs.
+
+        1/sqrt(hs) keeps the scores' variance about 1 when q and k have unit-variance entries (q.k sums hs
+        products); without it the softmax saturates as hs grows (Vaswani et al. 2017, footnote 4).
+        """
+        return {"sqrt": 1.0 / math.sqrt(self.head_size), "none": 1.0, "inverse": 1.0 / self.head_size}[self.attn_scale]
 
     @property
     def head_size(self) -> int:

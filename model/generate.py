@@ -10,6 +10,11 @@ attention: GPTConfig.bounded_cache) never rebuilds: its cache goes on past block
 keep_first=k keeps the first k tokens in every rebuilt window (StreamingLLM's attention sinks, Xiao et al. 2023):
 the window is those k tokens and the most recent block_size - k, at positions 0..block_size-1, so RoPE sees the
 distances it was trained on.
+
+A model that sees later tokens (GPTConfig.causal_mask "after_softmax" or "none") generates too: the tokens after
+the last one do not exist yet, so each step is the model's prediction at the end of the context it has. There
+the cache is not used: each new token changes what every earlier position sees, so earlier keys and values go
+stale, and every step recomputes the whole context (quadratic, fine for experiments).
 """
 
 from __future__ import annotations
@@ -66,8 +71,12 @@ def generate_stream(
     generator: torch.Generator | None = None,
     keep_first: int = 0,
 ) -> Iterator[Tensor]:
-    """Yield the next token ids (B, 1) one step at a time after the prompt idx (B, T), T >= 1."""
+    """Yield the next token ids (B, 1) one step at a time after the prompt idx (B, T), T >= 1.
+
+    Each token is sampled from the logits at the last position of the context (at most block_size tokens): also
+    for a model whose positions see later tokens, where use_cache is ignored (module docstring)."""
     block = model.config.block_size
+    use_cache = use_cache and model.config.causal_mask == "before_softmax"
     if not 0 <= keep_first < block:
         raise ValueError(f"keep_first must be in [0, block_size={block}), got {keep_first}")
     b, t = idx.shape

@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from .attention import KVCache, dropout, expand_kv, qk_norm, split_qkv
+from .attention import KVCache, dropout, expand_kv, qk_norm, qkv_width, split_qkv
 from .config import GPTConfig
 from .positions import PositionalEncoding
 
@@ -78,14 +78,17 @@ def chunked(q: Tensor, k: Tensor, v: Tensor, denominator: bool = True, chunk: in
 
 class LinearAttention(nn.Module):
     """The attention block with linear attention: the same projections (c_attn, c_proj; grouped-query heads
-    allowed) as CausalSelfAttention, another mixing of the values."""
+    allowed; qk_tied: k = q) as CausalSelfAttention, another mixing of the values. There is no softmax and no
+    scale: GPTConfig refuses attn_scale and causal_mask other than their defaults with it."""
 
     def __init__(self, cfg: GPTConfig, layer: int = 0):
         super().__init__()
         self.n_head, self.n_kv_head, self.head_size = cfg.n_head, cfg.kv_heads, cfg.head_size
         self.dropout_p = cfg.dropout
         self.denominator, self.out_norm = cfg.linear_denominator, cfg.linear_out_norm
-        self.c_attn = nn.Linear(cfg.n_embd, (cfg.n_head + 2 * cfg.kv_heads) * cfg.head_size, bias=cfg.bias)
+        self.qk_tied = cfg.qk_tied  # keys are the queries: c_attn has no key rows
+        width = qkv_width(cfg.n_head, cfg.kv_heads, cfg.head_size, self.qk_tied)
+        self.c_attn = nn.Linear(cfg.n_embd, width, bias=cfg.bias)
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.value_lambda = nn.Parameter(torch.tensor(0.5)) if cfg.value_residual and layer > 0 else None
         self.qk_norm = cfg.qk_norm
@@ -95,7 +98,7 @@ class LinearAttention(nn.Module):
         """As CausalSelfAttention.forward; the weights returned are the implied normalised ones (B, nh, T, T).
         With a kv_cache the layer keeps (S, z) in it and continues from them: constant work per token."""
         b, t, c = x.shape
-        q, k, v = split_qkv(self.c_attn(x), self.n_head, self.n_kv_head)
+        q, k, v = split_qkv(self.c_attn(x), self.n_head, self.n_kv_head, self.qk_tied)
         if self.qk_norm:
             q, k = qk_norm(q), qk_norm(k)
         v_own = v

@@ -254,6 +254,26 @@ MUTATIONS = (
              "rotary_pct=1.0,  # transformers 4.x names", "# transformers 4.x names",
              ("tests/test_trust_page_bench_export.py::test_exported_config_reads_the_same_in_transformers_4_and_5",),
              "GPT-NeoX config.json without rotary_pct: transformers 4.x rotates a quarter of each head"),
+    # the experiment switches (tests/test_model_switches.py)
+    Mutation("attn_scale_ignored", "model/config.py",
+             'return {"sqrt": 1.0 / math.sqrt(self.head_size), "none": 1.0, "inverse": 1.0 / self.head_size}'
+             "[self.attn_scale]",
+             "return 1.0 / math.sqrt(self.head_size)",
+             ("tests/test_model_switches.py::test_each_switch_in_the_math_backend_is_the_written_out_formula",
+              "tests/test_model_switches.py::test_another_scale_changes_the_model"),
+             "attn_scale is silently ignored: scores always scaled by 1/sqrt(hs)"),
+    Mutation("after_softmax_masks_before", "model/attention.py",
+             'if causal_mask == "before_softmax":  # -inf before the softmax',
+             'if causal_mask != "none":  # -inf before the softmax',
+             ("tests/test_model_switches.py::test_after_softmax_rows_sum_below_one_and_keep_the_full_softmax_weights",
+              "tests/test_model_switches.py::test_each_switch_in_the_math_backend_is_the_written_out_formula"),
+             "causal_mask=after_softmax masks before the softmax, like before_softmax (rows sum to 1)"),
+    Mutation("qk_tied_separate_k", "model/attention.py",
+             "self.qk_tied = cfg.qk_tied  # keys are the queries: c_attn has no key rows",
+             "self.qk_tied = False  # keys are the queries: c_attn has no key rows",
+             ("tests/test_model_switches.py::test_qk_tied_scores_are_symmetric_before_positions",
+              "tests/test_model_switches.py::test_qk_tied_has_fewer_parameters_by_the_key_projection"),
+             "qk_tied still builds and uses a separate key projection"),
 )
 
 

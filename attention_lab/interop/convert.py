@@ -60,7 +60,12 @@ FIELD_ROLES = {
     "attention": "remote code when linear",
     "linear_denominator": "remote code (with attention=linear)",
     "linear_out_norm": "remote code (with attention=linear)",
+    "attn_scale": "not exportable unless sqrt (an experiment switch; nothing exported computes another scale)",
+    "causal_mask": "not exportable unless before_softmax (an experiment switch; nothing exported computes another)",
+    "qk_tied": "not exportable when true (an experiment switch; nothing exported ties the key projection)",
 }
+# the experiment switches (model/config.py) and the value every exported architecture, and the remote code, computes
+SWITCH_DEFAULTS = {"attn_scale": "sqrt", "causal_mask": "before_softmax", "qk_tied": False}
 NATIVE_ACTIVATIONS = {"gelu": "gelu_pytorch_tanh", "relu2": "relu2"}  # transformers' ACT2FN names, same kernels
 # transformers activations that compute our tanh GELU (gelu_new and gelu_fast: the same formula written out)
 TANH_GELUS = ("gelu_pytorch_tanh", "gelu_new", "gelu_fast", "gelu_python_tanh")
@@ -126,6 +131,14 @@ def plan_export(cfg: GPTConfig, remote_code: bool = False) -> ExportPlan:
             f"cannot export: GPTConfig field(s) {', '.join(unknown)} are unknown to the exporter, so it cannot tell "
             "whether the exported model would compute the same function. Add each to FIELD_ROLES in "
             "attention_lab/interop/convert.py (and to the remote code in attention_lab/interop/remote_code/ if it changes the math)."
+        )
+    switched = [f"{name}={getattr(cfg, name)!r}" for name, default in SWITCH_DEFAULTS.items()
+                if getattr(cfg, name) != default]
+    if switched:
+        raise ValueError(
+            f"cannot export: the experiment switch(es) {', '.join(switched)} are computed by no transformers "
+            "architecture and not by the shipped remote code; only "
+            f"{', '.join(f'{k}={v!r}' for k, v in SWITCH_DEFAULTS.items())} export"
         )
     reasons = native_blockers(cfg)
     if remote_code and not reasons:

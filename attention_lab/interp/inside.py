@@ -6,6 +6,7 @@ Legend
     C  n_embd;  nh n_head;  nkv key/value heads;  hs = C // nh the head size;  L n_layer;  V vocab_size
     c_attn.weight ((nh + 2 nkv) hs, C): rows [q: nh heads | k: nkv heads | v: nkv heads], hs rows a head;
                query head h reads key/value head h // (nh / nkv) (grouped-query; nkv = nh: its own)
+               qk_tied: rows [q: nh heads | v: nh heads], and W_K, b_K are W_Q, b_Q (k = q)
     c_proj.weight (C, C):  head h owns its input channels, the columns h*hs..(h+1)*hs (W_O, (C, hs))
 
 The steps, for head h of block l and query i, every vector a row (y = x W^T + b, as nn.Linear):
@@ -17,6 +18,7 @@ The steps, for head h of block l and query i, every vector a row (y = x W^T + b,
     rope:      q_i <- R(i) q_i,  k_j <- R(j) k_j      (R(p) turns channel pair (c, c + hs/2) by p * theta_c)
     value_residual, block l > 0:  v_j <- lambda v_j + (1 - lambda) v_first_j    (v_first: block 0's v_j)
     dots_j   = q_i . k_j;   scaled_j = dots_j / sqrt(hs);   alibi: + m_h (j - i)                     (n,)
+               attn_scale: dots_j * 1 ("none") or dots_j / hs ("inverse") instead (GPTConfig.score_scale)
     masked   = that row over all T keys, -inf where the query may not look (j > i; window W: j <= i - W) (T,)
     weights  = softmax(masked) = exp(masked - max) / sum(exp(masked - max))   (exactly 0 where -inf) (T,)
                sinks: exp(masked - m) / (exp(s_h - m) + sum exp(masked - m)), m = max(row, s_h)
@@ -28,7 +30,9 @@ The steps, for head h of block l and query i, every vector a row (y = x W^T + b,
     attn_out = sum_h share_h + c_proj.bias     = what the block's attention adds at position i      (C,)
 
 Arithmetic in float64 numpy from the float32 weights, so the recomputation is the exact formula and any
-difference from the model is the model's float32 rounding (~1e-7). What varies with the attention kind
+difference from the model is the model's float32 rounding (~1e-7). A model whose positions see later keys
+(causal_mask "after_softmax" or "none") is refused: its rows need every key of the sequence, not keys 0..i
+(`steppable` says why; the page leaves its panel out). What varies with the attention kind
 (which key/value head a query head reads, which keys a query sees, what joins the softmax) lives in one
 section below, "the attention kind".
 """
@@ -71,6 +75,15 @@ class HeadWeights:
     W_O: Tensor  # (C, hs): c_proj's input channels that carry this head's output
 
 
+def steppable(cfg) -> str | None:
+    """Why a model cannot be stepped through here (None: it can). The steps see keys 0..i only, so a model whose
+    positions see later keys (causal_mask after_softmax or none) is left out rather than shown wrong."""
+    if cfg.causal_mask != "before_softmax":
+        return (f"step inside shows causal attention (keys 0..i); this model has causal_mask={cfg.causal_mask!r}, "
+                "whose rows reach later keys: read its weights from capture_attention instead")
+    return None
+
+
 def _check_head(cfg, layer: int, head: int) -> None:
     if not 0 <= layer < cfg.n_layer:
         raise ValueError(f"layer must be in 0..{cfg.n_layer - 1}, got {layer}")
@@ -86,18 +99,19 @@ def head_weights(model, layer: int, head: int) -> HeadWeights:
     _check_head(cfg, layer, head)
     attn = model.transformer.h[layer].attn
     hs, nh, nkv = cfg.head_size, cfg.n_head, cfg.kv_heads
-    w = attn.c_attn.weight.detach()  # ((nh + 2 nkv) hs, C)
+    w = attn.c_attn.weight.detach()  # ((nh + 2 nkv) hs, C); ((nh + nkv) hs, C) with qk_tied
     b = attn.c_attn.bias.detach() if attn.c_attn.bias is not None else w.new_zeros(w.size(0))
-    starts = (0, nh * hs, (nh + nkv) * hs)  # where the q, k and v rows begin
+    # where the q, k and v rows begin; qk_tied: rows [q | v], and the keys are the queries
+    starts = dict(q=0, k=0, v=nh * hs) if cfg.qk_tied else dict(q=0, k=nh * hs, v=(nh + nkv) * hs)
 
-    def rows(part: int, h: int) -> slice:  # part 0 q, 1 k, 2 v
+    def rows(part: str, h: int) -> slice:
         return slice(starts[part] + h * hs, starts[part] + (h + 1) * hs)
 
     kv = head // (nh // nkv)  # grouped-query attention: contiguous groups of query heads share a kv head
     return HeadWeights(
-        W_Q=w[rows(0, head)], b_Q=b[rows(0, head)],
-        W_K=w[rows(1, kv)], b_K=b[rows(1, kv)],
-        W_V=w[rows(2, kv)], b_V=b[rows(2, kv)],
+        W_Q=w[rows("q", head)], b_Q=b[rows("q", head)],
+        W_K=w[rows("k", kv)], b_K=b[rows("k", kv)],
+        W_V=w[rows("v", kv)], b_V=b[rows("v", kv)],
         W_O=attn.c_proj.weight.detach()[:, head * hs : (head + 1) * hs],
     )
 
@@ -195,7 +209,7 @@ class Inside:
     value_lambda: float | None  # the block's learned mix (value_residual in a block > 0), else None
     v: np.ndarray  # (n, hs) the values the weights average: lambda v_own + (1 - lambda) v_first, or v_own
     dots: np.ndarray  # (n,) q_i . k_j
-    scaled: np.ndarray  # (n,) dots / sqrt(hs)
+    scaled: np.ndarray  # (n,) dots * GPTConfig.score_scale (1/sqrt(hs) by default)
     bias: np.ndarray  # (n,) the ALiBi bias m_h (j - i); zeros for the other encodings
     masked: np.ndarray  # (T,) the pre-softmax row over all T keys: scaled + bias, -inf for j > i
     weights: np.ndarray  # (T,) softmax(masked); 0 for j > i
@@ -276,7 +290,7 @@ def _head_steps(model, layer: int, head: int, x_ln: np.ndarray, x0_ln: np.ndarra
         return dict(q_proj=q_all[query], k_proj=k_proj, q_normed=q_normed[query], k_normed=k_normed, q=q, k=k,
                     v_own=v_own, v_first=v_first, value_lambda=lam, v=v, **_linear_steps(cfg, q, k, v, query, t, w))
     dots = k @ q  # (n,)
-    scaled = dots / math.sqrt(cfg.head_size)
+    scaled = dots * cfg.score_scale  # dots / sqrt(hs), unless attn_scale says otherwise
     bias = _alibi_row(model.transformer.wpe, head, query, device)
     masked = _scores_row(scaled, bias, query, t, cfg.layer_window(layer))  # (T,)
     sink = float(attn.sink[head]) if getattr(attn, "sink", None) is not None else None
@@ -359,6 +373,8 @@ def step_inside(model, ids, layer: int, head: int, query: int) -> Inside:
     """
     model = plain_module(model)
     cfg = model.config
+    if steppable(cfg) is not None:
+        raise ValueError(steppable(cfg))
     _check_head(cfg, layer, head)
     stream = residual_stream(model, ids)  # (L + 1, T, C)
     t = stream.size(1)

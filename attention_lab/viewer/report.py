@@ -25,7 +25,7 @@ from attention_lab.interp.capture import capture_attention
 from attention_lab.interp.circuits import copying_of, copying_score, ov_logits, qk_token_pairs
 from attention_lab.interp.figures import attention_figure, figure_to_array, markdown_code
 from attention_lab.interp.heads import ablation_effects, format_head_table, head_rows
-from attention_lab.interp.inside import head_shares, head_vectors
+from attention_lab.interp.inside import head_shares, head_vectors, steppable
 from attention_lab.interp.lens import logit_lens
 from attention_lab.interp.roles import ROLE_HELP, role_scores
 from attention_lab.store.layout import SampleLayout
@@ -95,7 +95,8 @@ def dump_attention(
     out.summary_text.write_text(table + "\n", encoding="utf-8")
     if html:
         page_scores = dict(scores) | ({"ablation": ablation} if ablation is not None else {})
-        inside = inside_data(model, qkv, shares, tokenizer, lens, circuits)
+        # the panel steps through causal rows (keys 0..i): left out for a model whose rows reach later keys
+        inside = inside_data(model, qkv, shares, tokenizer, lens, circuits) if steppable(model.config) is None else None
         files.append(write_sample_page(out.page, weights, labels, page_scores, title=title or "attention", inside=inside))
 
     for layer in range(weights.shape[0]):
@@ -167,7 +168,7 @@ def inside_data(model: GPT, qkv: np.ndarray, shares: np.ndarray, tokenizer: Toke
     vocab = sorted({int(i) for i in lens.ids.reshape(-1)})
     strings = dict(zip(vocab, tokenizer.token_strings(vocab)))
     return {
-        "kind": cfg.attention, "hs": hs, "scale": 1.0 / float(np.sqrt(hs)), "alibi": slopes,
+        "kind": cfg.attention, "hs": hs, "scale": cfg.score_scale, "alibi": slopes,
         "windows": [cfg.layer_window(i) for i in range(n_layer)], "sinks": sinks,
         "denominator": cfg.linear_denominator, "out_norm": cfg.linear_out_norm,
         "q": _b64(qkv[0]), "k": _b64(qkv[1]), "v": _b64(qkv[2]),

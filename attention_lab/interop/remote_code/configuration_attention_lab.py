@@ -20,12 +20,13 @@ class AttentionLabConfig(PretrainedConfig):
         "num_attention_heads": "n_head",
         "max_position_embeddings": "block_size",
     }
-    # the GPTConfig fields this code implements; the exporter refuses a model with any other
+    # the GPTConfig fields this code implements; the exporter refuses a model with any other. The experiment
+    # switches (attn_scale, causal_mask, qk_tied) are implemented at their defaults only: GPT-2's attention
     FIELDS = (
         "vocab_size", "block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "pos_encoding",
         "attn_backend", "tie_embeddings", "mlp_ratio", "rope_base", "layer_norm_eps", "qk_norm", "mlp_act",
         "logit_softcap", "zero_init_proj", "value_residual", "n_kv_head", "window", "window_pattern", "attn_sinks",
-        "attention", "linear_denominator", "linear_out_norm",
+        "attention", "linear_denominator", "linear_out_norm", "attn_scale", "causal_mask", "qk_tied",
     )
 
     def __init__(
@@ -55,6 +56,9 @@ class AttentionLabConfig(PretrainedConfig):
         attention="softmax",
         linear_denominator=True,
         linear_out_norm=False,
+        attn_scale="sqrt",
+        causal_mask="before_softmax",
+        qk_tied=False,
         use_cache=True,
         **kwargs,
     ):
@@ -68,6 +72,9 @@ class AttentionLabConfig(PretrainedConfig):
             raise ValueError(f"n_kv_head ({n_kv_head}) must divide n_head ({n_head})")
         if attention not in ATTENTION_KINDS:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION_KINDS)}; got {attention!r}")
+        if (attn_scale, causal_mask, qk_tied) != ("sqrt", "before_softmax", False):
+            raise ValueError(f"this code computes attn_scale='sqrt', causal_mask='before_softmax', qk_tied=False "
+                             f"only; got {attn_scale!r}, {causal_mask!r}, {qk_tied!r}")
         self.vocab_size = vocab_size
         self.block_size = block_size
         self.n_layer = n_layer
@@ -93,6 +100,7 @@ class AttentionLabConfig(PretrainedConfig):
         self.attention = attention  # softmax | linear (elu+1 features)
         self.linear_denominator = linear_denominator
         self.linear_out_norm = linear_out_norm
+        self.attn_scale, self.causal_mask, self.qk_tied = attn_scale, causal_mask, qk_tied  # the defaults only
         self.use_cache = use_cache  # generation keeps keys and values (transformers 5 keeps no such field)
         kwargs["tie_word_embeddings"] = tie_embeddings  # transformers ties lm_head to wte by this name
         super().__init__(**kwargs)
