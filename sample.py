@@ -10,7 +10,8 @@ final window of the sequence (its last block_size tokens): attention.npy (n_laye
 layer_XX.png, summary.json / .txt (each head's role scores and ablation effect) and attention.html, the
 interactive page (attention_lab/viewer/report.py). The folder defaults to <run>/samples/<YYYYmmdd-HHMMSS>/; the
 same maps, text and summary go to TensorBoard under <run>/tb/samples/<same name>/. The generated text goes to
-stdout, everything else to stderr, so `python sample.py ... > out.txt` keeps only the text.
+stdout, everything else to stderr, so `python sample.py ... > out.txt` keeps only the text. A run of the LSTM baseline
+(model.arch=lstm) generates the same way and writes no attention files: it has no attention.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from attention_lab.sampling import Source, encode_prompt, generate_text, open_so
 from attention_lab.store.checkpoint import CheckpointError  # noqa: E402
 from attention_lab.store.layout import RunLayout  # noqa: E402
 from attention_lab.viewer.report import dump_attention  # noqa: E402
+from model import has_attention  # noqa: E402
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -130,8 +132,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         say(f"warning: {note}")
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     cfg = src.config
-    say(f"{src.label} (step {src.step}; {cfg.n_layer} layers, {cfg.n_head} heads, context "
-        f"{cfg.block_size}; {tok.kind} tokenizer, {tok.vocab_size} tokens) on {device}; seed {seed}")
+    shape = f"{cfg.n_layer} layers, {cfg.n_head} heads" if has_attention(cfg) else f"LSTM, {cfg.n_layer} layers"
+    say(f"{src.label} (step {src.step}; {shape}, context {cfg.block_size}; {tok.kind} tokenizer, "
+        f"{tok.vocab_size} tokens) on {device}; seed {seed}")
     if args.greedy and args.num_samples > 1:
         say("warning: --greedy makes every sample the same text")
     if not prompt_text:
@@ -157,6 +160,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         say("interrupted")
         return 130
     if args.no_attention:
+        return 0
+    if not has_attention(src.config):  # the maps, summary, page, step inside, circuits and lens all read attention
+        say("no attention maps, head summary or page: the run is an LSTM (model.arch=lstm), it has no attention")
         return 0
     return dump_samples(args, src, samples, seed)
 

@@ -43,7 +43,7 @@ from attention_lab.training.start import TrainingError, load_model, resolve_mode
 from attention_lab.training.state import TrainState  # noqa: E402
 from data.batches import BatchSampler, eval_batches  # noqa: E402
 from data.prepare import PreparedData, bits_per_byte, prepare_data  # noqa: E402
-from model import GPT, GPTConfig, flops_per_token, num_params  # noqa: E402
+from model import GPT, GPTConfig, LSTMConfig, arch_of, flops_per_token, num_params  # noqa: E402
 
 
 def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dict:
@@ -88,8 +88,8 @@ class Run:
     dtype: torch.dtype
     log: RunLogger
     data: PreparedData
-    model_cfg: GPTConfig
-    raw_model: GPT  # the plain module: checkpoints and evaluation use it, never the compiled/DDP wrapper
+    model_cfg: GPTConfig | LSTMConfig  # model.arch: the GPT, or the LSTM baseline
+    raw_model: GPT  # the plain module (or an LSTMLM): checkpoints and evaluation use it, never the compiled/DDP wrapper
     model: nn.Module  # what the training step calls (maybe compiled, maybe DDP)
     state: TrainState  # step, best loss, tokens, optimizer, sampler, RNG: what a checkpoint restores
     scaler: torch.amp.GradScaler | None
@@ -132,7 +132,7 @@ def setup_run(cfg: Config, run_dir: Path, overrides: list[str], info, device, dt
     run = Run(cfg, RunLayout(run_dir), overrides, info, device, dtype, log, data, model_cfg, raw_model, model, state,
               torch.amp.GradScaler(device.type) if dtype == torch.float16 else None,
               eval_batches(data.tokens("val"), model_cfg.block_size, tc.batch_size, tc.eval_batches),
-              build_callbacks(cfg, data, model_cfg) if info.is_main else [], n_params, peak)
+              build_callbacks(cfg, data, model_cfg, log.print) if info.is_main else [], n_params, peak)
     if saved is not None:
         state.load_state_dict(saved)
         run.last_eval = {k: v for k, v in saved_meta.items() if k in ("val_loss", "val_bpb")}
@@ -140,9 +140,12 @@ def setup_run(cfg: Config, run_dir: Path, overrides: list[str], info, device, dt
             callback.resume(run_dir, state.step)
     log.provenance(cfg, overrides, {"data_dir": str(data.dir.resolve()), "world_size": info.world_size, "n_params":
                                     n_params, "peak_flops": peak, "peak_dtype": str(dtype)[6:], "device": str(device)})
-    log.print(f"model: {n_params / 1e6:.2f}M parameters (embeddings counted once, positions not), "
-              f"{model_cfg.n_layer} layers x {model_cfg.n_head} heads x {model_cfg.n_embd} wide, "
-              f"{model_cfg.pos_encoding} positions, context {model_cfg.block_size}; device {device}, "
+    shape = (f"{model_cfg.n_layer} layers x {model_cfg.n_head} heads x {model_cfg.n_embd} wide, "
+             f"{model_cfg.pos_encoding} positions" if arch_of(model_cfg) == "gpt" else
+             f"an LSTM: {model_cfg.n_layer} layers x {model_cfg.n_embd} wide (embedding and hidden size)"
+             + ("" if cfg.model.lstm_hidden else ", as many parameters as the GPT of these model settings"))
+    log.print(f"model: {n_params / 1e6:.2f}M parameters (embeddings counted once, positions not), {shape}, "
+              f"context {model_cfg.block_size}; device {device}, "
               f"{str(dtype).removeprefix('torch.')}" + (f", {info.world_size} processes" if info.enabled else ""))
     log.print(f"data: {data.meta['train']['tokens']:,} train / {data.meta['val']['tokens']:,} val tokens, "
               f"vocab {model_cfg.vocab_size} ({data.meta['tokenizer']}); {run.tokens_per_step:,} tokens per step; "

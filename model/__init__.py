@@ -1,12 +1,16 @@
-"""The GPT, as pure math: no file I/O, logging or optimizer in this package, and no import of the rest of the
-project (attention_lab/__init__.py states the rule; tests/test_layering.py checks it)."""
+"""The GPT (and the LSTM it is compared with), as pure math: no file I/O, logging or optimizer in this package,
+and no import of the rest of the project (attention_lab/__init__.py states the rule; tests/test_layering.py
+checks it)."""
 
 from .attention import CausalSelfAttention, KVCache
 from .config import ATTENTION_BACKENDS, ATTENTION_KINDS, POSITION_ENCODINGS, GPTConfig
 from .generate import filter_logits, generate, generate_stream, sample_next
-from .gpt import GPT, GPTOutput, flops_per_token, num_params
+from .gpt import GPT, GPTOutput
+from .lstm import LSTMConfig, LSTMLM, lstm_matching
+from .registry import ARCHS, arch_of, build_model, config_from_dict, flops_per_token, has_attention, num_params
 
 __all__ = [
+    "ARCHS",
     "ATTENTION_BACKENDS",
     "ATTENTION_KINDS",
     "POSITION_ENCODINGS",
@@ -15,10 +19,17 @@ __all__ = [
     "GPTOutput",
     "CausalSelfAttention",
     "KVCache",
+    "LSTMConfig",
+    "LSTMLM",
+    "arch_of",
+    "build_model",
+    "config_from_dict",
     "filter_logits",
     "flops_per_token",
     "generate",
     "generate_stream",
+    "has_attention",
+    "lstm_matching",
     "num_params",
     "sample_next",
 ]

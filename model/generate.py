@@ -76,7 +76,8 @@ def generate_stream(
     Each token is sampled from the logits at the last position of the context (at most block_size tokens): also
     for a model whose positions see later tokens, where use_cache is ignored (module docstring)."""
     block = model.config.block_size
-    use_cache = use_cache and model.config.causal_mask == "before_softmax"
+    # (an LSTM has no mask: it is causal by construction, and its cache is exact)
+    use_cache = use_cache and getattr(model.config, "causal_mask", "before_softmax") == "before_softmax"
     if not 0 <= keep_first < block:
         raise ValueError(f"keep_first must be in [0, block_size={block}), got {keep_first}")
     b, t = idx.shape

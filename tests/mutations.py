@@ -48,7 +48,7 @@ MUTATIONS = (
              'torch.set_rng_state(state["rng"]["torch"])', "pass",
              ("tests/test_planted_bugs.py",), "torch RNG state not restored on resume (dropout masks differ)"),
     Mutation("init_from_ignored", "attention_lab/training/start.py",
-             "model = load_gpt2(tc.init_from)\n", "model = GPT(load_gpt2(tc.init_from).config)\n",
+             "model = load_gpt2(tc.init_from)\n", "model = build_model(load_gpt2(tc.init_from).config)\n",
              ("tests/test_planted_bugs.py",), "train.init_from builds a fresh model instead of loading the weights"),
     Mutation("sampling_flags_dropped", "sample.py",
              "top_k=args.top_k, top_p=args.top_p", "top_k=None, top_p=None",
@@ -274,6 +274,15 @@ MUTATIONS = (
              ("tests/test_model_switches.py::test_qk_tied_scores_are_symmetric_before_positions",
               "tests/test_model_switches.py::test_qk_tied_has_fewer_parameters_by_the_key_projection"),
              "qk_tied still builds and uses a separate key projection"),
+    # the LSTM baseline (tests/test_lstm.py)
+    Mutation("lstm_width_not_matched", "model/lstm.py",
+             "n_embd=width,", "n_embd=gpt.n_embd,",
+             ("tests/test_lstm.py::test_matched_lstm_has_the_gpts_parameter_count_within_2_percent",),
+             "the 'matched' LSTM takes the GPT's width: about half its parameters, an unfair comparison"),
+    Mutation("lstm_state_not_carried", "model/lstm.py",
+             "kv_cache.state, kv_cache.length = state, past + t", "kv_cache.length = past + t",
+             ("tests/test_lstm.py::test_state_carried_token_by_token_equals_the_whole_window",),
+             "cached LSTM decoding restarts every token from a zero state (it samples with one token of context)"),
 )
 
 

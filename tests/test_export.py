@@ -279,8 +279,7 @@ def test_any_model_exports_as_remote_code_on_request(tmp_path, capsys, monkeypat
 def test_the_default_config_exports(tmp_path, capsys, monkeypatch, bpe_json, experiment):
     """The default run's model (experiment=shakespeare_cpu; with QK-norm it needs the remote code) and the earlier
     default (experiment=classic: 6x6x192 RoPE without biases, GPT-NeoX). The vocabulary is the tokenizer's."""
-    cfg = compose([f"experiment={experiment}"]).model
-    cfg = dataclasses.replace(cfg, vocab_size=Tokenizer.from_str(bpe_json).vocab_size)
+    cfg = compose([f"experiment={experiment}"]).model.gpt(vocab_size=Tokenizer.from_str(bpe_json).vocab_size)
     ours = randomise(GPT(cfg), seed=7)
     with torch.no_grad():  # a deeper random model: keep the logits of the order of those of the tiny ones
         ours.lm_head.weight.mul_(0.25)

@@ -47,7 +47,7 @@ from attention_lab.interop.convert import (
 )
 from data.files import make_temp_dir, publish_dir
 from data.tokenizer import EOT, UNK, Tokenizer
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, has_attention
 
 CONFIG = "config.json"
 SAFETENSORS = "model.safetensors"
@@ -345,6 +345,10 @@ def export_pretrained(
     Raises ValueError, before writing anything, for a model it cannot export.
     """
     cfg = model.config
+    if not has_attention(cfg):
+        raise ValueError("LSTM runs cannot be exported to transformers: an export maps the GPT's blocks onto GPT-2, "
+                         "GPT-NeoX or our attention code, and model.arch=lstm has none of them. Score the run with "
+                         "python -m attention_lab.evaluate and sample it with sample.py --run")
     plan = plan_export(cfg, remote_code)
     if target is not None and plan.target != target:
         why = "; ".join(plan.reasons) if plan.reasons else f"pos_encoding={cfg.pos_encoding!r} maps to {plan.target}"

@@ -4,7 +4,7 @@ A run directory holds (the names: attention_lab/store/layout.py)
 
     checkpoints/step_00000500/      one complete checkpoint per directory:
         model.safetensors           the plain module's weights (never compile/DDP-wrapped names)
-        model_config.json           GPTConfig as JSON
+        model_config.json           GPTConfig as JSON (an LSTMConfig's says "arch": "lstm": model/registry.py)
         tokenizer.json              the tokenizer the model was trained with
         train_state.pt              optimizer, step, RNG and data-sampler state (torch.load weights_only=True)
         meta.json                   step, losses, what else the trainer records
@@ -26,13 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.nn as nn
 from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 
 from attention_lab.store.layout import STEP_PREFIX, CheckpointFiles, RunLayout, pointer_path, step_name
 from data.files import describe_disk, is_disk_full, make_temp_dir, publish_dir, write_json_atomic
 from data.tokenizer import Tokenizer
-from model import GPT, GPTConfig
+from model import GPTConfig, LSTMConfig, build_model, config_from_dict
 
 C = CheckpointFiles
 
@@ -71,7 +72,7 @@ class DiskFullError(CheckpointError):
 def save_checkpoint(
     root: Path,
     step: int,
-    model: GPT,
+    model: nn.Module,
     tokenizer_json: str,
     meta: dict,
     train_state: dict | None = None,
@@ -200,17 +201,18 @@ def latest_run(runs_root: Path = Path("runs")) -> Path:
 @dataclass
 class Checkpoint:
     path: Path
-    config: GPTConfig
+    config: GPTConfig | LSTMConfig
     meta: dict
     tokenizer_json: str
     step: int = field(default=0)
 
-    def build_model(self, device: str | torch.device = "cpu", config: GPTConfig | None = None) -> GPT:
-        """A GPT with this checkpoint's weights, on `device`, in eval mode.
+    def build_model(self, device: str | torch.device = "cpu", config: GPTConfig | LSTMConfig | None = None
+                    ) -> nn.Module:
+        """The GPT (or LSTM) with this checkpoint's weights, on `device`, in eval mode.
 
         config: build from this instead of the checkpoint's own (same shapes; e.g. another dropout).
         """
-        model = GPT(config or self.config)
+        model = build_model(config or self.config)
         try:
             missing, unexpected = load_model(model, str(self.path / C.WEIGHTS), strict=False)
         except (SafetensorError, OSError, RuntimeError) as e:
@@ -258,7 +260,7 @@ def load_checkpoint(path: Path, which: str = "best") -> Checkpoint:
             f"checkpoint {ckpt} is incomplete: missing {', '.join(missing)}. Use another checkpoint of the run."
         )
     try:
-        cfg = GPTConfig.from_dict(json.loads((ckpt / C.CONFIG).read_text()))
+        cfg = config_from_dict(json.loads((ckpt / C.CONFIG).read_text()))
         meta = json.loads((ckpt / C.META).read_text())
     except ValueError as e:
         raise CheckpointError(f"checkpoint {ckpt} has an unreadable or invalid config/meta: {e}") from e

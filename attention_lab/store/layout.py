@@ -17,6 +17,7 @@ all ask this module, so a writer and its readers cannot drift apart.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -150,6 +151,14 @@ class RunLayout:
     def is_run(self) -> bool:
         """Does this folder hold what a training film is built from (attention/ or metrics.jsonl)?"""
         return self.attention.exists() or self.metrics.exists()
+
+    def model_arch(self) -> str:
+        """The run's model.arch as its config.json records it: "gpt" (also for a run without one, or from before
+        the LSTM baseline) or "lstm"."""
+        try:
+            return json.loads(self.config.read_text(encoding="utf-8")).get("model", {}).get("arch", "gpt")
+        except (OSError, ValueError, AttributeError):
+            return "gpt"
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from attention_lab.viewer.page import build_film
 from data.batches import eval_batches
 from data.files import atomic_write, write_json_atomic
 from data.prepare import PreparedData
-from model import GPT, GPTConfig, generate
+from model import GPT, GPTConfig, LSTMConfig, generate, has_attention
 
 
 @dataclass
@@ -232,12 +232,19 @@ class Film(Callback):
         self.seconds += time.time() - t0
 
 
-def build_callbacks(cfg: Config, data: PreparedData, model_cfg: GPTConfig) -> list[Callback]:
-    """What runs at every evaluation besides the validation loss (main process only)."""
+def build_callbacks(cfg: Config, data: PreparedData, model_cfg: GPTConfig | LSTMConfig,
+                    say=print) -> list[Callback]:
+    """What runs at every evaluation besides the validation loss (main process only). A model without attention
+    (model.arch=lstm) gets the text sample only, and `say` tells once what it skips."""
     tc = cfg.train
     tokenizer = data.tokenizer
     probe_ids = tokenizer.encode(tc.probe_prompt)[-model_cfg.block_size:] or [tokenizer.eot_id]
-    callbacks = [TextSample(tokenizer, probe_ids, tc.sample_tokens, tc.seed), ProbeAttention(tokenizer, probe_ids)]
+    sample = TextSample(tokenizer, probe_ids, tc.sample_tokens, tc.seed)
+    if not has_attention(model_cfg):
+        say("model.arch=lstm has no attention: no attention maps (files or TensorBoard images), head roles, "
+            "phase changes, head ablation or attention film for this run")
+        return [sample]
+    callbacks = [sample, ProbeAttention(tokenizer, probe_ids)]
     if tc.head_roles:
         callbacks.append(head_roles_callback(cfg, data, model_cfg))
     if tc.film:

@@ -18,7 +18,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from data.config import DataConfig
-from model import GPTConfig
+from model import ARCHS, GPTConfig, LSTMConfig, arch_of, lstm_matching
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"  # attention_lab/training/config.py -> the repo
 DEVICES = ("auto", "cpu", "cuda", "mps")
@@ -118,16 +118,59 @@ class TrainConfig:
 
 
 @dataclass
+class ModelConfig(GPTConfig):
+    """The schema's model section: GPTConfig's fields, and which network the run trains.
+
+    arch=lstm trains the recurrent baseline (model/lstm.py) on the same data, tokenizer and loss: with the GPT's
+    vocabulary, context, n_layer, dropout and tie_embeddings, and as many parameters as the GPT these fields
+    describe (lstm_hidden=0: model.lstm_matching picks its width) or lstm_hidden wide. Nothing below the entry
+    point sees this class: `network` hands down a plain GPTConfig or LSTMConfig.
+    """
+
+    arch: str = "gpt"  # gpt | lstm
+    lstm_hidden: int = 0  # arch=lstm: its embedding and hidden size; 0 = as many parameters as the GPT
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.arch not in ARCHS:
+            raise ValueError(f"model.arch={self.arch!r} is not one of {', '.join(ARCHS)}")
+        if isinstance(self.lstm_hidden, bool) or not isinstance(self.lstm_hidden, int) or self.lstm_hidden < 0:
+            raise ValueError(f"model.lstm_hidden={self.lstm_hidden!r} must be an integer >= 0 (0 = as many "
+                             "parameters as the GPT of the model section)")
+        if self.lstm_hidden and self.arch != "lstm":
+            raise ValueError(f"model.lstm_hidden={self.lstm_hidden} sizes the LSTM only; add model.arch=lstm or "
+                             "leave it at 0")
+
+    def gpt(self, **changes) -> GPTConfig:
+        """The GPT these fields describe, as a plain GPTConfig (without arch and lstm_hidden), with `changes`."""
+        return GPTConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(GPTConfig)} | changes)
+
+    def network(self, vocab_size: int) -> GPTConfig | LSTMConfig:
+        """The config of the network to train, for a vocabulary of vocab_size tokens."""
+        gpt = self.gpt(vocab_size=vocab_size)
+        if self.arch == "gpt":
+            return gpt
+        if self.lstm_hidden == 0:
+            return lstm_matching(gpt)
+        return LSTMConfig(vocab_size=vocab_size, block_size=gpt.block_size, n_layer=gpt.n_layer,
+                          n_embd=self.lstm_hidden, dropout=gpt.dropout, tie_embeddings=gpt.tie_embeddings)
+
+    def to_dict(self) -> dict:
+        """GPTConfig's fields only: a GPT built from this section directly saves a config any GPT loads."""
+        return self.gpt().to_dict()
+
+
+@dataclass
 class Config:
-    model: GPTConfig = field(default_factory=GPTConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     name: str = "run"  # a label for the run, shown in TensorBoard's hparams
 
-    def hparams(self, model: GPTConfig) -> dict:
+    def hparams(self, model: GPTConfig | LSTMConfig) -> dict:
         """The run's settings as TensorBoard's hparams plugin compares them (model: the resolved model config)."""
-        hp = {f"model.{k}": v for k, v in dataclasses.asdict(model).items()}
+        hp = {"model.arch": arch_of(model)} | {f"model.{k}": v for k, v in dataclasses.asdict(model).items()}
         hp |= {f"optim.{k}": v for k, v in dataclasses.asdict(self.optim).items()}
         return hp | {"train.batch_size": self.train.batch_size, "train.max_steps": self.train.max_steps,
                      "data.name": self.data.name}

@@ -10,20 +10,22 @@ from attention_lab.store.checkpoint import load_checkpoint
 from attention_lab.store.layout import RunLayout
 from attention_lab.training.config import Config
 from data.prepare import PreparedData
-from model import GPT, GPTConfig
+from model import GPTConfig, LSTMConfig, arch_of, build_model
 
 # the fields that decide the shapes of the weights: a checkpoint must agree on all of them to be resumed
 SHAPE_FIELDS = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", "pos_encoding",
                 "tie_embeddings", "mlp_ratio", "n_kv_head", "attn_sinks", "attention")
+LSTM_SHAPE_FIELDS = ("vocab_size", "block_size", "n_layer", "n_embd", "tie_embeddings")
 
 
 class TrainingError(RuntimeError):
     """A problem the user can fix (bad config for this corpus, checkpoint mismatch, diverged loss)."""
 
 
-def resolve_model_config(cfg: Config, data: PreparedData) -> GPTConfig:
-    """The model config with the tokenizer's vocabulary size, checked against the corpus."""
-    model_cfg = dataclasses.replace(cfg.model, vocab_size=data.meta["vocab_size"])
+def resolve_model_config(cfg: Config, data: PreparedData) -> GPTConfig | LSTMConfig:
+    """The config of the network to train (the GPT, or the LSTM: model.arch) with the tokenizer's vocabulary
+    size, checked against the corpus."""
+    model_cfg = cfg.model.network(vocab_size=data.meta["vocab_size"])
     for split in ("train", "val"):
         n = data.meta[split]["tokens"]
         if n < model_cfg.block_size + 1:
@@ -34,9 +36,13 @@ def resolve_model_config(cfg: Config, data: PreparedData) -> GPTConfig:
     return model_cfg
 
 
-def check_resumable(saved: GPTConfig, wanted: GPTConfig, where: Path) -> None:
-    diff = [f"{f}: checkpoint {getattr(saved, f)!r}, config {getattr(wanted, f)!r}"
-            for f in SHAPE_FIELDS if getattr(saved, f) != getattr(wanted, f)]
+def check_resumable(saved: GPTConfig | LSTMConfig, wanted: GPTConfig | LSTMConfig, where: Path) -> None:
+    if arch_of(saved) != arch_of(wanted):
+        diff = [f"model.arch: checkpoint {arch_of(saved)!r}, config {arch_of(wanted)!r}"]
+    else:
+        diff = [f"{f}: checkpoint {getattr(saved, f)!r}, config {getattr(wanted, f)!r}"
+                for f in (SHAPE_FIELDS if arch_of(saved) == "gpt" else LSTM_SHAPE_FIELDS)
+                if getattr(saved, f) != getattr(wanted, f)]
     if diff:
         raise TrainingError(
             f"cannot resume from {where}: the checkpoint's model has another shape ({'; '.join(diff)}). "
@@ -45,13 +51,16 @@ def check_resumable(saved: GPTConfig, wanted: GPTConfig, where: Path) -> None:
         )
 
 
-def load_model(cfg: Config, model_cfg: GPTConfig, data: PreparedData, run_dir: Path, say=print):
+def load_model(cfg: Config, model_cfg: GPTConfig | LSTMConfig, data: PreparedData, run_dir: Path, say=print):
     """The model from this run's (or train.resume's) latest checkpoint, from GPT-2 weights, or fresh.
 
     Returns (model on the CPU, its config, the checkpoint's train state (TrainState.state_dict) or None,
     the checkpoint's meta.json or {}).
     """
     tc = cfg.train
+    if tc.init_from and arch_of(model_cfg) != "gpt":
+        raise TrainingError(f"train.init_from={tc.init_from} loads GPT-2 weights into a GPT; model.arch=lstm "
+                            "trains from scratch (leave train.init_from out)")
     has_checkpoint = RunLayout(run_dir).latest_pointer.exists()
     resume_from = Path(tc.resume) if tc.resume else (run_dir if has_checkpoint else None)
     if resume_from is not None:
@@ -79,4 +88,4 @@ def load_model(cfg: Config, model_cfg: GPTConfig, data: PreparedData, run_dir: P
                 "data.tokenizer=file data.tokenizer_file=<its tokenizer.json>"
             )
         return model, model.config, None, {}
-    return GPT(model_cfg), model_cfg, None, {}
+    return build_model(model_cfg), model_cfg, None, {}

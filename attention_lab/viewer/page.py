@@ -450,6 +450,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not SampleLayout(folder).is_sample() and not RunLayout(folder).is_run():
         return cli.fail(f"{folder} holds no attention/ folder or metrics.jsonl; give a run folder "
                         "(runs/<name>/<time>) or a sample folder (attention.npy + tokens.json)")
+    if RunLayout(folder).model_arch() == "lstm":
+        return cli.fail(f"{folder} is a run of the LSTM baseline (model.arch=lstm): it has no attention to show")
     try:
         if SampleLayout(folder).is_sample():
             path = page_for_sample_folder(folder)

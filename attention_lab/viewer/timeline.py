@@ -83,6 +83,9 @@ def main(argv=None) -> int:
     p.add_argument("--json", type=Path, help="also write the timeline and phase changes to this JSON file")
     p.add_argument("--plot", type=Path, help="also draw the timeline (strongest head per role, losses) as a PNG")
     args = p.parse_args(argv)
+    if RunLayout(args.run_dir).model_arch() == "lstm":
+        return cli.fail(f"{args.run_dir} is a run of the LSTM baseline (model.arch=lstm): it has no heads, so no "
+                        "head-role timeline")
     try:
         events = read_events(args.run_dir)
     except FileNotFoundError as e:
