@@ -95,7 +95,8 @@ def generate_text(
     stream = tokenizer.text_stream(prompt_ids) if on_text is not None else None
     new_ids: list[int] = []
     # cached decoding without window rebuilds: one small matrix-vector step per token
-    cached = use_cache and (len(prompt_ids) + max_new_tokens <= model.config.block_size or model.config.bounded_cache)
+    cached = use_cache and (len(prompt_ids) + max_new_tokens <= model.config.block_size
+                            or (model.config.bounded_cache and not keep_first))  # keep_first rebuilds
     with autocast(device, pick_dtype(dtype, device)), decoding_threads(device, cached):
         for nxt in generate_stream(
             model, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy,

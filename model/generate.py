@@ -9,7 +9,8 @@ A model whose every layer keeps a bounded state (sliding windows with RoPE, ALiB
 attention: GPTConfig.bounded_cache) never rebuilds: its cache goes on past block_size at constant cost per token.
 keep_first=k keeps the first k tokens in every rebuilt window (StreamingLLM's attention sinks, Xiao et al. 2023):
 the window is those k tokens and the most recent block_size - k, at positions 0..block_size-1, so RoPE sees the
-distances it was trained on.
+distances it was trained on. With keep_first a bounded cache rebuilds too: streaming on would drop the first
+tokens the caller asked to keep, and the cached and uncached paths would see different windows.
 
 A model that sees later tokens (GPTConfig.causal_mask "after_softmax" or "none") generates too: the tokens after
 the last one do not exist yet, so each step is the model's prediction at the end of the context it has. There
@@ -87,7 +88,8 @@ def generate_stream(
     tokens = idx.new_empty(b, n + max_new_tokens)
     tokens[:, :n] = prompt
     cache = model.new_kv_cache() if use_cache else None
-    unbounded = cache is not None and model.config.bounded_cache  # the cache itself forgets what it must
+    # the cache itself forgets what it must, unless the first tokens must stay in every window
+    unbounded = cache is not None and model.config.bounded_cache and not keep_first
     logits = model(tokens[:, :n], kv_cache=cache, last_only=True).logits[:, -1]  # prefill: (B, V)
     for step in range(max_new_tokens):
         nxt = sample_next(logits, temperature, top_k, top_p, greedy, generator)  # (B, 1)
