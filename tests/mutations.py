@@ -318,6 +318,15 @@ MUTATIONS = (
              "kv_cache.state, kv_cache.length = state, past + t", "kv_cache.length = past + t",
              ("tests/test_lstm.py::test_state_carried_token_by_token_equals_the_whole_window",),
              "cached LSTM decoding restarts every token from a zero state (it samples with one token of context)"),
+    # exports TransformerLens opens (tests/test_transformer_lens.py)
+    Mutation("neox_export_without_attention_bias", "attention_lab/interop/convert.py",
+             "attention_bias=True,  # zeros when bias=False", "attention_bias=cfg.bias,  # zeros when bias=False",
+             ("tests/test_transformer_lens.py::test_transformer_lens_patterns_equal_ours[neox-rope-no-bias]",),
+             "a RoPE model without biases exports as GPT-NeoX without attention biases: TransformerLens cannot open it"),
+    Mutation("bridge_skips_qk_norm", "attention_lab/interop/transformer_lens_bridge.py",
+             "if attn.qk_norm:  # before RoPE", "if False:  # before RoPE",
+             ("tests/test_transformer_lens.py::test_transformer_lens_patterns_equal_ours[shipped-rope-qk-norm]",),
+             "TransformerLens's recomputed attention for the shipped code forgets QK-norm: its patterns are not ours"),
 )
 
 

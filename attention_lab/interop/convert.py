@@ -17,7 +17,9 @@ GPT-NeoX (pre-LayerNorm with use_parallel_residual=False is our block; rotate-ha
   * its fused query_key_value rows are grouped per head, [q_h0 k_h0 v_h0 | q_h1 k_h1 v_h1 | ...], ours are
     [q | k | v] (each C rows, heads inside): regroup.
   * rotary over the whole head (partial_rotary_factor 1.0; NeoX's default is 0.25), rope_theta = rope_base.
-  * LayerNorms and the MLP always have biases there: zeros when bias=False (attention_bias follows bias).
+  * LayerNorms and the MLP always have biases there: zeros when bias=False. The attention's too
+    (attention_bias=True, zero query_key_value and dense biases): transformers computes the same function
+    without them, but TransformerLens's GPT-NeoX adapter refuses a checkpoint whose attention has no bias.
 """
 
 from __future__ import annotations
@@ -373,7 +375,7 @@ def neox_config_from(cfg: GPTConfig) -> dict:
         max_position_embeddings=cfg.block_size,
         layer_norm_eps=cfg.layer_norm_eps,
         use_parallel_residual=False,  # ours is x + attn(ln_1(x)), then + mlp(ln_2(.)): sequential
-        attention_bias=cfg.bias,
+        attention_bias=True,  # zeros when bias=False: TransformerLens's GPT-NeoX adapter needs the tensors
         tie_word_embeddings=cfg.tie_embeddings,
         hidden_dropout=cfg.dropout,
         attention_dropout=cfg.dropout,
@@ -438,11 +440,12 @@ def state_dict_to_neox(sd: dict[str, Tensor], cfg: GPTConfig) -> dict[str, Tenso
         if inner == "attn.c_attn":
             value = qkv_to_per_head(value, cfg.n_head)
         out[f"gpt_neox.layers.{i}.{NEOX_BLOCK[inner]}.{param}"] = value
-    if not cfg.bias:  # LayerNorms and the MLP always have biases in GPT-NeoX; attention_bias=False drops the rest
+    if not cfg.bias:  # every bias GPT-NeoX has (attention_bias=True, see neox_config_from) as zeros
         hidden = like.new_zeros(cfg.n_embd)
         for i in range(cfg.n_layer):
-            for inner in ("input_layernorm", "post_attention_layernorm", "mlp.dense_4h_to_h"):
+            for inner in ("input_layernorm", "post_attention_layernorm", "attention.dense", "mlp.dense_4h_to_h"):
                 out[f"gpt_neox.layers.{i}.{inner}.bias"] = hidden.clone()
+            out[f"gpt_neox.layers.{i}.attention.query_key_value.bias"] = like.new_zeros(3 * cfg.n_embd)
             out[f"gpt_neox.layers.{i}.mlp.dense_h_to_4h.bias"] = like.new_zeros(cfg.mlp_ratio * cfg.n_embd)
         out["gpt_neox.final_layer_norm.bias"] = hidden.clone()
     return out
