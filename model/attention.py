@@ -67,9 +67,11 @@ def expand_kv(x: Tensor, n_head: int) -> Tensor:
 
 def math_attention(q: Tensor, k: Tensor, v: Tensor, visible: Tensor, bias: Tensor | None = None,
                    sink: Tensor | None = None, dropout_p: float = 0.0, scale: float | None = None,
-                   causal_mask: str = "before_softmax") -> tuple[Tensor, Tensor]:
+                   causal_mask: str = "before_softmax", on_scores: nn.Module | None = None) -> tuple[Tensor, Tensor]:
     """The reference. q (B, nh, T, hs), k and v (B, nkv, S, hs), visible (T, S), bias (nh, T, S) or None, sink
     (nh,) or None, scale the factor on q.k (None: 1/sqrt(hs)) -> y (B, nh, T, hs), weights (B, nh, T, S).
+    on_scores: a module the scores pass through just before the softmax (scaled, biased, -inf where masked), so
+    a forward hook on it reads them (CausalSelfAttention.hook_scores, an identity).
 
     causal_mask says where `visible` acts: "before_softmax" -inf on hidden scores, "after_softmax" zeros on the
     weights of hidden keys after a softmax over every key, "none" not at all (module docstring)."""
@@ -80,6 +82,8 @@ def math_attention(q: Tensor, k: Tensor, v: Tensor, visible: Tensor, bias: Tenso
         scores = scores + bias
     if causal_mask == "before_softmax":  # -inf before the softmax makes every hidden key's weight exactly 0
         scores = scores.masked_fill(~visible, float("-inf"))
+    if on_scores is not None:
+        scores = on_scores(scores)
     if sink is None:
         weights = F.softmax(scores, dim=-1)  # (B, nh, T, S), each row sums to 1
     else:  # the sink is one more logit in the denominator, with no value: rows sum to at most 1
@@ -295,6 +299,9 @@ class CausalSelfAttention(nn.Module):
         self.window = cfg.layer_window(layer)
         self.scale, self.causal_mask = cfg.score_scale, cfg.causal_mask
         self.qk_tied = cfg.qk_tied  # keys are the queries: c_attn has no key rows
+        # a point to hook, no parameters: the pre-softmax scores (B, nh, T, S) of the explicit path (return_weights
+        # or the math backend), as attention_lab/interp/measures.py attention_stats reads them
+        self.hook_scores = nn.Identity()
         # q, k, v projections, fused: the output channels are [q: nh heads | k: nkv heads | v: nkv heads], hs each
         # ([q | v] with qk_tied)
         width = qkv_width(cfg.n_head, cfg.kv_heads, cfg.head_size, self.qk_tied)
@@ -343,7 +350,8 @@ class CausalSelfAttention(nn.Module):
             if self.causal_mask == "none":  # every key, the later ones too (GPTConfig refuses it with a window)
                 visible = torch.ones_like(visible)
             bias = pe.score_bias(pos, k_pos) if pe.has_score_bias else None
-            y, weights = math_attention(q, k, v, visible, bias, self.sink, dropout_p, self.scale, self.causal_mask)
+            y, weights = math_attention(q, k, v, visible, bias, self.sink, dropout_p, self.scale, self.causal_mask,
+                                        self.hook_scores)
         elif self.window is not None and kv_cache is None and t > self.window:
             y = local_attention(q, k, v, self.window, pe, self.sink, dropout_p, self.scale)
         else:  # a ring buffer's keys are out of order and may hold empty slots: only a full layer is plain

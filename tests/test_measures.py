@@ -148,3 +148,25 @@ def test_nearest_in_context_finds_the_same_token_without_positions():
     x = torch.tensor([[1, 2, 3, 4, 5, 6], [7, 8, 3, 9, 10, 11]])
     near = M.nearest_in_context(model, x, (0, 2), k=1, layer=0)  # token 3 in window 0, at the embedding
     assert near[0][2] == 3 and near[0][:2] == (1, 2) and near[0][3] == pytest.approx(1.0, abs=1e-6), near
+
+
+def test_attention_stats_read_the_models_own_scores():
+    """The largest pre-softmax score equals q.k * scale recomputed from the layer's own projections (layer 0, learned
+    positions, no QK-norm); the entropy of uniform attention is 1 and of a one-hot one 0."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=V, block_size=16, n_layer=2, n_head=2, n_embd=16, bias=False)).eval()
+    x, _ = counter(3, 10)
+    stats = M.attention_stats(model, x)
+    emb = model.transformer.wte(x) + model.transformer.wpe.weight[:10]
+    h = model.transformer.h[0].ln_1(emb)
+    q, k, _ = model.transformer.h[0].attn.c_attn(h).split(16, dim=-1)
+    q, k = q.view(3, 10, 2, 8).transpose(1, 2), k.view(3, 10, 2, 8).transpose(1, 2)
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(8)
+    scores = scores.masked_fill(~torch.ones(10, 10, dtype=torch.bool).tril(), float("-inf"))
+    assert stats.max_score[0] == pytest.approx(scores.max().item(), abs=1e-5), (stats.max_score, scores.max())
+    assert stats.entropy.shape == (2,) and np.all((stats.entropy > 0) & (stats.entropy <= 1)), stats.entropy
+    with torch.no_grad():  # zero queries and keys: every score 0, uniform attention, entropy exactly 1
+        for block in model.transformer.h:
+            block.attn.c_attn.weight[:32] = 0.0
+    flat = M.attention_stats(model, x)
+    assert flat.entropy == pytest.approx(np.ones(2), abs=1e-6) and flat.max_score == pytest.approx(np.zeros(2))

@@ -198,7 +198,8 @@ def test_film_reads_the_contract(tmp_path):
     data["scores"].pop()
     roles = data["scores"][-1]["roles"]
     assert {"previous_token", "induction", "ablation_probe", "ablation_val"} <= set(roles), sorted(roles)
-    assert roles["previous_token"][0][0] == 0.9, "head 0 ends a perfect previous-token head: 9 of 10 rows have a target"
+    assert roles["previous_token"][0][0] == 1.0, "head 0 ends a perfect previous-token head: every row that has a target"
+    assert roles["previous_token_all_rows"][0][0] == 0.9, "detect_head's form: 9 of 10 rows have a target"
     assert data["curves"]["train_loss"][0] == [10, 7.9] and len(data["curves"]["val_loss"]) == 3
     assert data["curves"]["probe_repeat_loss"] == [[100, 6.0], [200, 5.9], [300, 5.8]]
     pc = data["phase_changes"][0]
@@ -408,7 +409,7 @@ def test_sample_page_shows_every_layer_head_and_token(browser, sample_page, shot
     assert texts[:5] == ["L0H0", "L0H1", "L0H2", "L0H3", "L1H0"], texts
     chips = css(browser, '.thumb[data-layer="2"][data-head="0"] .sc[data-role="previous_token"]')
     want = f"prev {scores['previous_token'][2, 0]:.2f}".replace(" 0.", " .")
-    assert want == "prev .96", "fixture: a perfect previous-token head over 24 tokens scores 23/24"
+    assert want == "prev 1.00", "fixture: a perfect previous-token head scores 1 on the stripe (rows 1..23)"
     assert chips and chips[0].text == want, f"the head's score should be shown next to its map: {chips[0].text!r}"
     screenshot(browser, shots, "sample.png", capsys)
     assert_quiet(browser, "loading")

@@ -15,7 +15,7 @@ stream. This keeps scores at the scale the model works at; folding in the gain a
 and scaling (the usual linear simplification) ranks a row's entries the same way but scales each row by
 ~1 / |E[a]|^2, about 2500x at GPT-2's init. The other blocks and the MLPs are left out.
 
-    QK   scores[a, b] = q(a) . k(b) / sqrt(hs)                                                         (V, V)
+    QK   scores[a, b] = q(a) . k(b) * s, s = 1/sqrt(hs) (or the attn_scale switch's 1 or 1/hs)              (V, V)
              q(a) = ln_1(E[a]) W_Q^T + b_Q,   k(b) = ln_1(E[b]) W_K^T + b_K   (each RMS-normed with qk_norm)
          how strongly a query holding token a looks at a key holding token b, before the softmax.
          Position: learned / sinusoidal embeddings add to the token's: qk_position_scores sends the wpe rows
@@ -90,12 +90,12 @@ def _query_key(model, layer: int, head: int, rows: Tensor) -> tuple[Tensor, Tens
 
 @torch.no_grad()
 def qk_scores(model, layer: int, head: int, query_tokens: Sequence[int] | None = None) -> np.ndarray:
-    """scores[a, b] = q(a) . k(b) / sqrt(hs) for the given query tokens a (all when None) and every key token b:
+    """scores[a, b] = q(a) . k(b) * s (s = 1/sqrt(hs), or model.attn_scale's) for the given query tokens a (all when None) and every key token b:
     float32 (n, V). All V rows at V = 4096 take 64 MB; qk_token_pairs finds the top pairs without them."""
     model = plain_module(model)
     q, _ = _query_key(model, layer, head, _rows(model, query_tokens))
     _, k = _query_key(model, layer, head, _rows(model, None))
-    return (q @ k.T / math.sqrt(model.config.head_size)).float().cpu().numpy()
+    return (q @ k.T * model.config.score_scale).float().cpu().numpy()
 
 
 @torch.no_grad()
@@ -109,7 +109,7 @@ def qk_token_pairs(model, layer: int, head: int, k: int = 10, chunk: int = CHUNK
     if not 1 <= k <= v * v:
         raise ValueError(f"k must be in 1..vocab_size^2 ({v * v}), got {k}")
     q, keys = _query_key(model, layer, head, _rows(model, None))  # (V, hs) each
-    scale = 1.0 / math.sqrt(model.config.head_size)
+    scale = model.config.score_scale  # 1/sqrt(hs), or the attn_scale switch's 1 or 1/hs
     best = q.new_empty(0)  # the best scores so far, and their flat indices a * V + b
     where = torch.empty(0, dtype=torch.long, device=q.device)
     for start in range(0, v, chunk):
@@ -135,7 +135,7 @@ def qk_position_scores(model, layer: int, head: int) -> np.ndarray | None:
     table = pe.embed(pos)  # (P, C) or None
     if table is not None:
         q, k = _query_key(model, layer, head, table.detach())
-        scores = q @ k.T / math.sqrt(model.config.head_size)
+        scores = q @ k.T * model.config.score_scale
     elif pe.has_score_bias:
         scores = pe.score_bias(pos, pos)[head]
     else:

@@ -101,12 +101,23 @@ class AttentionStats:
 @torch.no_grad()
 def attention_stats(model, x: torch.Tensor) -> AttentionStats:
     """Per-layer attention entropy and largest pre-softmax score over the windows x (B, T), from one forward
-    pass of the explicit attention path that records the weights and the scores (eval mode, float32)."""
-    with eval_mode(model), torch.autocast(device_type=x.device.type, enabled=False):
-        out = model(x, return_attention=True, return_scores=True)
+    pass of the explicit attention path: the weights it returns and the scores its hook_scores point passes
+    (scaled, biased, -inf where masked). Eval mode, float32."""
+    seen: list[float] = []
+
+    def keep_max(module, args, out):
+        finite = out[torch.isfinite(out)]
+        seen.append(finite.max().item() if finite.numel() else float("nan"))
+
+    handles = [block.attn.hook_scores.register_forward_hook(keep_max) for block in model.transformer.h]
+    try:
+        with eval_mode(model), torch.autocast(device_type=x.device.type, enabled=False):
+            out = model(x, return_attention=True)
+    finally:
+        for handle in handles:
+            handle.remove()
     entropy = np.array([normalised_entropy(w.double().cpu().numpy()).mean() for w in out.attentions])
-    max_score = np.array([s.masked_fill(~torch.isfinite(s), float("-inf")).amax().item() for s in out.scores])
-    return AttentionStats(entropy, max_score)
+    return AttentionStats(entropy, np.array(seen))
 
 
 @torch.no_grad()

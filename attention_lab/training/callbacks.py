@@ -26,6 +26,7 @@ from attention_lab.interp.figures import (
     role_fingerprint_figure,
 )
 from attention_lab.interp.heads import PhaseChangeDetector, head_name, measure_heads, repeated_tokens_probe
+from attention_lab.interp.measures import attention_stats
 from attention_lab.interp.roles import ROLES, TRACKED_ROLES
 from attention_lab.runtime.device import autocast
 from attention_lab.store.layout import RunLayout
@@ -232,6 +233,22 @@ class Film(Callback):
         self.seconds += time.time() - t0
 
 
+class AttentionShape(Callback):
+    """Per layer, on fixed validation windows: the attention entropy (normalised by log of the visible keys: 1 =
+    uniform) and the largest pre-softmax score (attention_lab/interp/measures.py). They land in metrics.jsonl and
+    TensorBoard as val/attn_entropy_L<l> and val/attn_max_score_L<l>: the softmax saturating and the logits
+    growing over training, which the scale claim is about. One forward pass of probe_batch windows."""
+
+    def __init__(self, x: torch.Tensor):
+        self.x = x
+
+    def on_evaluate(self, ctx: EvalContext) -> None:
+        stats = attention_stats(ctx.model, self.x.to(ctx.device))
+        for layer, (entropy, top) in enumerate(zip(stats.entropy, stats.max_score)):
+            ctx.metrics[f"attn_entropy_L{layer}"] = round(float(entropy), 5)
+            ctx.metrics[f"attn_max_score_L{layer}"] = round(float(top), 5)
+
+
 def build_callbacks(cfg: Config, data: PreparedData, model_cfg: GPTConfig | LSTMConfig,
                     say=print) -> list[Callback]:
     """What runs at every evaluation besides the validation loss (main process only). A model without attention
@@ -244,7 +261,8 @@ def build_callbacks(cfg: Config, data: PreparedData, model_cfg: GPTConfig | LSTM
         say("model.arch=lstm has no attention: no attention maps (files or TensorBoard images), head roles, "
             "phase changes, head ablation or attention film for this run")
         return [sample]
-    callbacks = [sample, ProbeAttention(tokenizer, probe_ids)]
+    val_x, _ = next(iter(eval_batches(data.tokens("val"), model_cfg.block_size, tc.probe_batch, 1)))
+    callbacks = [sample, ProbeAttention(tokenizer, probe_ids), AttentionShape(val_x)]
     if tc.head_roles:
         callbacks.append(head_roles_callback(cfg, data, model_cfg))
     if tc.film:
