@@ -327,6 +327,23 @@ MUTATIONS = (
              "if attn.qk_norm:  # before RoPE", "if False:  # before RoPE",
              ("tests/test_transformer_lens.py::test_transformer_lens_patterns_equal_ours[shipped-rope-qk-norm]",),
              "TransformerLens's recomputed attention for the shipped code forgets QK-norm: its patterns are not ours"),
+    # the claims' measurements (attention_lab/interp/measures.py, attention_lab/claims.py)
+    Mutation("honest_loss_sees_the_future", "attention_lab/interp/measures.py",
+             "logits = model(xb[:, : i + 1]).logits[:, -1].float()", "logits = model(xb).logits[:, i].float()",
+             ("tests/test_measures.py::test_honest_loss_hides_the_future_that_a_leaking_model_reads",),
+             "the honest loss runs the whole window: a model that reads the future looks as good as a causal one"),
+    Mutation("similarity_baseline_not_subtracted", "attention_lab/interp/measures.py",
+             "return self.self_similarity - self.baseline", "return self.self_similarity",
+             ("tests/test_measures.py::test_contextual_similarity_is_one_at_the_embedding_without_positions_and_subtracts_the_baseline",),
+             "contextual similarity keeps the drift every vector shares (random pairs are not subtracted)"),
+    Mutation("shuffle_moves_the_kept_tail", "attention_lab/interp/measures.py",
+             "cut = t - last  # inputs", "cut = t - last + 1  # inputs",
+             ("tests/test_measures.py::test_prefix_shuffle_costs_an_order_reading_model_and_not_a_bag_of_tokens",),
+             "the prefix-shuffle test also shuffles the first scored token's own input (off by one), not only the context before it"),
+    Mutation("verdict_ignores_the_seed_spread", "attention_lab/claims.py",
+             "if abs(diff) <= 2 * spread:", "if abs(diff) <= 0:",
+             ("tests/test_claims.py::test_verdict_says_no_difference_within_the_spread_and_fails_when_reversed",),
+             "a claim's verdict calls any difference real, however small against the seed spread"),
 )
 
 

@@ -73,6 +73,10 @@ def test_prefix_shuffle_costs_an_order_reading_model_and_not_a_bag_of_tokens():
     own = Rule(lambda x, i: (x[:, i] + 1) % V)
     assert M.prefix_shuffle(own, x, y, last=last).jump == pytest.approx(0.0, abs=1e-6)
     assert cut > 0
+    # exactly the last `last` targets are scored: a model right at even positions only scores their mean
+    alternate = Rule(lambda x, i: (x[:, i] + 1) % V if i % 2 == 0 else torch.full((x.size(0),), -1))
+    want = M.position_losses(alternate, x, y)[-3:].mean()
+    assert M.prefix_shuffle(alternate, x, y, last=3).ordered == pytest.approx(want, abs=1e-6), "the scored tail"
     with pytest.raises(ValueError, match="last"):
         M.prefix_shuffle(own, x, y, last=T)
 
