@@ -79,7 +79,7 @@ class Claim:
     expect: tuple[Expect, ...]
     published: str
     seeds: tuple[int, ...] = (1, 2)
-    plot: str = "curves"  # "curves": validation loss over steps; "position": loss by position
+    plot: str = "curves"  # "curves": validation loss over steps; "position": loss by position; "bars:a,b": metrics
 
 
 HEAD_COUNTS = (1, 2, 4, 8, 16)
@@ -104,13 +104,13 @@ CLAIMS = {c.name: c for c in (
           ("honest", "sample"),
           (Expect("before_softmax", "after_softmax", "honest_bpb"), Expect("before_softmax", "none", "honest_bpb")),
           "a standard result rather than a paper's table: a leaking mask trains to a low loss and predicts "
-          "nothing once the future is hidden", seeds=(1,)),
+          "nothing once the future is hidden", plot="bars:leaky_bpb,honest_bpb"),
     Claim("heads", "several heads beat one",
           tuple(Arm(f"{n} head{'s' * (n > 1)}", (f"model.n_head={n}",)) for n in HEAD_COUNTS),
           ("roles", "ablation"), (Expect("4 heads", "1 head"), Expect("8 heads", "1 head")),
           "Vaswani et al. 2017 Table 3 (A), equal compute: 1 head 5.29 dev perplexity, 8 heads 4.92, 32 heads "
           "5.01; Michel et al. 2019: only 8 of 96 encoder heads change BLEU significantly when removed one at a "
-          "time"),
+          "time", plot="bars:bpb"),
     Claim("positions", "self-attention has no notion of order, so positions are added (though they may not be "
           "needed)",
           tuple(Arm(p, (f"model.pos_encoding={p}",)) for p in ("none", "learned", "sinusoidal", "rope", "alibi")),
@@ -336,6 +336,10 @@ def _fmt(v: float) -> str:
     return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4f}" if abs(v) < 10 else f"{v:.2f}"
 
 
+LEGEND = {"leaky_bpb": "as trained: the whole window in view", "honest_bpb": "honest: every later token cut off",
+          "bpb": "whole-split bits/byte"}
+
+
 def plot(claim: Claim, results: dict, path: Path) -> None:
     import matplotlib
 
@@ -343,7 +347,18 @@ def plot(claim: Claim, results: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for arm in claim.arms:
+    if claim.plot.startswith("bars:"):
+        metrics = claim.plot[5:].split(",")
+        arms = [a.name for a in claim.arms if results.get(a.name)]
+        width = 0.8 / len(metrics)
+        for m, metric in enumerate(metrics):
+            values = [_values(results[a], metric) for a in arms]
+            mean = [float(np.mean(v)) if v else np.nan for v in values]
+            err = [[mu - min(v) for mu, v in zip(mean, values)], [max(v) - mu for mu, v in zip(mean, values)]]
+            ax.bar(np.arange(len(arms)) + m * width, mean, width, yerr=err, capsize=3, label=LEGEND.get(metric, metric))
+        ax.set_xticks(np.arange(len(arms)) + 0.4 - width / 2, arms, fontsize=8)
+        ax.set_ylabel("bits/byte (bars: seeds' min and max)")
+    for arm in claim.arms if not claim.plot.startswith("bars:") else ():
         for r in results.get(arm.name, [])[:1]:  # the first seed of each arm
             if claim.plot == "position" and "position_loss" in r:
                 ax.plot(np.arange(1, len(r["position_loss"]) + 1), r["position_loss"], label=arm.name)
