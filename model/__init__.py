@@ -6,7 +6,7 @@ from .attention import CausalSelfAttention, KVCache
 from .config import ATTENTION_BACKENDS, ATTENTION_KINDS, POSITION_ENCODINGS, GPTConfig
 from .generate import filter_logits, generate, generate_stream, sample_next
 from .gpt import GPT, GPTOutput
-from .lstm import LSTMConfig, LSTMLM, lstm_matching
+from .lstm import LSTMLM, LSTMConfig, lstm_matching
 from .registry import ARCHS, arch_of, build_model, config_from_dict, flops_per_token, has_attention, num_params
 
 __all__ = [

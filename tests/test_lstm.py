@@ -20,8 +20,18 @@ from attention_lab.training.config import compose
 from attention_lab.training.start import TrainingError, check_resumable
 from attention_lab.viewer import page, timeline
 from data.tokenizer import Tokenizer
-from model import GPT, GPTConfig, LSTMConfig, LSTMLM, build_model, config_from_dict, flops_per_token, generate
-from model import lstm_matching, num_params
+from model import (
+    GPT,
+    LSTMLM,
+    GPTConfig,
+    LSTMConfig,
+    build_model,
+    config_from_dict,
+    flops_per_token,
+    generate,
+    lstm_matching,
+    num_params,
+)
 from model.lstm import lstm_params
 
 SKIP_LINE = "model.arch=lstm has no attention"

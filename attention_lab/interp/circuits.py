@@ -38,7 +38,6 @@ pairs, argmax), so no more than `chunk` rows of them exist at any time.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
