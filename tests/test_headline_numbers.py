@@ -105,6 +105,14 @@ def test_train_and_evaluate_report_bits_per_byte_of_the_held_out_text(corpus, tm
     assert score.bits_per_byte == pytest.approx(want, rel=2e-4), (
         f"attention_lab.evaluate says {score.bits_per_byte:.5f} bits/byte, the held-out text scored by hand "
         f"gives {want:.5f}")
+    # --split train converts with the training text's own counts (the one training document and its separator)
+    train_tokens = len(data.tokenizer.encode(DOCS["alpha"])) + 1
+    train_bytes = len(DOCS["alpha"].encode("utf-8"))
+    on_train = score_run(run, which="best", split="train")
+    assert on_train.tokens == train_tokens - 1 and on_train.bytes == train_bytes, (on_train, train_tokens)
+    assert on_train.bits_per_byte == pytest.approx(
+        on_train.nats_per_token * train_tokens / train_bytes / math.log(2), rel=1e-9), (
+        "evaluate --split train must turn nats into bits per byte with the training split's tokens and bytes")
 
 
 SCRIPT = [3.0, 2.0, 2.5, 2.7]  # validation losses of four evaluations: the best is the second, then it rises

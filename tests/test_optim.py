@@ -208,3 +208,13 @@ def test_resume_is_exact_with_each_optimizer(tmp_path, data_cache, optim):
     assert sorted(a) == list(range(1, 21))
     assert [a[s] for s in range(11, 21)] == [b[s] for s in range(11, 21)], \
         f"{optim}: resumed losses differ from the uninterrupted run's: {a} vs {b}"
+
+
+@pytest.mark.parametrize("frac", [0.2, 0.8])
+def test_wsd_decays_over_the_last_decay_frac_of_the_run(frac):
+    """decay_frac is the share of the run spent decaying, at its end (the default 0.5 hides which end is meant)."""
+    cfg = OptimConfig(lr=1.0, min_lr=0.0, warmup_steps=5, schedule="wsd", decay_frac=frac)
+    m = [lr_multiplier(s, cfg, 100) for s in range(100)]
+    start = 100 - round(frac * 100)
+    assert all(v == 1.0 for v in m[5:start]), f"flat until step {start}: {m[:start + 2]}"
+    assert m[start + 1] < 1.0 and m[99] == pytest.approx(1 / (100 - start)), f"decays over the last {frac:.0%}"

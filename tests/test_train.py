@@ -426,3 +426,21 @@ def test_init_from_gpt2_weights_starts_from_them_and_resumes(tmp_path, data_cach
     final = train_mod.train(debug_config(data_cache, *overrides[:-3], "train.max_steps=6", "train.eval_interval=2",
                                          "train.sample_tokens=0"), run_dir)
     assert final["step"] == 6
+
+
+def test_head_roles_every_n_keeps_its_cadence_across_a_resume(tmp_path, data_cache):
+    """head_roles_every=2 measures at evaluations 1, 3, 5, ...; a run resumed after the third evaluation (an odd
+    count: a measured one) must measure at the same steps as the uninterrupted run."""
+    base = ["train.eval_interval=2", "train.head_roles_every=2", "train.head_ablation=false", "train.film=false",
+            "train.sample_tokens=0"]
+
+    def measured(run: Path) -> list[int]:
+        return [json.loads(line)["step"] for line in (run / "attention" / "heads.jsonl").read_text().splitlines()]
+
+    whole = tmp_path / "whole"
+    train_mod.train(debug_config(data_cache, *base, "train.max_steps=10"), whole)
+    assert measured(whole) == [2, 6, 10], measured(whole)
+    split = tmp_path / "split"
+    train_mod.train(debug_config(data_cache, *base, "train.max_steps=6"), split)
+    train_mod.train(debug_config(data_cache, *base, "train.max_steps=10"), split)
+    assert measured(split) == measured(whole), f"resumed: {measured(split)}, uninterrupted: {measured(whole)}"

@@ -100,6 +100,14 @@ class ProbeAttention(Callback):
             np.save(f, weights.astype(np.float16))
 
 
+def evaluations_in(metrics: Path, step: int) -> set[int]:
+    """The steps at which metrics.jsonl recorded a validation loss, up to `step`."""
+    if not metrics.exists():
+        return set()
+    rows = (json.loads(line) for line in metrics.read_text(encoding="utf-8").splitlines() if line.strip())
+    return {r["step"] for r in rows if "val_loss" in r and r["step"] <= step}
+
+
 class HeadRoles(Callback):
     """Per-head role scores, ablation effects and model-level copying curves at every evaluation.
 
@@ -124,14 +132,16 @@ class HeadRoles(Callback):
         """Replay the evaluations an earlier session of this run recorded (up to `step`), so phase changes are
         measured against the whole history and each is reported once; drop records past `step` (they came
         after the checkpoint this run resumes from)."""
-        path = RunLayout(run_dir).heads
+        layout = RunLayout(run_dir)
+        path = layout.heads
         if not path.exists():
             return
         kept = [r for r in map(json.loads, path.read_text(encoding="utf-8").splitlines()) if r["step"] <= step]
         with atomic_write(path) as f:
             f.writelines(json.dumps(r) + "\n" for r in kept)
+        # the every-N cadence counts evaluations, measured or not: those metrics.jsonl recorded up to `step`
+        self.calls = len(evaluations_in(layout.metrics, step))
         for r in kept:
-            self.calls += self.every  # keeps the every-N cadence aligned with evaluations already done
             self.steps.append(r["step"])
             self.position_losses.append(np.asarray(r["position_loss"]))
             scores = {k: np.asarray(v) for k, v in r["scores"].items()}
