@@ -379,6 +379,23 @@ MUTATIONS = (
              ("tests/test_viewer.py::test_step_inside_shows_the_computation_with_the_models_own_numbers",),
              "the page's step-inside panel gives every layer layer 0's window (global layers shown as local)",
              browser=True),
+    Mutation("gpt2_import_ln_eps_key", "attention_lab/interop/convert.py",
+             'layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),', 'layer_norm_eps=hf.get("layer_norm_eps", 1e-5),',
+             ("tests/test_convert.py::test_load_gpt2_reads_the_layer_norm_epsilon_it_was_saved_with",),
+             "a GPT-2 folder's layer_norm_epsilon is ignored on import (always 1e-5)"),
+    Mutation("time_calls_divides_by_n", "attention_lab/runtime/flops.py",
+             "return (time.perf_counter() - t0) / done", "return (time.perf_counter() - t0) / n",
+             ("tests/test_bench.py::test_time_calls_divides_by_the_calls_it_made",),
+             "time_calls stopped early divides by the calls asked for: the peak FLOP/s and bench timings inflated"),
+    Mutation("sample_tokens_per_s_counts_prompt", "sample.py",
+             "{len(new_ids) / max(seconds, 1e-9):.1f} tokens/s",
+             "{(len(prompt_ids) + len(new_ids)) / max(seconds, 1e-9):.1f} tokens/s",
+             ("tests/test_sample.py::test_the_speed_line_counts_generated_tokens_only",),
+             "sample.py's tokens/s counts the prompt as generated"),
+    Mutation("gen_bench_hf_slower_setting", "bench/generation.py",
+             "hf_best = [min(a, b) for a, b in zip(", "hf_best = [max(a, b) for a, b in zip(",
+             ("tests/test_bench.py::test_generation_table_compares_with_hugging_faces_faster_setting_each_round",),
+             "the generation bench compares with Hugging Face's slower cached setting: our speedup inflated"),
 )
 
 

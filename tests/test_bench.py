@@ -172,3 +172,40 @@ def test_threads_bench_runs_each_setting_in_its_own_environment(tmp_path, monkey
     assert {"OMP_WAIT_POLICY": None, "OMP_NUM_THREADS": "1", "GOMP_SPINCOUNT": None} in seen
     assert len(seen) == 6, f"3 settings x idle and contended, one process each: {len(seen)}"
     assert "cpu" in table["machine"], "the table names the machine it ran on"
+
+
+def test_time_calls_divides_by_the_calls_it_made():
+    """time_calls stops early at max_s: seconds per call is the time over the calls made, not the calls asked
+    for (a fake clock: each call takes 1 s)."""
+    from attention_lab.runtime import flops
+
+    clock = {"now": 0.0}
+
+    def call():
+        clock["now"] += 1.0
+
+    real = flops.time.perf_counter
+    flops.time.perf_counter = lambda: clock["now"]
+    try:
+        assert flops.time_calls(call, 10, torch.device("cpu"), max_s=2.5) == pytest.approx(1.0)
+        assert flops.time_calls(call, 4, torch.device("cpu")) == pytest.approx(1.0)
+    finally:
+        flops.time.perf_counter = real
+
+
+def test_generation_table_compares_with_hugging_faces_faster_setting_each_round(monkeypatch):
+    """cached_vs_hf_cached pairs each round's faster of Hugging Face's two cached settings with ours."""
+    import bench.generation as generation
+    from bench.common import Context, describe_machine
+
+    def fake_times(fns, device, reps, warmup=0):
+        base = {"ours_cached": 1.0, "ours_uncached": 5.0, "hf_cached": 3.0, "hf_cached_our_threads": 2.0,
+                "hf_uncached": 9.0}
+        return {name: [base.get(name, 4.0)] * reps for name in fns}
+
+    monkeypatch.setattr(generation, "interleaved", fake_times)
+    ctx = Context(device=torch.device("cpu"), quick=True, machine=describe_machine(torch.device("cpu")), peak_flops=1e9)
+    table = generation.run(ctx)
+    rows = table.rows if hasattr(table, "rows") else table["rows"]
+    assert rows and all(r["cached_vs_hf_cached"] == pytest.approx(2.0) for r in rows), (
+        f"Hugging Face's faster cached setting takes 2 s to our 1 s: 2.0x, got {[r['cached_vs_hf_cached'] for r in rows]}")

@@ -247,3 +247,16 @@ def test_unreachable_hub_errors_clearly_without_touching_the_network(tmp_path, m
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache"))  # an empty cache
     with pytest.raises(OSError, match="could not fetch 'attention-lab-tests/no-such-model'.*HF_HUB_OFFLINE"):
         load_gpt2("attention-lab-tests/no-such-model", revision="main")
+
+
+def test_load_gpt2_reads_the_layer_norm_epsilon_it_was_saved_with(tmp_path):
+    """A GPT-2 folder with a non-default layer_norm_epsilon loads with that epsilon and transformers' logits."""
+    theirs = hf_model()
+    theirs.config.layer_norm_epsilon = 0.5  # large, so a model built with 1e-5 computes visibly different logits
+    for module in theirs.modules():
+        if isinstance(module, torch.nn.LayerNorm):
+            module.eps = 0.5
+    theirs.save_pretrained(tmp_path)
+    ours = load_gpt2(tmp_path)
+    assert ours.config.layer_norm_eps == 0.5, f"layer_norm_epsilon 0.5 read as {ours.config.layer_norm_eps}"
+    assert_same_logits(ours, theirs, "load_gpt2 with layer_norm_epsilon=0.5")

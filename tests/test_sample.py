@@ -312,3 +312,13 @@ def test_checkpoint_flag_takes_one_checkpoint_folder(run_dir, capsys):
                             "--no-attention", "--seed", 0)
     assert rc == 0 and out.startswith("ROMEO:"), err
     assert str(step) in err, f"the checkpoint used should be named:\n{err}"
+
+
+def test_the_speed_line_counts_generated_tokens_only(run_dir, capsys, monkeypatch):
+    """[N tokens in S s, R tokens/s]: N and R count the new tokens, not the prompt (a fake clock: 2 s a sample)."""
+    ticks = iter([10.0, 12.0])
+    monkeypatch.setattr(sample.time, "perf_counter", lambda: next(ticks))
+    rc, _, err = run_main(capsys, "--run", run_dir, "--prompt", "ROMEO: ROMEO: ROMEO:", "--max-new-tokens", 8,
+                          "--no-attention", "--seed", 0)
+    assert rc == 0, err
+    assert "[8 tokens in 2.00 s, 4.0 tokens/s]" in err, f"8 new tokens in 2 s are 4.0 tokens/s:\n{err}"
