@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from attention_lab.interp import measures as M
+from attention_lab.interp.capture import residual_streams
 from model import GPT, GPTConfig
 
 V, T, B = 16, 12, 6
@@ -109,7 +110,7 @@ def gpt(pos: str = "none", seed: int = 0) -> GPT:
 def test_residual_streams_are_the_models_own_stream():
     model = gpt("learned")
     x, _ = counter(3, 10)
-    stream = M.residual_streams(model, x)
+    stream = residual_streams(model, x)
     assert stream.shape == (3, 3, 10, 16), stream.shape
     emb = model.transformer.wte(x) + model.transformer.wpe.weight[:10]
     torch.testing.assert_close(stream[:, 0], emb, msg="row 0 is the embedding")
@@ -141,7 +142,7 @@ def test_contextual_similarity_by_hand():
     x[0, 3], x[2, 1] = 5, 5
     sim = M.contextual_similarity(model, x, n_tokens=1, pairs_per_token=10, seed=5)
     assert sim.tokens == [5], sim.tokens
-    stream = M.residual_streams(model, x)  # (B, L+1, T, C)
+    stream = residual_streams(model, x)  # (B, L+1, T, C)
     for layer in range(3):
         want = torch.nn.functional.cosine_similarity(stream[0, layer, 3], stream[2, layer, 1], dim=0).item()
         assert sim.self_similarity[layer] == pytest.approx(want, abs=1e-5), f"layer {layer}"

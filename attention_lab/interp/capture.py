@@ -40,3 +40,26 @@ def capture_attention(model: torch.nn.Module, idx) -> np.ndarray:
         out = model(idx, return_attention=True)
     # n_layer x (1, nh, T, T) -> (L, nh, T, T)
     return torch.stack([a[0] for a in out.attentions]).float().cpu().numpy()
+
+
+@torch.no_grad()
+def residual_streams(model, x: torch.Tensor) -> torch.Tensor:
+    """The residual stream of a batch from one forward pass: float32 (B, L + 1, T, C), on x's device. Row l < L enters block l
+    (row 0: the embeddings); row L leaves the last block (ln_f's input). Forward pre-hooks, eval mode, float32."""
+    model = plain_module(model)
+    blocks = [*model.transformer.h, model.transformer.ln_f]
+    seen: dict[int, torch.Tensor] = {}
+
+    def keeper(n: int):
+        def hook(module, args):
+            seen[n] = args[0].detach().float()
+        return hook
+
+    handles = [m.register_forward_pre_hook(keeper(n)) for n, m in enumerate(blocks)]
+    try:
+        with eval_mode(model), torch.autocast(device_type=x.device.type, enabled=False):
+            model(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return torch.stack([seen[n] for n in range(len(blocks))], dim=1)

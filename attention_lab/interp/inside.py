@@ -46,8 +46,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from attention_lab.interp.capture import plain_module
-from attention_lab.runtime.device import eval_mode
+from attention_lab.interp.capture import plain_module, residual_streams
 
 
 def _np(t: Tensor) -> np.ndarray:
@@ -161,23 +160,7 @@ def residual_stream(model, ids) -> Tensor:
     its blocks do. ids: a list or 1-D tensor, cropped to the last block_size tokens. Eval mode, float32.
     """
     model = plain_module(model)
-    idx = _token_ids(model, ids)[None]  # (1, T)
-    modules = [*model.transformer.h, model.transformer.ln_f]
-    seen: dict[int, Tensor] = {}
-
-    def keeper(n: int):
-        def hook(module, args):
-            seen[n] = args[0][0].detach().float()  # (T, C) of the batch's one row
-        return hook
-
-    handles = [m.register_forward_pre_hook(keeper(n)) for n, m in enumerate(modules)]
-    try:
-        with eval_mode(model), torch.autocast(device_type=idx.device.type, enabled=False):
-            model(idx)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return torch.stack([seen[n] for n in range(len(modules))])
+    return residual_streams(model, _token_ids(model, ids)[None])[0]
 
 
 # ------------------------------------------------------------------------------------------------------------

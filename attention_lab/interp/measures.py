@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from attention_lab.interp.capture import residual_streams
 from attention_lab.interp.roles import normalised_entropy
 from attention_lab.runtime.device import eval_mode
 
@@ -118,28 +119,6 @@ def attention_stats(model, x: torch.Tensor) -> AttentionStats:
             handle.remove()
     entropy = np.array([normalised_entropy(w.double().cpu().numpy()).mean() for w in out.attentions])
     return AttentionStats(entropy, np.array(seen))
-
-
-@torch.no_grad()
-def residual_streams(model, x: torch.Tensor) -> torch.Tensor:
-    """The residual stream of a batch from one forward pass: float32 (B, L + 1, T, C). Row l < L enters block l
-    (row 0: the embeddings); row L leaves the last block (ln_f's input). Forward pre-hooks, eval mode, float32."""
-    blocks = [*model.transformer.h, model.transformer.ln_f]
-    seen: dict[int, torch.Tensor] = {}
-
-    def keeper(n: int):
-        def hook(module, args):
-            seen[n] = args[0].detach().float()
-        return hook
-
-    handles = [m.register_forward_pre_hook(keeper(n)) for n, m in enumerate(blocks)]
-    try:
-        with eval_mode(model), torch.autocast(device_type=x.device.type, enabled=False):
-            model(x)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return torch.stack([seen[n] for n in range(len(blocks))], dim=1)
 
 
 @dataclass
