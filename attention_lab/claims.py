@@ -94,7 +94,8 @@ CLAIMS = {c.name: c for c in (
           tuple(Arm(f"{s}{tag}", (f"model.attn_scale={s}",) + lr) for tag, lr in (("", ()), ("-3xlr", ("optim.lr=9e-3",)))
                 for s in ("sqrt", "none", "inverse")),
           ("attention", "train_loss"),
-          (Expect("sqrt", "none"), Expect("sqrt", "inverse"), Expect("sqrt-3xlr", "none-3xlr")),
+          (Expect("sqrt", "none"), Expect("sqrt", "inverse"), Expect("sqrt-3xlr", "none-3xlr"),
+           Expect("sqrt", "none", "max_score"), Expect("sqrt-3xlr", "none-3xlr", "max_score")),
           "Vaswani et al. 2017 §3.2.1: q.k has variance d_k (no ablation numbers); Wortsman et al. 2023: "
           "attention-logit growth makes small models unstable at high learning rates, QK-layernorm prevents it"),
     Claim("mask", "future keys get -inf before the softmax, not 0 after it, or the weights no longer sum to 1; "
@@ -274,9 +275,10 @@ def _sample(model, ckpt, held: Held, n_tokens: int) -> str:
 # the verdict
 
 
-def seed_spread(results: dict, metric: str = "bpb") -> float | None:
-    """The largest difference between two seeds of one arm (None with one seed)."""
-    spreads = [max(v) - min(v) for v in (_values(r, metric) for r in results.values()) if len(v) > 1]
+def seed_spread(results: dict, metric: str = "bpb", arms: tuple[str, ...] | None = None) -> float | None:
+    """The largest difference between two seeds of one arm, over `arms` (default: every arm); None with one seed."""
+    chosen = [r for name, r in results.items() if arms is None or name in arms]
+    spreads = [max(v) - min(v) for v in (_values(r, metric) for r in chosen) if len(v) > 1]
     return max(spreads) if spreads else None
 
 
@@ -294,9 +296,9 @@ def verdict(expect: Expect, results: dict) -> str:
     if better is None or worse is None:
         return f"{expect.better} vs {expect.worse}: not measured"
     diff = worse - better
-    spread = seed_spread(results, expect.metric)
-    what = f"{expect.worse} is {'worse' if diff > 0 else 'better'} than {expect.better} by {abs(diff):.3f} " \
-           f"{'bits/byte' if expect.metric.endswith('bpb') else expect.metric}"
+    spread = seed_spread(results, expect.metric, (expect.better, expect.worse))  # the two arms compared
+    unit = "bits/byte" if expect.metric.endswith("bpb") else f"in {expect.metric} (lower is better)"
+    what = f"{expect.worse} is {'worse' if diff > 0 else 'better'} than {expect.better} by {abs(diff):.3f} {unit}"
     if spread is None:
         return f"{what} (one seed: no spread measured, so no verdict beyond the sign)"
     ratio = abs(diff) / spread if spread > 0 else math.inf

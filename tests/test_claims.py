@@ -110,3 +110,10 @@ def test_context_and_compare_read_trained_runs(tmp_path, in_process):
     assert len(sim["self_similarity"]) == 2 and sim["pairs"] > 0
     out = C.compare([run, run], tmp_path / "compare")
     assert out.read_text().count(str(run)) == 2
+
+
+def test_the_spread_is_the_two_compared_arms_own():
+    """An unstable third arm's wide seed spread must not drown a clear difference between two steady arms."""
+    r = results(sqrt=[1.00, 1.01], inverse=[1.10, 1.11], unstable=[1.0, 2.0])
+    assert C.seed_spread(r) == pytest.approx(1.0) and C.seed_spread(r, arms=("sqrt", "inverse")) == pytest.approx(0.01)
+    assert "the claim holds at this scale" in C.verdict(C.Expect("sqrt", "inverse"), r)
