@@ -175,3 +175,11 @@ def test_attention_stats_read_the_models_own_scores():
             block.attn.c_attn.weight[:32] = 0.0
     flat = M.attention_stats(model, x)
     assert flat.entropy == pytest.approx(np.ones(2), abs=1e-6) and flat.max_score == pytest.approx(np.zeros(2))
+
+
+def test_attention_stats_of_linear_attention_have_entropy_and_no_softmax_score():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=V, block_size=16, n_layer=2, n_head=2, n_embd=16, attention="linear",
+                          pos_encoding="learned")).eval()
+    stats = M.attention_stats(model, counter(2, 8)[0])
+    assert np.all(np.isnan(stats.max_score)) and np.all((stats.entropy > 0) & (stats.entropy <= 1 + 1e-9)), stats

@@ -96,7 +96,7 @@ def prefix_shuffle(model, x: torch.Tensor, y: torch.Tensor, last: int, seed: int
 @dataclass
 class AttentionStats:
     entropy: np.ndarray  # (L,) mean over heads and query rows i >= 1 of H(row) / log(i + 1): 1 = uniform
-    max_score: np.ndarray  # (L,) the largest pre-softmax score any head gives any visible key
+    max_score: np.ndarray  # (L,) the largest pre-softmax score any head gives any visible key (nan: no softmax)
 
 
 @torch.no_grad()
@@ -110,7 +110,12 @@ def attention_stats(model, x: torch.Tensor) -> AttentionStats:
         finite = out[torch.isfinite(out)]
         seen.append(finite.max().item() if finite.numel() else float("nan"))
 
-    handles = [block.attn.hook_scores.register_forward_hook(keep_max) for block in model.transformer.h]
+    handles = []
+    for block in model.transformer.h:
+        point = getattr(block.attn, "hook_scores", None)  # linear attention has no softmax scores
+        if point is None:
+            continue
+        handles.append(point.register_forward_hook(keep_max))
     try:
         with eval_mode(model), torch.autocast(device_type=x.device.type, enabled=False):
             out = model(x, return_attention=True)
@@ -118,7 +123,10 @@ def attention_stats(model, x: torch.Tensor) -> AttentionStats:
         for handle in handles:
             handle.remove()
     entropy = np.array([normalised_entropy(w.double().cpu().numpy()).mean() for w in out.attentions])
-    return AttentionStats(entropy, np.array(seen))
+    scored = iter(seen)
+    max_score = [next(scored) if getattr(b.attn, "hook_scores", None) is not None else float("nan")
+                 for b in model.transformer.h]
+    return AttentionStats(entropy, np.array(max_score))
 
 
 @dataclass

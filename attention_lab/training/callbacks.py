@@ -256,7 +256,8 @@ class AttentionShape(Callback):
         stats = attention_stats(ctx.model, self.x.to(ctx.device))
         for layer, (entropy, top) in enumerate(zip(stats.entropy, stats.max_score)):
             ctx.metrics[f"attn_entropy_L{layer}"] = round(float(entropy), 5)
-            ctx.metrics[f"attn_max_score_L{layer}"] = round(float(top), 5)
+            if np.isfinite(top):  # a linear-attention layer has no softmax scores
+                ctx.metrics[f"attn_max_score_L{layer}"] = round(float(top), 5)
 
 
 def build_callbacks(cfg: Config, data: PreparedData, model_cfg: GPTConfig | LSTMConfig,
