@@ -137,6 +137,9 @@ CLAIMS = {c.name: c for c in (
 )}
 
 
+NO_ARMS = {"context": "none: it reads a trained run (--run)", "quadratic": "none: it runs the wall benchmark"}
+
+
 # ------------------------------------------------------------------------------------------------------------
 # running the arms
 
@@ -512,8 +515,8 @@ def run_claim(claim: Claim, out: Path, quick: bool = False, seeds: tuple[int, ..
             arm_overrides += list(overrides)
             log(f"claim {claim.name}: arm '{arm.name}' seed {seed} ({' '.join(arm.overrides) or 'the base'}) ...")
             seconds = train(run_dir, arm_overrides)
-            if minutes is None:  # the first arm's training time: the budget of an equal-time arm
-                minutes = _training_minutes(run_dir, seconds)
+            if minutes is None:  # the first arm's wall time (start-up included): an equal-time arm's budget
+                minutes = max(seconds / 60.0, 0.05)
             m = metrics_of(run_dir)
             if held is None:
                 ckpt = load_checkpoint(run_dir, "best")
@@ -528,11 +531,6 @@ def run_claim(claim: Claim, out: Path, quick: bool = False, seeds: tuple[int, ..
     report = write_report(claim, results, out, quick, samples_section(results) if "sample" in claim.measures else "")
     plot(claim, results, out / "plot.png")
     return report
-
-
-def _training_minutes(run_dir: Path, seconds: float) -> float:
-    """The training loop's own minutes when provenance/console say so; else the arm's wall time."""
-    return max(seconds / 60.0, 0.05)
 
 
 def _default_run() -> Path:
@@ -574,8 +572,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.list or not args.name:
         for c in CLAIMS.values():
-            arms = ", ".join(a.name for a in c.arms) or "no training: reads a run" if c.name == "context" else \
-                ", ".join(a.name for a in c.arms) or "the wall benchmark"
+            arms = ", ".join(a.name for a in c.arms) or NO_ARMS[c.name]
             print(f"{c.name:<10} {c.statement}\n{'':<10} arms: {arms}")
         return 0
     if args.name == "compare":
