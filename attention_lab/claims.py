@@ -219,8 +219,9 @@ def measure(claim: Claim, run_dir: Path, held: Held, quick: bool) -> dict:
     if "shuffle" in claim.measures:
         r = prefix_shuffle(model, x, y, last=max(1, t // 4))
         out["shuffle_jump"] = r.jump
-    if "long_context" in claim.measures:
-        out["bpb_at_2x_context"] = _long_context_bpb(ckpt, model, held)
+    if "long_context" in claim.measures:  # both on the same held-out windows: their first T, then all 2T tokens
+        out["bpb_windows_1x"] = held.bpb(float(position_losses(model, x, y).mean()))
+        out["bpb_windows_2x"] = _long_context_bpb(ckpt, model, held)
     if "honest" in claim.measures:
         n = 4 if quick else 16
         honest = honest_position_losses(model, x[:n], y[:n])
