@@ -342,6 +342,13 @@ def _fmt(v: float) -> str:
     return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4f}" if abs(v) < 10 else f"{v:.2f}"
 
 
+def log_bins(curve: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The loss by position averaged over positions 1, 2, 3-4, 5-8, ... (a log axis gets equal-width bins)."""
+    edges = [1, 2, 3] + [2 ** k + 1 for k in range(2, 20) if 2 ** k < len(curve)] + [len(curve) + 1]
+    centres = [np.sqrt(a * (b - 1)) for a, b in zip(edges, edges[1:])]
+    return np.asarray(centres), np.asarray([curve[a - 1:b - 1].mean() for a, b in zip(edges, edges[1:])])
+
+
 LEGEND = {"leaky_bpb": "as trained: the whole window in view", "honest_bpb": "honest: every later token cut off",
           "bpb": "whole-split bits/byte"}
 
@@ -367,8 +374,9 @@ def plot(claim: Claim, results: dict, path: Path) -> None:
     for arm in claim.arms if not claim.plot.startswith("bars:") else ():
         for r in results.get(arm.name, [])[:1]:  # the first seed of each arm
             if claim.plot == "position" and "position_loss" in r:
-                ax.plot(np.arange(1, len(r["position_loss"]) + 1), r["position_loss"], label=arm.name)
-                ax.set_xlabel("position in the context (tokens seen)")
+                centres, means = log_bins(np.asarray(r["position_loss"]))
+                ax.plot(centres, means, marker="o", label=arm.name)
+                ax.set_xlabel("position in the context (tokens seen; means over 1, 2, 3-4, 5-8, ... )")
                 ax.set_ylabel("validation loss (nats/token)")
                 ax.set_xscale("log")
             elif r.get("val_curve"):
@@ -521,7 +529,7 @@ def run_claim(claim: Claim, out: Path, quick: bool = False, seeds: tuple[int, ..
             m = metrics_of(run_dir)
             if held is None:
                 ckpt = load_checkpoint(run_dir, "best")
-                held = Held.of(run_dir, ckpt.config.block_size, 8 if quick else 64)
+                held = Held.of(run_dir, ckpt.config.block_size, 8 if quick else 256)
             r = {"seed": seed, "seconds": seconds, "steps": m["steps"], "train_loss": m["train_loss"],
                  "tokens_per_s": m["tokens_per_s"], "val_curve": m["val_curve"]}
             if "train_loss" in claim.measures:
