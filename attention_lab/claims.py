@@ -414,8 +414,9 @@ def write_report(claim: Claim, results: dict, out: Path, quick: bool, extra: str
     verdicts = [verdict(e, results) for e in claim.expect]
     lines = [f"# Claim `{claim.name}`{' (--quick: a smoke run, not a measurement)' if quick else ''}", "",
              f"> {claim.statement}", "",
-             f"Machine: {machine()}. Base preset: configs/experiment/claims.yaml"
-             f"{' with the --quick overrides' if quick else ''}; seeds {', '.join(map(str, claim.seeds)) or '-'}.",
+             f"Machine: {machine()}." + (f" Base preset: configs/experiment/claims.yaml"
+                                         f"{' with the --quick overrides' if quick else ''}; seeds "
+                                         f"{', '.join(map(str, claim.seeds))}." if claim.arms else ""),
              ""]
     if claim.arms:
         scored = "64 held-out windows" if quick else "the whole held-out split, float32 (`python -m attention_lab.evaluate`)"
@@ -460,14 +461,20 @@ def run_context(run: Path, out: Path, quick: bool) -> str:
     for layer, (s, b) in enumerate(zip(sim.self_similarity, sim.baseline)):
         name = "embedding" if layer == 0 else f"block {layer}"
         rows.append(f"| {name} | {s:.3f} | {b:.3f} | {s - b:.3f} |")
-    # one frequent token in two contexts: what is nearest to it after the last block
-    token = sim.tokens[min(3, len(sim.tokens) - 1)]
+    # one frequent word (not a bare function token if one has 4+ letters) in two contexts: what is nearest to it
+    # after the last block, each neighbour with the tokens before it
+    words = [t for t in sim.tokens if sum(c.isalpha() for c in tok.decode([t])) >= 4]
+    token = (words or sim.tokens)[0]
     where = [(int(b), int(p)) for b, p in zip(*np.nonzero(x.numpy() == token)) if p >= 8]
+
+    def snippet(w: int, p: int, before: int = 6) -> str:
+        return tok.decode(x[w, max(0, p - before): p + 1].tolist()).replace("\n", " / ")
+
     near = []
     for w in (where[0], where[-1]) if len(where) > 1 else where[:1]:
-        ctx = tok.decode(x[w[0], max(0, w[1] - 12): w[1] + 1].tolist()).replace("\n", " / ")
-        nn_ = [f"`{tok.decode([i])!s}` ({c:.2f})" for _, _, i, c in nearest_in_context(model, x, w, k=5)]
-        near.append(f"- `{tok.decode([token])}` in \"...{ctx}\": nearest after the last block: {', '.join(nn_)}")
+        found = [f"\"...{snippet(nw, np_)}\" ({c:.2f})" for nw, np_, _, c in nearest_in_context(model, x, w, k=3)]
+        near.append(f"- `{tok.decode([token])}` in \"...{snippet(*w, before=12)}\": nearest after the last block: "
+                    + "; ".join(found))
     results = {"run": str(run), "self_similarity": sim.self_similarity.round(4).tolist(),
                "baseline": sim.baseline.round(4).tolist(), "tokens": sim.tokens, "pairs": sim.pairs}
     write_json_atomic(out / "similarity.json", results)
