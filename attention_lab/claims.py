@@ -494,8 +494,16 @@ def run_quadratic(out: Path, quick: bool) -> str:
     if proc.returncode != 0:
         raise RuntimeError(f"bench/attention.py failed:\n{proc.stderr[-1500:]}")
     table = (out / "bench.md").read_text() if (out / "bench.md").exists() else proc.stdout
-    return "The wall, measured now by `python -m bench.run --only attention` (docs/variants.md has the full " \
-           "tables and the plot):\n\n" + table
+    rows = json.loads((out / "bench.json").read_text())["tables"]["attention"]["rows"]
+    lines = ["## Verdict", ""]
+    for method in ("sdpa causal", "window blocks", "linear"):
+        ts = sorted(r["T"] for r in rows if r["method"] == method and r.get("growth"))
+        big = [r["growth"] for r in rows if r["method"] == method and r.get("growth") and r["T"] >= ts[len(ts) // 2]]
+        if big:
+            lines.append(f"- {method}: doubling the context multiplies the forward + backward time by "
+                         f"{np.median(big):.2f} (median over T >= {ts[len(ts) // 2]:,}; quadratic would be 4, linear 2)")
+    return "\n".join(lines) + "\n\nThe wall, measured now by `python -m bench.run --only attention` " \
+        "(docs/variants.md has the full tables and the plot):\n\n" + table
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -119,3 +119,9 @@ def test_the_spread_is_the_two_compared_arms_own():
     r = results(sqrt=[1.00, 1.01], inverse=[1.10, 1.11], unstable=[1.0, 2.0])
     assert C.seed_spread(r) == pytest.approx(1.0) and C.seed_spread(r, arms=("sqrt", "inverse")) == pytest.approx(0.01)
     assert "the claim holds at this scale" in C.verdict(C.Expect("sqrt", "inverse"), r)
+
+
+def test_quadratic_runs_the_wall_benchmark_and_computes_the_growth(tmp_path):
+    report = C.run_claim(C.CLAIMS["quadratic"], tmp_path, quick=True).read_text()
+    assert "doubling the context multiplies the forward + backward time by" in report, report[:2000]
+    assert (tmp_path / "bench.json").exists() and "| T | method |" in report
