@@ -42,7 +42,7 @@ from attention_lab.interp.measures import (
 from attention_lab.interp.roles import role_scores
 from attention_lab.runtime import cli
 from attention_lab.store.checkpoint import CheckpointError, load_checkpoint
-from attention_lab.training.evaluate import _data_dir_of, score_run
+from attention_lab.training.evaluate import data_dir_of, score_run
 from data.batches import windows
 from data.files import atomic_write, write_json_atomic
 from data.prepare import PreparedData, bits_per_byte
@@ -191,7 +191,7 @@ class Held:
 
     @classmethod
     def of(cls, run_dir: Path, block_size: int, n: int) -> "Held":
-        data = PreparedData.open(_data_dir_of(run_dir, run_dir))
+        data = PreparedData.open(data_dir_of(run_dir, run_dir))
         tokens = data.tokens("val")
         starts = np.linspace(0, len(tokens) - 2 * block_size - 2, n).astype(np.int64)
         x, y = windows(tokens, starts, 2 * block_size)  # twice the context, for the long-context measure

@@ -95,7 +95,7 @@ class Score:
 def score_run(run: Path, which: str = "best", split: str = "val", data_dir: Path | None = None,
               batch_size: int = 8, device: str = "auto", dtype: str = "float32") -> Score:
     ckpt = load_checkpoint(run, which)
-    data_dir = data_dir or _data_dir_of(Path(run), ckpt.path)
+    data_dir = data_dir or data_dir_of(Path(run), ckpt.path)
     data = PreparedData.open(data_dir)
     if data.meta["vocab_size"] > ckpt.config.vocab_size:
         raise ValueError(f"{data_dir} has a vocabulary of {data.meta['vocab_size']} tokens but the model "
@@ -113,7 +113,7 @@ def position_curve(run: Path, which: str = "best", split: str = "val", data_dir:
     """(block_size,) mean loss in nats at each position over up to max_windows of the split's full windows,
     evenly spread, float32."""
     ckpt = load_checkpoint(run, which)
-    data = PreparedData.open(data_dir or _data_dir_of(Path(run), ckpt.path))
+    data = PreparedData.open(data_dir or data_dir_of(Path(run), ckpt.path))
     model = ckpt.build_model(pick_device(device))
     t = ckpt.config.block_size
     starts, first = tiling_windows(len(data.tokens(split)), t)
@@ -130,7 +130,7 @@ def format_position_curve(curve: np.ndarray) -> str:
     return "loss by position: " + ", ".join(f"{p}: {curve[p - 1]:.3f}" for p in marks) + " (nats/token)"
 
 
-def _data_dir_of(run: Path, ckpt_path: Path) -> Path:
+def data_dir_of(run: Path, ckpt_path: Path) -> Path:
     """The prepared data folder the run's provenance.json names (relative to where training ran: tried from
     here and from the folders above the run)."""
     for folder in (run, ckpt_path.parent.parent):
