@@ -207,12 +207,13 @@ def measure(claim: Claim, run_dir: Path, held: Held, quick: bool) -> dict:
     t = model.config.block_size
     x, y = held.x[:, :t], held.y[:, :t]
     out: dict = {"params": sum(p.numel() for p in model.parameters())}
+    # the loss at each position of the held-out windows, once: the position curve, the 1x number of the
+    # long-context pair and --quick's bits/byte read it
+    curve = position_losses(model, x, y)
     # the whole held-out split; --quick: the held-out windows only (seconds, not a measurement)
-    out["bpb"] = held.bpb(float(position_losses(model, x, y).mean())) if quick else \
-        score_run(run_dir, batch_size=8).bits_per_byte
+    out["bpb"] = held.bpb(float(curve.mean())) if quick else score_run(run_dir, batch_size=8).bits_per_byte
     attention = hasattr(model.config, "n_head")
     if "position" in claim.measures:
-        curve = position_losses(model, x, y)
         out["position_loss"] = curve.round(4).tolist()
         out["loss_first_8"] = float(curve[:8].mean())
         out["loss_last_half"] = float(curve[t // 2:].mean())
@@ -220,7 +221,7 @@ def measure(claim: Claim, run_dir: Path, held: Held, quick: bool) -> dict:
         r = prefix_shuffle(model, x, y, last=max(1, t // 4))
         out["shuffle_jump"] = r.jump
     if "long_context" in claim.measures:  # both on the same held-out windows: their first T, then all 2T tokens
-        out["bpb_windows_1x"] = held.bpb(float(position_losses(model, x, y).mean()))
+        out["bpb_windows_1x"] = held.bpb(float(curve.mean()))
         out["bpb_windows_2x"] = _long_context_bpb(ckpt, model, held)
     if "honest" in claim.measures:
         n = 4 if quick else 16
