@@ -96,6 +96,12 @@ class GPTOutput:
     attentions: tuple[Tensor, ...] | None = None  # n_layer x (B, nh, T, S), when return_attention
 
 
+def next_token_loss(logits: Tensor, targets: Tensor) -> Tensor:
+    """Mean cross-entropy in nats of logits (B, T, V) against targets (B, T), -1 ignored, computed in float32
+    whatever the autocast dtype. The GPT and the LSTM baseline share it, so both are scored the same way."""
+    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+
+
 class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -196,9 +202,7 @@ class GPT(nn.Module):
         if self.softcap is not None:
             logits = self.softcap(logits)
 
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        loss = next_token_loss(logits, targets) if targets is not None else None
         return GPTOutput(logits, loss, tuple(attentions) if return_attention else None)
 
 

@@ -22,12 +22,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch import Tensor
 
 from .attention import dropout
 from .config import GPTConfig
-from .gpt import GPT, GPTOutput
+from .gpt import GPT, GPTOutput, next_token_loss
 from .gpt import num_params as gpt_num_params
 
 
@@ -156,10 +155,7 @@ class LSTMLM(nn.Module):
             x = x[:, [-1], :]  # (B, 1, C); a list index keeps the time dimension
         logits = self.lm_head(dropout(x, self.config.dropout, self.training))  # (B, T, V)
 
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
-        return GPTOutput(logits, loss, None)
+        return GPTOutput(logits, next_token_loss(logits, targets) if targets is not None else None, None)
 
 
 def lstm_params(vocab_size: int, n_layer: int, n_embd: int, tie_embeddings: bool = True) -> int:
