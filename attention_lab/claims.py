@@ -18,9 +18,11 @@ when it is larger than twice the seed spread (the largest difference between two
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -42,6 +44,7 @@ from attention_lab.interp.measures import (
 from attention_lab.interp.roles import role_scores
 from attention_lab.runtime import cli
 from attention_lab.store.checkpoint import CheckpointError, load_checkpoint
+from attention_lab.training.config import compose
 from attention_lab.training.evaluate import data_dir_of, score_run
 from data.batches import windows
 from data.files import atomic_write, write_json_atomic
@@ -162,6 +165,28 @@ def train_arm(run_dir: Path, overrides: list[str], python: str = sys.executable)
         raise RuntimeError(f"arm {run_dir.name} failed (train.py {' '.join(overrides)}):\n{tail}")
     write_json_atomic(done, {"seconds": seconds, "overrides": overrides})
     return seconds
+
+
+def resolved(overrides: list[str]) -> dict:
+    """The run config these overrides compose to, as its config.json holds it, without the run's name."""
+    cfg = json.loads(json.dumps(dataclasses.asdict(compose(list(overrides)))))
+    cfg.pop("name", None)
+    return cfg
+
+
+def finished_twin(out: Path, overrides: list[str]) -> Path | None:
+    """A finished arm of another claim beside `out` (out/../*/runs/*) whose run config equals these overrides'
+    (the name aside): the base arm is the same run in six claims, trained once."""
+    want = resolved(overrides)
+    for done in sorted(out.resolve().parent.glob("*/runs/*/claims_done.json")):
+        run = done.parent
+        if run.parent.parent == out.resolve() or not (run / "config.json").exists():
+            continue
+        cfg = json.loads((run / "config.json").read_text())
+        cfg.pop("name", None)
+        if cfg == want:
+            return run
+    return None
 
 
 def metrics_of(run_dir: Path) -> dict:
@@ -539,6 +564,10 @@ def run_claim(claim: Claim, out: Path, quick: bool = False, seeds: tuple[int, ..
             arm_overrides += [o.replace("{minutes}", f"{minutes:.3f}") if minutes else o for o in arm.overrides]
             arm_overrides += list(overrides)
             log(f"claim {claim.name}: arm '{arm.name}' seed {seed} ({' '.join(arm.overrides) or 'the base'}) ...")
+            twin = None if (run_dir / "claims_done.json").exists() else finished_twin(out, arm_overrides)
+            if twin is not None:  # the same run, trained for another claim: copied, so this claim's folder is whole
+                log(f"  the same run as {twin}: copied")
+                shutil.copytree(twin, run_dir, dirs_exist_ok=True)
             seconds = train(run_dir, arm_overrides)
             if minutes is None:  # the first arm's wall time (start-up included): an equal-time arm's budget
                 minutes = max(seconds / 60.0, 0.05)

@@ -125,3 +125,18 @@ def test_quadratic_runs_the_wall_benchmark_and_computes_the_growth(tmp_path):
     report = C.run_claim(C.CLAIMS["quadratic"], tmp_path, quick=True).read_text()
     assert "doubling the context multiplies the forward + backward time by" in report, report[:2000]
     assert (tmp_path / "bench.json").exists() and "| T | method |" in report
+
+
+def test_an_arm_another_claim_trained_is_found_by_its_run_config(tmp_path):
+    """The base arm is the same run in six claims: a finished arm of a sibling claim with the same run config
+    (its name aside) is found, one with another seed or another setting is not."""
+    overrides = [*C.BASE, *C.QUICK, "train.seed=1"]
+    sibling = tmp_path / "qk" / "runs" / "separate-s1"
+    sibling.mkdir(parents=True)
+    (sibling / "config.json").write_text(json.dumps(C.resolved([*overrides, "name=claims-qk"]) | {"name": "claims-qk"}))
+    (sibling / "claims_done.json").write_text(json.dumps({"seconds": 1.0}))
+    out = tmp_path / "scale"
+    assert C.finished_twin(out, [*overrides, "name=claims-scale", "model.attn_scale=sqrt"]) == sibling.resolve()
+    assert C.finished_twin(out, [*C.BASE, *C.QUICK, "train.seed=2"]) is None, "another seed is another run"
+    assert C.finished_twin(out, [*overrides, "model.attn_scale=none"]) is None, "another setting is another run"
+    assert C.finished_twin(tmp_path / "qk", overrides) is None, "a claim does not copy its own arms"
