@@ -43,6 +43,7 @@ from attention_lab.interp.measures import (
 )
 from attention_lab.interp.roles import role_scores
 from attention_lab.runtime import cli
+from attention_lab.runtime.device import cpu_model
 from attention_lab.store.checkpoint import CheckpointError, load_checkpoint
 from attention_lab.training.config import compose
 from attention_lab.training.evaluate import data_dir_of, score_run
@@ -423,14 +424,7 @@ def write_text(path: Path, text: str) -> None:
 
 
 def machine() -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_model()
     caps = torch.cpu.get_capabilities() if hasattr(torch.cpu, "get_capabilities") else {}
     bf16 = "AMX-BF16" if caps.get("amx_bf16") else "AVX512-BF16" if caps.get("avx512_bf16") else "no native bf16"
     return f"{cpu} ({bf16}), {os.cpu_count()} cores, torch {torch.__version__}"

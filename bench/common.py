@@ -9,7 +9,6 @@ both sides, which is why it holds when the absolute numbers do not.
 from __future__ import annotations
 
 import os
-import platform
 import statistics
 import sys
 from collections.abc import Callable
@@ -18,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from attention_lab.runtime import omp
-from attention_lab.runtime.device import synchronize  # noqa: F401 - re-exported for the benchmarks
+from attention_lab.runtime.device import cpu_model, synchronize  # noqa: F401 - re-exported for the benchmarks
 from attention_lab.runtime.flops import measure_peak_flops, time_calls
 
 
@@ -34,17 +33,6 @@ def log(msg: str) -> None:
 def default_dtype(device: torch.device) -> torch.dtype:
     """The compute dtype benchmarks use: fp32 on CPU (comparable across CPU kinds), bf16 (autocast) on GPU."""
     return torch.bfloat16 if device.type == "cuda" else torch.float32
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def describe_machine(device: torch.device) -> dict:

@@ -5,6 +5,7 @@ Shared by train.py, sample.py, the library and bench/ (one set of helpers, no co
 from __future__ import annotations
 
 import contextlib
+import platform
 
 import torch
 
@@ -92,3 +93,15 @@ def eval_mode(model: torch.nn.Module):
         yield model
     finally:
         model.train(was_training)
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux), for the machine line of every table and report."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
