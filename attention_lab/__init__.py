@@ -16,6 +16,8 @@
       training/           the config schema, optimizers and schedules, the evaluation callbacks, TrainState, the
                           loop's parts, the whole-split evaluation
       claims.py           the tutorials' claims as experiments: arms trained by train.py, measured, reported
+      lab/                the live lab: a local web app over the rooms above (one forward pass, one cache per
+                          text; interventions as hooks); `show(run, text)` puts one text's page in a notebook
     train.py, sample.py   entry points: short stories over the rooms above
     bench/                benchmark scripts: import the library, never the entry points
 
@@ -40,8 +42,11 @@ ROOMS: dict[str, tuple[str, ...]] = {
     # experiments: the tutorials' claims as arms trained by train.py (subprocesses), measured and reported
     "attention_lab.claims": ("model", "data", "attention_lab.runtime", "attention_lab.store", "attention_lab.interp",
                              "attention_lab.training"),
+    # the live lab: a local server and page over the library's functions (nothing imports it but `show`)
+    "attention_lab.lab": ("model", "data", "attention_lab.runtime", "attention_lab.store", "attention_lab.interp",
+                          "attention_lab.viewer", "attention_lab.sampling", "attention_lab.interop"),
     # the old `python -m attention_lab.<command>` paths: thin entry points over the rooms
-    "attention_lab": ("attention_lab.training", "attention_lab.interop", "attention_lab.viewer"),
+    "attention_lab": ("attention_lab.training", "attention_lab.interop", "attention_lab.viewer", "attention_lab.lab"),
     "bench": ("model", "data", "attention_lab.runtime", "attention_lab.store", "attention_lab.interp",
               "attention_lab.sampling", "attention_lab.interop", "attention_lab.training"),
     "train": ("model", "data", "attention_lab.runtime", "attention_lab.store", "attention_lab.interp",

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .config import GPTConfig
+from .hooks import HookPoint
 from .positions import PositionalEncoding
 
 FAR = -(2**62)  # the position of an empty ring-buffer slot: no query sees it
@@ -67,11 +68,13 @@ def expand_kv(x: Tensor, n_head: int) -> Tensor:
 
 def math_attention(q: Tensor, k: Tensor, v: Tensor, visible: Tensor, bias: Tensor | None = None,
                    sink: Tensor | None = None, dropout_p: float = 0.0, scale: float | None = None,
-                   causal_mask: str = "before_softmax", on_scores: nn.Module | None = None) -> tuple[Tensor, Tensor]:
+                   causal_mask: str = "before_softmax", on_scores: nn.Module | None = None,
+                   on_weights: nn.Module | None = None) -> tuple[Tensor, Tensor]:
     """The reference. q (B, nh, T, hs), k and v (B, nkv, S, hs), visible (T, S), bias (nh, T, S) or None, sink
     (nh,) or None, scale the factor on q.k (None: 1/sqrt(hs)) -> y (B, nh, T, hs), weights (B, nh, T, S).
-    on_scores: a module the scores pass through just before the softmax (scaled, biased, -inf where masked), so
-    a forward hook on it reads them (CausalSelfAttention.hook_scores, an identity).
+    on_scores: a module the scores pass through just before the softmax (scaled, biased, -inf where masked), and
+    on_weights one the weights pass through before they average the values (CausalSelfAttention.hook_scores and
+    hook_pattern, identities that a hook reads or edits: model/hooks.py).
 
     causal_mask says where `visible` acts: "before_softmax" -inf on hidden scores, "after_softmax" zeros on the
     weights of hidden keys after a softmax over every key, "none" not at all (module docstring)."""
@@ -91,6 +94,8 @@ def math_attention(q: Tensor, k: Tensor, v: Tensor, visible: Tensor, bias: Tenso
         weights = F.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
     if causal_mask == "after_softmax":  # the hidden keys' weights dropped, their exp(score) kept in the denominator
         weights = weights.masked_fill(~visible, 0.0)
+    if on_weights is not None:
+        weights = on_weights(weights)
     y = dropout(weights, dropout_p, training=True) @ v  # (B, nh, T, hs); the caller passes 0 in eval
     return y, weights
 
@@ -290,6 +295,9 @@ def qk_norm(x: Tensor) -> Tensor:
 
 
 class CausalSelfAttention(nn.Module):
+    hooked = False  # True inside model.hooks.hooked(): the hook points are called
+    explicit_path = False  # True there when scores or weights are read or edited: the explicit path runs
+
     def __init__(self, cfg: GPTConfig, layer: int = 0):
         super().__init__()
         self.n_head, self.n_kv_head, self.head_size = cfg.n_head, cfg.kv_heads, cfg.head_size
@@ -299,9 +307,10 @@ class CausalSelfAttention(nn.Module):
         self.window = cfg.layer_window(layer)
         self.scale, self.causal_mask = cfg.score_scale, cfg.causal_mask
         self.qk_tied = cfg.qk_tied  # keys are the queries: c_attn has no key rows
-        # a point to hook, no parameters: the pre-softmax scores (B, nh, T, S) of the explicit path (return_weights
-        # or the math backend), as attention_lab/interp/measures.py attention_stats reads them
-        self.hook_scores = nn.Identity()
+        # points to hook, no parameters (model/hooks.py): called only inside hooked(), which also makes the
+        # explicit path run when the scores or weights are read or edited
+        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
+        self.hook_scores, self.hook_pattern, self.hook_z = HookPoint(), HookPoint(), HookPoint()
         # q, k, v projections, fused: the output channels are [q: nh heads | k: nkv heads | v: nkv heads], hs each
         # ([q | v] with qk_tied)
         width = qkv_width(cfg.n_head, cfg.kv_heads, cfg.head_size, self.qk_tied)
@@ -339,25 +348,30 @@ class CausalSelfAttention(nn.Module):
         v_own = v
         if self.value_lambda is not None and v_first is not None:
             v = self.value_lambda * v + (1.0 - self.value_lambda) * v_first
+        hooked = self.hooked
+        if hooked:
+            q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
         k_pos = pos
         if kv_cache is not None:
             k, v, k_pos = kv_cache.update(layer, k, v)  # (B, nkv, S, hs), (S,)
         dropout_p = self.dropout_p if self.training else 0.0
 
         weights = None
-        if return_weights or self.backend == "math" or self.causal_mask == "after_softmax":
+        if return_weights or (hooked and self.explicit_path) or self.backend == "math" or self.causal_mask == "after_softmax":
             visible = visible_keys(pos, k_pos, self.window)
             if self.causal_mask == "none":  # every key, the later ones too (GPTConfig refuses it with a window)
                 visible = torch.ones_like(visible)
             bias = pe.score_bias(pos, k_pos) if pe.has_score_bias else None
             y, weights = math_attention(q, k, v, visible, bias, self.sink, dropout_p, self.scale, self.causal_mask,
-                                        self.hook_scores)
+                                        self.hook_scores if hooked else None, self.hook_pattern if hooked else None)
         elif self.window is not None and kv_cache is None and t > self.window:
             y = local_attention(q, k, v, self.window, pe, self.sink, dropout_p, self.scale)
         else:  # a ring buffer's keys are out of order and may hold empty slots: only a full layer is plain
             plain = self.window is None or (kv_cache is None and t <= self.window)
             y = fused_attention(q, k, v, pos, k_pos, self.window, pe, self.sink, dropout_p, plain, self.scale,
                                 causal=self.causal_mask != "none")
+        if hooked:
+            y = self.hook_z(y)  # (B, nh, T, hs): each head's output
         y = y.transpose(1, 2).contiguous().view(b, t, c)  # re-assemble heads side by side: (B, T, C)
         y = dropout(self.c_proj(y), self.dropout_p, self.training)
         return y, (weights if return_weights else None), v_own

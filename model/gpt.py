@@ -15,6 +15,7 @@ from torch import Tensor
 
 from .attention import CausalSelfAttention, KVCache, dropout
 from .config import GPTConfig
+from .hooks import HookPoint
 from .linear_attention import LinearAttention
 from .positions import LearnedPositions, build_positional_encoding
 
@@ -56,8 +57,12 @@ ATTENTIONS: dict[str, type[nn.Module]] = {"softmax": CausalSelfAttention, "linea
 class Block(nn.Module):
     """Pre-LayerNorm block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
 
+    hooked = False  # True inside model.hooks.hooked(): the residual-stream points are called
+
     def __init__(self, cfg: GPTConfig, layer: int = 0):
         super().__init__()
+        # the residual stream entering, between the two adds, and leaving (model/hooks.py)
+        self.hook_resid_pre, self.hook_resid_mid, self.hook_resid_post = HookPoint(), HookPoint(), HookPoint()
         self.ln_1 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_eps, bias=cfg.bias)
         self.attn = ATTENTIONS[cfg.attention](cfg, layer)
         self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_eps, bias=cfg.bias)
@@ -65,9 +70,15 @@ class Block(nn.Module):
 
     def forward(self, x, pe, rotation, pos, kv_cache=None, layer=0, return_weights=False, v_first=None):
         """-> x (B, T, C), attention weights or None, this block's values (B, nkv, T, hs) (see attention.py)."""
+        if self.hooked:
+            x = self.hook_resid_pre(x)
         a, weights, v = self.attn(self.ln_1(x), pe, rotation, pos, kv_cache, layer, return_weights, v_first)
         x = x + a
+        if self.hooked:
+            x = self.hook_resid_mid(x)
         x = x + self.mlp(self.ln_2(x))
+        if self.hooked:
+            x = self.hook_resid_post(x)
         return x, weights, v
 
 

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from .attention import KVCache, dropout, expand_kv, qk_norm, qkv_width, split_qkv
 from .config import GPTConfig
+from .hooks import HookPoint
 from .positions import PositionalEncoding
 
 CHUNK = 64  # training: exact quadratic attention inside a chunk, running sums between chunks
@@ -81,6 +82,9 @@ class LinearAttention(nn.Module):
     allowed; qk_tied: k = q) as CausalSelfAttention, another mixing of the values. There is no softmax and no
     scale: GPTConfig refuses attn_scale and causal_mask other than their defaults with it."""
 
+    hooked = False  # True inside model.hooks.hooked(): the hook points are called
+    explicit_path = False  # True there when the implied weights are read
+
     def __init__(self, cfg: GPTConfig, layer: int = 0):
         super().__init__()
         self.n_head, self.n_kv_head, self.head_size = cfg.n_head, cfg.kv_heads, cfg.head_size
@@ -92,6 +96,10 @@ class LinearAttention(nn.Module):
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.value_lambda = nn.Parameter(torch.tensor(0.5)) if cfg.value_residual and layer > 0 else None
         self.qk_norm = cfg.qk_norm
+        # points to hook (model/hooks.py); no hook_scores (no softmax), and hook_pattern only reads: the output
+        # is computed from the running sums, not from the implied weights
+        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
+        self.hook_pattern, self.hook_z = HookPoint(), HookPoint()
 
     def forward(self, x: Tensor, pe: PositionalEncoding, rotation, pos: Tensor, kv_cache: KVCache | None = None,
                 layer: int = 0, return_weights: bool = False, v_first: Tensor | None = None):
@@ -104,6 +112,9 @@ class LinearAttention(nn.Module):
         v_own = v
         if self.value_lambda is not None and v_first is not None:
             v = self.value_lambda * v + (1.0 - self.value_lambda) * v_first
+        hooked = self.hooked
+        if hooked:
+            q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
         k, v = expand_kv(k, self.n_head), expand_kv(v, self.n_head)
         if kv_cache is not None and (kv_cache.state[layer] is not None or t == 1):
             y, kv_cache.state[layer] = recurrent(q, k, v, self.denominator, kv_cache.state[layer])
@@ -115,6 +126,12 @@ class LinearAttention(nn.Module):
             y = chunked(q, k, v, self.denominator)
         if self.out_norm:
             y = F.rms_norm(y, (y.size(-1),))
-        weights = implied_weights(q, k, self.denominator) if return_weights and kv_cache is None else None
+        weights = None
+        if (return_weights or (hooked and self.explicit_path)) and kv_cache is None:
+            weights = implied_weights(q, k, self.denominator)
+            if hooked:
+                weights = self.hook_pattern(weights)
+        if hooked:
+            y = self.hook_z(y)  # (B, nh, T, hs): each head's output
         y = y.transpose(1, 2).contiguous().view(b, t, c)
-        return dropout(self.c_proj(y), self.dropout_p, self.training), weights, v_own
+        return dropout(self.c_proj(y), self.dropout_p, self.training), (weights if return_weights else None), v_own

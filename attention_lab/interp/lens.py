@@ -38,7 +38,14 @@ def logit_lens(model, ids, k: int = 5) -> LensTop:
     model = plain_module(model)
     if not 1 <= k <= model.config.vocab_size:
         raise ValueError(f"k must be in 1..vocab_size ({model.config.vocab_size}), got {k}")
-    resid = residual_stream(model, ids)  # (L + 1, T, C)
+    return lens_of_stream(model, residual_stream(model, ids), k)
+
+
+@torch.no_grad()
+def lens_of_stream(model, resid: torch.Tensor, k: int = 5) -> LensTop:
+    """The logit lens of a residual stream already recorded, (L + 1, T, C) (attention_lab/interp/analysis.py
+    reads it from the activation cache): ln_f and lm_head applied to every row, the top k kept."""
+    model = plain_module(model)
     with torch.autocast(device_type=resid.device.type, enabled=False):
         logits = model.lm_head(model.transformer.ln_f(resid))  # (L + 1, T, V)
         if model.softcap is not None:

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from attention_lab.interp.capture import residual_streams
 from attention_lab.interp.roles import normalised_entropy
 from attention_lab.runtime.device import eval_mode
+from model.hooks import hook_points, hooked, point_name
 
 
 def _losses(model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -102,30 +103,21 @@ class AttentionStats:
 @torch.no_grad()
 def attention_stats(model, x: torch.Tensor) -> AttentionStats:
     """Per-layer attention entropy and largest pre-softmax score over the windows x (B, T), from one forward
-    pass of the explicit attention path: the weights it returns and the scores its hook_scores point passes
-    (scaled, biased, -inf where masked). Eval mode, float32."""
-    seen: list[float] = []
-
-    def keep_max(module, args, out):
-        finite = out[torch.isfinite(out)]
-        seen.append(finite.max().item() if finite.numel() else float("nan"))
-
-    handles = []
-    for block in model.transformer.h:
-        point = getattr(block.attn, "hook_scores", None)  # linear attention has no softmax scores
-        if point is None:
-            continue
-        handles.append(point.register_forward_hook(keep_max))
-    try:
-        with eval_mode(model), torch.autocast(device_type=x.device.type, enabled=False):
-            out = model(x, return_attention=True)
-    finally:
-        for handle in handles:
-            handle.remove()
-    entropy = np.array([normalised_entropy(w.double().cpu().numpy()).mean() for w in out.attentions])
-    scored = iter(seen)
-    max_score = [next(scored) if getattr(b.attn, "hook_scores", None) is not None else float("nan")
-                 for b in model.transformer.h]
+    pass that records each layer's hook_pattern and hook_scores (scaled, biased, -inf where masked; model/hooks.py).
+    Eval mode, float32."""
+    points = hook_points(model)
+    n_layer = model.config.n_layer
+    names = [point_name(kind, i) for i in range(n_layer) for kind in ("pattern", "scores")
+             if point_name(kind, i) in points]  # linear attention has no softmax scores
+    with eval_mode(model), torch.autocast(device_type=x.device.type, enabled=False), hooked(model, record=names) as seen:
+        model(x)
+    entropy = np.array([normalised_entropy(seen[point_name("pattern", i)].double().cpu().numpy()).mean()
+                        for i in range(n_layer)])
+    max_score = []
+    for i in range(n_layer):
+        scores = seen.get(point_name("scores", i))
+        finite = scores[torch.isfinite(scores)] if scores is not None else None
+        max_score.append(finite.max().item() if finite is not None and finite.numel() else float("nan"))
     return AttentionStats(entropy, np.array(max_score))
 
 
