@@ -116,35 +116,64 @@ function fmtScore(v, unit) {
 }
 
 class Explorer {
-  // data: {tokens, L, H, T, roles, colormap}. Call setFrame(frame, scores, label) to show one forward pass.
+  // data: {tokens, L, H, T, roles, colormap}. Call setFrame(frame, scores, label) to show one forward pass, and
+  // setData(data) to show another text (the live lab): the page's fixed elements keep the listeners bound here
+  // once; what depends on the data (options, chips, tokens, heatmaps) is rebuilt in place, never appended twice.
   constructor(data) {
-    this.tokens = data.tokens; this.L = data.L; this.H = data.H; this.T = data.T;
-    this.roles = data.roles || {};
-    this.cmap = decodeBase64(data.colormap);
     this.frame = null; this.scores = null; this.label = "";
-    this.layer = 0; this.query = Math.max(0, this.T - 1); this.pinned = false;
+    this.layer = 0; this.query = 0; this.pinned = false;
     this.onChange = null; // called after the head view redraws (the step-inside panel follows it)
-    this.shownHeads = new Array(this.H).fill(true);
+    this.onHeadClick = null; // (l, h) -> true when it handled a click on a head (the lab's interventions)
+    this.headMarks = {}; // "l,h" -> a word shown on that head's map (data-mark: the lab's interventions)
     this.big = null;
-    this.buildControls();
-    this.buildHeadView();
-    this.buildModelView();
-    this.buildBigView();
+    this.L = this.H = this.T = -1;
+    this.tokens = []; this.roleKeys = ""; this.tokNodes = []; this.cells = []; this.thumbs = []; this.headChips = [];
+    this.bindControls();
+    this.bindHeadView();
+    this.bindBigView();
+    this.setData(data);
+  }
+
+  setData(data) {
+    const shape = data.L !== this.L || data.H !== this.H;
+    const roles = data.roles || {}, roleKeys = JSON.stringify(roles);
+    const rolesChanged = roleKeys !== this.roleKeys;
+    const oldTokens = this.tokens;
+    this.tokens = data.tokens; this.L = data.L; this.H = data.H; this.T = data.T;
+    this.roles = roles; this.roleKeys = roleKeys;
+    if (data.colormap !== this.cmapText) { this.cmap = decodeBase64(data.colormap); this.cmapText = data.colormap; }
+    this.frame = null; this.scores = null;
+    this.layer = Math.min(this.layer, Math.max(0, this.L - 1));
+    // a pinned query stays where it is while it exists; otherwise the last token (where a typed text grows)
+    if (!(this.pinned && this.query < this.T)) { this.query = Math.max(0, this.T - 1); this.pinned = false; }
+    if (shape) this.shownHeads = new Array(this.H).fill(true);
+    if (rolesChanged) this.buildRoleOptions();
+    if (shape) this.buildHeadChips();
+    this.buildTokens(shape ? [] : oldTokens);
+    if (shape || rolesChanged) this.buildModelView();
+    this.buildBigWindows();
+    if (this.big && (this.big.l >= this.L || this.big.h >= this.H)) this.closeBig();
   }
 
   // --- role filter -----------------------------------------------------------------------------------------
-  buildControls() {
+  bindControls() {
     this.roleSelect = document.getElementById("role-filter");
     this.threshold = document.getElementById("role-threshold");
-    for (const [role, info] of Object.entries(this.roles)) {
-      this.roleSelect.append(el("option", { value: role, text: `${info.label} (${info.short})` }));
-    }
     this.roleSelect.addEventListener("change", () => {
       const info = this.roles[this.roleSelect.value];
       this.threshold.value = info && info.unit === "nats" ? "0.05" : "0.3";
       this.applyFilter();
     });
     this.threshold.addEventListener("input", () => this.applyFilter());
+  }
+
+  buildRoleOptions() {
+    const keep = this.roleSelect.value;
+    this.roleSelect.replaceChildren(el("option", { value: "", text: "every head" }));
+    for (const [role, info] of Object.entries(this.roles)) {
+      this.roleSelect.append(el("option", { value: role, text: `${info.label} (${info.short})` }));
+    }
+    this.roleSelect.value = keep in this.roles ? keep : "";
   }
 
   score(role, l, h) {
@@ -178,38 +207,13 @@ class Explorer {
   }
 
   // --- head view: the text, one row of colour per head under each token ------------------------------------
-  buildHeadView() {
-    const layerSelect = document.getElementById("hv-layer");
-    for (let l = 0; l < this.L; l++) layerSelect.append(el("option", { value: l, text: `${l}` }));
-    layerSelect.addEventListener("change", () => { this.layer = +layerSelect.value; this.renderHeadView(); this.applyFilter(); });
-    this.headChips = [];
-    const chips = document.getElementById("hv-heads");
-    for (let h = 0; h < this.H; h++) {
-      const chip = el("button", { type: "button", class: "chip on", "data-head": h,
-                                  title: "click: show or hide this head; double-click: this head alone (or all again)",
-                                  style: `--c: ${headColour(h, this.H)}`, text: `H${h}` });
-      chip.addEventListener("click", () => this.showHeads(this.shownHeads.map((on, i) => (i === h ? !on : on))));
-      chip.addEventListener("dblclick", () => {
-        const alone = this.shownHeads.every((on, i) => on === (i === h));
-        this.showHeads(this.shownHeads.map((_, i) => alone || i === h));
-      });
-      this.headChips.push(chip);
-      chips.append(chip);
-    }
-    const box = document.getElementById("tokens");
-    box.style.setProperty("--strip", `${this.H <= 4 ? 5 : this.H <= 6 ? 4 : this.H <= 8 ? 3 : 2}px`);
-    this.tokNodes = []; this.cells = [];
-    const frag = document.createDocumentFragment();
-    this.tokens.forEach((t, i) => {
-      const cells = Array.from({ length: this.H }, () => el("i"));
-      const node = el("span", { class: "tok", "data-i": i }, el("span", { class: "tt", text: flowText(t) }),
-                      el("span", { class: "strip" }, ...cells));
-      this.tokNodes.push(node); this.cells.push(cells);
-      frag.append(node);
-      // a newline token ends its line; a run of them shares one line, so blank lines take no room
-      if (isNewline(t) && !(i + 1 < this.tokens.length && isNewline(this.tokens[i + 1]))) frag.append(el("br"));
+  bindHeadView() {
+    this.layerSelect = document.getElementById("hv-layer");
+    this.layerSelect.addEventListener("change", () => {
+      this.layer = +this.layerSelect.value; this.renderHeadView(); this.applyFilter();
     });
-    box.append(frag);
+    const box = document.getElementById("tokens");
+    this.tokenBox = box;
     box.addEventListener("mouseover", (e) => {
       const tok = e.target.closest(".tok");
       if (!tok) return;
@@ -230,6 +234,49 @@ class Explorer {
       this.setQuery(i);
       if (this.pinned) this.pairTooltip(e, i);
     });
+  }
+
+  buildHeadChips() {
+    this.layerSelect.replaceChildren(...Array.from({ length: this.L }, (_, l) => el("option", { value: l, text: `${l}` })));
+    this.headChips = [];
+    for (let h = 0; h < this.H; h++) {
+      const chip = el("button", { type: "button", class: "chip on", "data-head": h,
+                                  title: "click: show or hide this head; double-click: this head alone (or all again)",
+                                  style: `--c: ${headColour(h, this.H)}`, text: `H${h}` });
+      chip.addEventListener("click", () => this.showHeads(this.shownHeads.map((on, i) => (i === h ? !on : on))));
+      chip.addEventListener("dblclick", () => {
+        const alone = this.shownHeads.every((on, i) => on === (i === h));
+        this.showHeads(this.shownHeads.map((_, i) => alone || i === h));
+      });
+      this.headChips.push(chip);
+    }
+    document.getElementById("hv-heads").replaceChildren(...this.headChips);
+    this.tokenBox.style.setProperty("--strip", `${this.H <= 4 ? 5 : this.H <= 6 ? 4 : this.H <= 8 ? 3 : 2}px`);
+  }
+
+  // The text, one token a node. Nodes of the tokens the old text shares at its start are kept (typing appends at
+  // the end: only the new tail is built), but the last shared one's line break depends on the token after it.
+  buildTokens(old) {
+    const box = this.tokenBox, tokens = this.tokens;
+    let keep = 0;
+    while (keep < old.length && keep < tokens.length && keep < this.tokNodes.length && old[keep] === tokens[keep]) keep++;
+    keep = Math.max(0, keep - 1);
+    if (keep === 0) box.replaceChildren();
+    else { const last = this.tokNodes[keep - 1]; while (last.nextSibling) last.nextSibling.remove(); }
+    this.tokNodes.length = keep; this.cells.length = keep;
+    const frag = document.createDocumentFragment();
+    const lineBreak = (i) => isNewline(tokens[i]) && !(i + 1 < tokens.length && isNewline(tokens[i + 1]));
+    if (keep > 0 && lineBreak(keep - 1)) frag.append(el("br"));
+    for (let i = keep; i < tokens.length; i++) {
+      const cells = Array.from({ length: this.H }, () => el("i"));
+      const node = el("span", { class: "tok", "data-i": i }, el("span", { class: "tt", text: flowText(tokens[i]) }),
+                      el("span", { class: "strip" }, ...cells));
+      this.tokNodes.push(node); this.cells.push(cells);
+      frag.append(node);
+      // a newline token ends its line; a run of them shares one line, so blank lines take no room
+      if (lineBreak(i)) frag.append(el("br"));
+    }
+    box.append(frag);
   }
 
   setQuery(i) { this.query = i; this.renderHeadView(); }
@@ -305,12 +352,12 @@ class Explorer {
     const grid = document.getElementById("grid");
     grid.style.gridTemplateColumns = `max-content repeat(${this.H}, max-content)`;
     this.thumbs = [];
-    grid.append(el("div"));
+    const nodes = [el("div")];
     for (let h = 0; h < this.H; h++) {
-      grid.append(el("div", { class: "col-head", style: `color:${headColour(h, this.H)}`, text: `head ${h}` }));
+      nodes.push(el("div", { class: "col-head", style: `color:${headColour(h, this.H)}`, text: `head ${h}` }));
     }
     for (let l = 0; l < this.L; l++) {
-      grid.append(el("div", { class: "layer-label", "data-layer": l, text: `layer ${l}` }));
+      nodes.push(el("div", { class: "layer-label", "data-layer": l, text: `layer ${l}` }));
       for (let h = 0; h < this.H; h++) {
         const canvas = el("canvas", { width: 1, height: 1 });
         const chips = Object.entries(this.roles).map(([role, info]) =>
@@ -318,17 +365,31 @@ class Explorer {
         const node = el("figure", { class: "thumb", "data-layer": l, "data-head": h, tabindex: 0,
                                     title: `layer ${l}, head ${h}: click to open it large` },
           canvas, el("figcaption", { text: headName(l, h) }), el("div", { class: "scores" }, ...chips));
-        node.addEventListener("click", () => this.openBig(l, h));
-        node.addEventListener("keydown", (e) => { if (e.key === "Enter") this.openBig(l, h); });
-        grid.append(node);
+        node.addEventListener("click", () => this.clickHead(l, h));
+        node.addEventListener("keydown", (e) => { if (e.key === "Enter") this.clickHead(l, h); });
+        nodes.push(node);
         this.thumbs.push({ l, h, node, canvas, chips });
       }
     }
-    const legend = document.getElementById("legend");
+    grid.replaceChildren(...nodes);
     const items = Object.values(this.roles).map((info) =>
       el("span", { class: "legend-item", title: info.help || "" }, el("b", { text: info.short }), ` ${info.label}` +
          (info.unit === "nats" ? " (loss change in nats when the head is zeroed)" : "")));
-    legend.append(el("span", { text: "scores: " }), ...items);
+    document.getElementById("legend").replaceChildren(el("span", { text: "scores: " }), ...items);
+  }
+
+  clickHead(l, h) {
+    if (this.onHeadClick && this.onHeadClick(l, h)) return;
+    this.openBig(l, h);
+  }
+
+  // marks: {"l,h": word} (a word per head the lab intervenes on); shown as the thumb's data-mark
+  setHeadMarks(marks) {
+    this.headMarks = marks || {};
+    for (const t of this.thumbs) {
+      const mark = this.headMarks[`${t.l},${t.h}`];
+      if (mark) t.node.dataset.mark = mark; else delete t.node.dataset.mark;
+    }
   }
 
   renderModelView() {
@@ -344,17 +405,15 @@ class Explorer {
         chip.title = `${info.label}: ${v == null ? "not measured" : v.toFixed(4)}${info.help ? ` \u2014 ${info.help}` : ""}`;
       }
     }
+    this.setHeadMarks(this.headMarks);
   }
 
   // --- the large view of one head ----------------------------------------------------------------------------
-  buildBigView() {
+  bindBigView() {
     this.bigNode = document.getElementById("big");
     this.bigCanvas = document.getElementById("big-canvas");
     this.bigWindow = document.getElementById("big-window");
     this.bigStart = document.getElementById("big-start");
-    this.bigWindow.append(el("option", { value: this.T, text: `all ${this.T}` }));
-    for (const w of [32, 64, 128, 256]) if (w < this.T) this.bigWindow.append(el("option", { value: w, text: `${w}` }));
-    if (this.T > 160) this.bigWindow.value = "128";
     this.bigWindow.addEventListener("change", () => { this.placeWindow(); this.renderBig(); });
     this.bigStart.addEventListener("input", () => this.renderBig());
     document.getElementById("big-close").addEventListener("click", () => this.closeBig());
@@ -362,6 +421,16 @@ class Explorer {
     document.addEventListener("keydown", (e) => { if (e.key === "Escape" && this.big) this.closeBig(); });
     this.bigCanvas.addEventListener("mousemove", (e) => this.bigTooltip(e));
     this.bigCanvas.addEventListener("mouseleave", () => tooltip.hide());
+  }
+
+  buildBigWindows() {
+    const keep = +this.bigWindow.value;
+    const sizes = [32, 64, 128, 256].filter((w) => w < this.T);
+    this.bigWindow.replaceChildren(el("option", { value: this.T, text: `all ${this.T}` }),
+                                   ...sizes.map((w) => el("option", { value: w, text: `${w}` })));
+    if (sizes.includes(keep)) this.bigWindow.value = `${keep}`;
+    else if (this.T > 160) this.bigWindow.value = "128";
+    if (this.big) this.placeWindow();
   }
 
   placeWindow() {

@@ -42,20 +42,33 @@ function barStrip(values, width, height, colour) {
 }
 
 class InsidePanel {
+  // setData(data) shows another text (the live lab): the head select keeps its one listener; a text without
+  // data.inside (a model whose rows the panel cannot step through) hides the panel.
   constructor(data, explorer) {
-    const d = data.inside;
-    this.d = d;
     this.explorer = explorer;
+    this.head = 0;
+    this.H = -1;
+    this.select = document.getElementById("in-head");
+    this.select.addEventListener("change", () => { this.head = +this.select.value; this.render(); });
+    this.setData(data);
+  }
+
+  setData(data) {
+    const d = data.inside || null;
+    this.d = d;
+    document.getElementById("inside").hidden = !d;
+    if (!d) return;
     this.tokens = data.tokens;
-    this.L = data.L; this.H = data.H; this.T = data.T;
+    this.L = data.L; this.T = data.T;
     this.hs = d.hs;
     this.scale = d.scale;
     [this.q, this.k, this.v] = [d.q, d.k, d.v].map(decodeFloat32);
-    this.head = 0;
-    document.getElementById("inside").hidden = false;
-    const select = document.getElementById("in-head");
-    for (let h = 0; h < this.H; h++) select.append(el("option", { value: h, text: `head ${h}` }));
-    select.addEventListener("change", () => { this.head = +select.value; this.render(); });
+    if (data.H !== this.H) {
+      this.H = data.H;
+      this.select.replaceChildren(...Array.from({ length: this.H }, (_, h) => el("option", { value: h, text: `head ${h}` })));
+      this.head = Math.min(this.head, this.H - 1);
+      this.select.value = `${this.head}`;
+    }
   }
 
   vec(arr, l, h, j) {
@@ -113,6 +126,7 @@ class InsidePanel {
   }
 
   render() {
+    if (!this.d) return;
     const l = this.explorer.layer, i = this.explorer.query, h = this.head;
     const colour = headColour(h, this.H);
     const linear = this.d.kind === "linear";

@@ -5,6 +5,7 @@
 //        film only: curves: {name: [[step, value], ...]}, phase_changes: [{step, head, metric, message, ...}],
 //        frames_total (evaluations recorded; frames may hold fewer to keep the file small)},
 //        sample only, optional: inside (the "step inside" panel's numbers: inside.js)
+// kind "lab" (the live lab, lab.js): {title, limits}; each answer of its server is a sample's data plus `live`
 
 function showError(message) {
   const banner = document.getElementById("error-banner");
@@ -13,19 +14,39 @@ function showError(message) {
 }
 window.addEventListener("error", (e) => showError(e.message));
 
-function hideExplorer() {
-  for (const id of ["controls", "head-view", "model-view"]) document.getElementById(id).hidden = true;
+function hideExplorer(hidden = true) {
+  for (const id of ["controls", "head-view", "model-view"]) document.getElementById(id).hidden = hidden;
+}
+
+// One text's page: the explorer (head view, model view, the large view) and the step-inside panel. show(data) again
+// with another text's data (the live lab, at every answer) re-renders both in place.
+class SampleView {
+  constructor() { this.explorer = null; this.panel = null; this.onChange = null; }
+
+  show(data) {
+    if (!data.L || !data.frames.length) {
+      hideExplorer();
+      document.getElementById("inside").hidden = true;
+      return;
+    }
+    hideExplorer(false);
+    if (!this.explorer) {
+      this.explorer = new Explorer(data);
+      this.panel = new InsidePanel(data, this.explorer);
+      // the panel follows the head view's layer and query
+      this.explorer.onChange = () => { this.panel.render(); if (this.onChange) this.onChange(); };
+    } else {
+      this.explorer.setData(data);
+      this.panel.setData(data);
+    }
+    this.explorer.setFrame(new Frame(data.frames[0].attn, data.L, data.H, data.T),
+                           data.scores.length ? data.scores[0].roles : null, data.frames[0].label || "this text");
+  }
 }
 
 function bootSample(data) {
-  if (!data.L || !data.frames.length) { hideExplorer(); return; }
-  const explorer = new Explorer(data);
-  const frame = new Frame(data.frames[0].attn, data.L, data.H, data.T);
-  if (data.inside) {
-    const panel = new InsidePanel(data, explorer);
-    explorer.onChange = () => panel.render(); // the panel follows the head view's layer and query
-  }
-  explorer.setFrame(frame, data.scores.length ? data.scores[0].roles : null, data.frames[0].label || "this text");
+  window.sampleView = new SampleView();
+  window.sampleView.show(data);
 }
 
 class Film {
@@ -187,6 +208,7 @@ function boot() {
   const notes = document.getElementById("notes");
   for (const n of data.notes || []) notes.append(el("li", { text: n }));
   if (data.kind === "film") window.film = new Film(data);
+  else if (data.kind === "lab") window.lab = new Lab(data); // lab.js, in the live lab's page only
   else bootSample(data);
   document.body.dataset.ready = "1";
 }
