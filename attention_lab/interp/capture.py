@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from attention_lab.runtime.device import eval_mode
+from model.hooks import point_name, run_with_cache
 
 
 def plain_module(model: torch.nn.Module) -> torch.nn.Module:
@@ -44,22 +45,12 @@ def capture_attention(model: torch.nn.Module, idx) -> np.ndarray:
 
 @torch.no_grad()
 def residual_streams(model, x: torch.Tensor) -> torch.Tensor:
-    """The residual stream of a batch from one forward pass: float32 (B, L + 1, T, C), on x's device. Row l < L enters block l
-    (row 0: the embeddings); row L leaves the last block (ln_f's input). Forward pre-hooks, eval mode, float32."""
+    """The residual stream of a batch from one forward pass: float32 (B, L + 1, T, C), on x's device. Row l < L
+    enters block l (row 0: the embeddings); row L leaves the last block (ln_f's input). Recorded at the model's
+    hook points (model/hooks.py), eval mode, float32."""
     model = plain_module(model)
-    blocks = [*model.transformer.h, model.transformer.ln_f]
-    seen: dict[int, torch.Tensor] = {}
-
-    def keeper(n: int):
-        def hook(module, args):
-            seen[n] = args[0].detach().float()
-        return hook
-
-    handles = [m.register_forward_pre_hook(keeper(n)) for n, m in enumerate(blocks)]
-    try:
-        with eval_mode(model), torch.autocast(device_type=x.device.type, enabled=False):
-            model(x)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return torch.stack([seen[n] for n in range(len(blocks))], dim=1)
+    n_layer = model.config.n_layer
+    names = [point_name("resid_pre", i) for i in range(n_layer)] + [point_name("resid_post", n_layer - 1)]
+    with eval_mode(model), torch.autocast(device_type=x.device.type, enabled=False):
+        _, cache = run_with_cache(model, x, names=names)
+    return torch.stack([cache[n] for n in names], dim=1)

@@ -29,7 +29,10 @@ The steps, for head h of block l and query i, every vector a row (y = x W^T + b,
     share_h  = head_out W_O^T = head_out c_proj.weight[:, h*hs:(h+1)*hs]^T                          (C,)
     attn_out = sum_h share_h + c_proj.bias     = what the block's attention adds at position i      (C,)
 
-Arithmetic in float64 numpy from the float32 weights, so the recomputation is the exact formula and any
+x, q, k and v are the model's own, recorded by one forward pass at its hook points (model/hooks.py); q_proj, x_ln
+and the other intermediate steps before them come from the block's own ln_1, c_attn and qk_norm applied to the
+recorded x: nothing of the model is written twice. What follows q, k and v for one query (dots, scale, bias,
+mask, softmax, weighted sum, the head's share) is the arithmetic the page shows, in float64 numpy, so any
 difference from the model is the model's float32 rounding (~1e-7). A model whose positions see later keys
 (causal_mask "after_softmax" or "none") is refused: its rows need every key of the sequence, not keys 0..i
 (`steppable` says why; the page leaves its panel out). What varies with the attention kind
@@ -47,6 +50,9 @@ import torch
 from torch import Tensor
 
 from attention_lab.interp.capture import plain_module, residual_streams
+from attention_lab.runtime.device import eval_mode
+from model.attention import expand_kv, qk_norm, split_qkv
+from model.hooks import ActivationCache, point_name, run_with_cache
 
 
 def _np(t: Tensor) -> np.ndarray:
@@ -139,7 +145,7 @@ def _weights(masked: np.ndarray, sink: float | None) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------------------------------
-# the residual stream
+# the activations: what one recorded forward pass holds (model/hooks.py)
 
 
 def _token_ids(model, ids) -> Tensor:
@@ -156,11 +162,18 @@ def residual_stream(model, ids) -> Tensor:
     """The residual stream of one sequence: float32 (L + 1, T, C) on the model's device.
 
     Row l < L enters block l (row 0: token + position embeddings); row L leaves the last block, ln_f's input.
-    Taken with forward pre-hooks during one ordinary forward pass, so it is the model's own stream whatever
+    Recorded at the model's hook points during one ordinary forward pass, so it is the model's own stream whatever
     its blocks do. ids: a list or 1-D tensor, cropped to the last block_size tokens. Eval mode, float32.
     """
     model = plain_module(model)
     return residual_streams(model, _token_ids(model, ids)[None])[0]
+
+
+@torch.no_grad()
+def _recorded(model, idx: Tensor, names: list[str]) -> ActivationCache:
+    """One forward pass of idx (T,) recording `names`: eval mode, float32."""
+    with eval_mode(model), torch.autocast(device_type=idx.device.type, enabled=False):
+        return run_with_cache(model, idx[None], names=names)[1]
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -203,27 +216,10 @@ class Inside:
     attn_out: np.ndarray  # (C,) shares.sum(0) + proj_bias: the attention block's output at position i
 
 
-def layer_norm(x: np.ndarray, ln: torch.nn.LayerNorm) -> np.ndarray:
-    """(x - mean) / sqrt(var + eps) * gamma + beta over the last axis; var is the biased one, as torch's."""
-    centred = x - x.mean(-1, keepdims=True)
-    out = centred / np.sqrt((centred**2).mean(-1, keepdims=True) + ln.eps) * _np(ln.weight)
-    return out + _np(ln.bias) if ln.bias is not None else out
-
-
 def rms_norm(x: np.ndarray) -> np.ndarray:
-    """QK-norm: x / sqrt(mean(x^2) + eps) over the head channels. eps is F.rms_norm's default, the machine
-    epsilon of the model's float32."""
+    """x / sqrt(mean(x^2) + eps) over the head channels (linear_out_norm on a head's output). eps is F.rms_norm's
+    default, the machine epsilon of the model's float32."""
     return x / np.sqrt((x**2).mean(-1, keepdims=True) + np.finfo(np.float32).eps)
-
-
-def _rotate(pe, q: np.ndarray, k: np.ndarray, device: torch.device) -> tuple[np.ndarray, np.ndarray]:
-    """RoPE (or nothing): the positional encoding's own rotate_qk on q, k (n, hs) of positions 0..i."""
-    tables = pe.rotation(torch.arange(len(k), device=device))
-    if tables is None:
-        return q, k
-    tables = tuple(t.cpu() for t in tables)  # (n, hs) cos and sin, turned to float64 by rotate_qk
-    qr, kr = pe.rotate_qk(torch.from_numpy(q), torch.from_numpy(k), tables)
-    return qr.numpy(), kr.numpy()
 
 
 def _alibi_row(pe, head: int, query: int, device: torch.device) -> np.ndarray:
@@ -233,45 +229,30 @@ def _alibi_row(pe, head: int, query: int, device: torch.device) -> np.ndarray:
     return np.zeros(query + 1) if bias is None else _np(bias[head, 0])
 
 
-def _values(w: HeadWeights, x_ln: np.ndarray, attn, w_first: HeadWeights | None, x0_ln: np.ndarray | None):
-    """v_own, v_first, lambda and the mixed v (n, hs), as CausalSelfAttention mixes them."""
-    v_own = x_ln @ _np(w.W_V).T + _np(w.b_V)  # (n, hs)
-    if attn.value_lambda is None:
-        return v_own, None, None, v_own
-    # the first block's values of the same tokens, from its own ln_1 and c_attn (before any mixing)
-    v_first = x0_ln @ _np(w_first.W_V).T + _np(w_first.b_V)
-    lam = float(attn.value_lambda)
-    return v_own, v_first, lam, lam * v_own + (1.0 - lam) * v_first
+def _projections(model, layer: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k, v straight from c_attn for the stream x (n, C) entering block `layer`: the block's own ln_1, c_attn
+    and head split, (nh, n, hs), (nkv, n, hs), (nkv, n, hs). What the cache's q, k, v were before QK-norm, RoPE
+    and the value mix."""
+    cfg, attn = model.config, model.transformer.h[layer].attn
+    x_ln = model.transformer.h[layer].ln_1(x)
+    q, k, v = split_qkv(attn.c_attn(x_ln)[None], cfg.n_head, cfg.kv_heads, cfg.qk_tied)
+    return q[0], k[0], v[0]
 
 
-def _vectors(model, layer: int, head: int, x_ln: np.ndarray, x0_ln: np.ndarray | None) -> dict:
-    """q, k and v of one head at every position of x_ln (n, C), before and after each step."""
+def _head_steps(model, layer: int, head: int, vec: dict, query: int, t: int) -> dict:
+    """Every step of one head at query i from its q, k, v (float64, positions 0..i), as a dict of Inside's
+    fields from q_proj on: the per-query arithmetic, nothing the model computed already."""
     cfg, device = model.config, next(model.parameters()).device
     attn = model.transformer.h[layer].attn
+    kv = head // (cfg.n_head // cfg.kv_heads)  # grouped-query attention: the key/value head this head reads
     w = head_weights(model, layer, head)
-    q_all = x_ln @ _np(w.W_Q).T + _np(w.b_Q)  # (n, hs): every position's query, for RoPE's stacked rotation
-    k_proj = x_ln @ _np(w.W_K).T + _np(w.b_K)  # (n, hs)
-    q_normed, k_normed = (rms_norm(q_all), rms_norm(k_proj)) if cfg.qk_norm else (q_all, k_proj)
-    q_rot, k = _rotate(model.transformer.wpe, q_normed, k_normed, device)
-    w_first = head_weights(model, 0, head) if attn.value_lambda is not None else None
-    v_own, v_first, lam, v = _values(w, x_ln, attn, w_first, x0_ln)
-    return dict(w=w, q_all=q_all, k_proj=k_proj, q_normed=q_normed, k_normed=k_normed, q_rot=q_rot, k=k,
-                v_own=v_own, v_first=v_first, lam=lam, v=v)
-
-
-def _head_steps(model, layer: int, head: int, x_ln: np.ndarray, x0_ln: np.ndarray | None, query: int,
-                t: int) -> dict:
-    """Every step of one head at query i, as a dict of Inside's fields (from x_ln on)."""
-    cfg, device = model.config, next(model.parameters()).device
-    attn = model.transformer.h[layer].attn
-    vec = _vectors(model, layer, head, x_ln, x0_ln)
-    w, q_all, k_proj, q_normed, k_normed = vec["w"], vec["q_all"], vec["k_proj"], vec["q_normed"], vec["k_normed"]
-    q_rot, k, v_own, v_first, lam, v = vec["q_rot"], vec["k"], vec["v_own"], vec["v_first"], vec["lam"], vec["v"]
-
-    q = q_rot[query]  # (hs,)
+    v_first = vec["v_first"][kv] if vec["v_first"] is not None else None
+    fields = dict(q_proj=vec["q_proj"][head, query], k_proj=vec["k_proj"][kv], q_normed=vec["q_normed"][head, query],
+                  k_normed=vec["k_normed"][kv], q=vec["q"][head, query], k=vec["k"][kv], v_own=vec["v_own"][kv],
+                  v_first=v_first, value_lambda=vec["lam"], v=vec["v"][kv])
+    q, k, v = fields["q"], fields["k"], fields["v"]
     if cfg.attention == "linear":
-        return dict(q_proj=q_all[query], k_proj=k_proj, q_normed=q_normed[query], k_normed=k_normed, q=q, k=k,
-                    v_own=v_own, v_first=v_first, value_lambda=lam, v=v, **_linear_steps(cfg, q, k, v, query, t, w))
+        return fields | _linear_steps(cfg, q, k, v, query, t, w)
     dots = k @ q  # (n,)
     scaled = dots * cfg.score_scale  # dots / sqrt(hs), unless attn_scale says otherwise
     bias = _alibi_row(model.transformer.wpe, head, query, device)
@@ -279,9 +260,8 @@ def _head_steps(model, layer: int, head: int, x_ln: np.ndarray, x0_ln: np.ndarra
     sink = float(attn.sink[head]) if getattr(attn, "sink", None) is not None else None
     weights = _weights(masked, sink)  # (T,)
     head_out = weights[: query + 1] @ v  # (hs,); the hidden keys' weights are 0
-    return dict(q_proj=q_all[query], k_proj=k_proj, q_normed=q_normed[query], k_normed=k_normed, q=q, k=k,
-                v_own=v_own, v_first=v_first, value_lambda=lam, v=v, dots=dots, scaled=scaled, bias=bias,
-                masked=masked, weights=weights, head_out=head_out, share=head_out @ _np(w.W_O).T)
+    return fields | dict(dots=dots, scaled=scaled, bias=bias, masked=masked, weights=weights, head_out=head_out,
+                         share=head_out @ _np(w.W_O).T)
 
 
 def _phi(x: np.ndarray) -> np.ndarray:
@@ -306,19 +286,14 @@ def _linear_steps(cfg, q: np.ndarray, k: np.ndarray, v: np.ndarray, query: int, 
 @torch.no_grad()
 def head_vectors(model, ids) -> np.ndarray:
     """q, k, v of every head at every position, as its dot products and weighted sum see them (after QK-norm,
-    RoPE and the value mix): float64 (3, L, nh, T, hs), from one forward pass. What the page's "step inside"
-    panel computes with."""
+    RoPE and the value mix; a grouped-query kv head repeated for each query head it serves): float64
+    (3, L, nh, T, hs), read from one recorded forward pass. What the page's "step inside" panel computes with."""
     model = plain_module(model)
-    cfg, blocks = model.config, model.transformer.h
-    stream = residual_stream(model, ids)  # (L + 1, T, C)
-    out = np.zeros((3, cfg.n_layer, cfg.n_head, stream.size(1), cfg.head_size))
-    x0_ln = layer_norm(_np(stream[0]), blocks[0].ln_1)  # block 0's ln_1, mixed in by value_residual
-    for layer in range(cfg.n_layer):
-        x_ln = layer_norm(_np(stream[layer]), blocks[layer].ln_1)
-        for head in range(cfg.n_head):
-            vec = _vectors(model, layer, head, x_ln, x0_ln)
-            out[:, layer, head] = vec["q_rot"], vec["k"], vec["v"]
-    return out
+    cfg = model.config
+    idx = _token_ids(model, ids)
+    cache = _recorded(model, idx, [point_name(kind, layer) for layer in range(cfg.n_layer) for kind in "qkv"])
+    q, k, v = (cache.stack(kind)[:, 0] for kind in "qkv")  # (L, nh | nkv, T, hs)
+    return _np(torch.stack([q, expand_kv(k, cfg.n_head), expand_kv(v, cfg.n_head)]))
 
 
 def head_shares(model, weights: np.ndarray, qkv: np.ndarray) -> np.ndarray:
@@ -351,30 +326,37 @@ def step_inside(model, ids, layer: int, head: int, query: int) -> Inside:
     """The attention computation of head `head` in block `layer` for query position `query`, step by step.
 
     ids: token ids, a list or 1-D tensor, cropped to the last block_size; query indexes the cropped sequence
-    (negative counts from the end). The residual stream comes from one forward pass of the model (eval mode,
-    float32, no autocast); everything after it is recomputed here from the block's weights (module docstring).
+    (negative counts from the end). The stream, q, k and v come from one recorded forward pass of the model
+    (eval mode, float32, no autocast); what the tutorials write out for one query (the dot products, scaling,
+    mask, softmax, weighted sum and the head's share) is computed here (module docstring).
     """
     model = plain_module(model)
     cfg = model.config
     if steppable(cfg) is not None:
         raise ValueError(steppable(cfg))
     _check_head(cfg, layer, head)
-    stream = residual_stream(model, ids)  # (L + 1, T, C)
-    t = stream.size(1)
+    idx = _token_ids(model, ids)
+    t = idx.numel()
     if not -t <= query < t:
         raise ValueError(f"query must index the {t} tokens given (0..{t - 1}, or negative from the end), got {query}")
     i = query % t
     blocks = model.transformer.h
-    x = _np(stream[layer, : i + 1])  # (n, C)
-    x_ln = layer_norm(x, blocks[layer].ln_1)
-    x0_ln = None  # block 0's ln_1 input, whose values a later block mixes in with value_residual
-    if blocks[layer].attn.value_lambda is not None:
-        x0_ln = layer_norm(_np(stream[0, : i + 1]), blocks[0].ln_1)
-    steps = [_head_steps(model, layer, h, x_ln, x0_ln, i, t) for h in range(cfg.n_head)]
+    cache = _recorded(model, idx, [point_name(kind, layer) for kind in ("resid_pre", "q", "k", "v")]
+                      + [point_name("resid_pre", 0)])
+    x = cache["resid_pre", layer][0, : i + 1]  # (n, C)
+    q_proj, k_proj, v_own = _projections(model, layer, x)  # causal: positions 0..i need nothing after i
+    q_normed, k_normed = (qk_norm(q_proj), qk_norm(k_proj)) if cfg.qk_norm else (q_proj, k_proj)
+    attn = blocks[layer].attn
+    v_first = _projections(model, 0, cache["resid_pre", 0][0, : i + 1])[2] if attn.value_lambda is not None else None
+    vec = dict(q_proj=_np(q_proj), k_proj=_np(k_proj), q_normed=_np(q_normed), k_normed=_np(k_normed),
+               q=_np(cache["q", layer][0, :, : i + 1]), k=_np(cache["k", layer][0, :, : i + 1]),
+               v=_np(cache["v", layer][0, :, : i + 1]), v_own=_np(v_own),
+               v_first=_np(v_first) if v_first is not None else None,
+               lam=float(attn.value_lambda) if attn.value_lambda is not None else None)
+    steps = [_head_steps(model, layer, h, vec, i, t) for h in range(cfg.n_head)]
     shares = np.stack([s["share"] for s in steps])  # (nh, C)
-    proj = blocks[layer].attn.c_proj
+    proj = attn.c_proj
     proj_bias = _np(proj.bias) if proj.bias is not None else np.zeros(cfg.n_embd)
-    ids_np = _token_ids(model, ids).cpu().numpy()
-    return Inside(layer=layer, head=head, query=i, ids=ids_np, x=x, x_ln=x_ln, **steps[head], shares=shares,
-                  proj_bias=proj_bias, attn_out=shares.sum(0) + proj_bias)
-
+    return Inside(layer=layer, head=head, query=i, ids=idx.cpu().numpy(), x=_np(x),
+                  x_ln=_np(blocks[layer].ln_1(x)), **steps[head], shares=shares, proj_bias=proj_bias,
+                  attn_out=shares.sum(0) + proj_bias)

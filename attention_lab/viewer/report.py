@@ -21,16 +21,15 @@ import matplotlib.image
 import numpy as np
 import torch
 
-from attention_lab.interp.capture import capture_attention
+from attention_lab.interp.analysis import TextAnalysis, analyze
 from attention_lab.interp.circuits import copying_of, copying_score, ov_logits, qk_token_pairs
 from attention_lab.interp.figures import attention_figure, figure_to_array, markdown_code
-from attention_lab.interp.heads import ablation_effects, format_head_table, head_rows
-from attention_lab.interp.inside import head_shares, head_vectors, steppable
-from attention_lab.interp.lens import logit_lens
-from attention_lab.interp.roles import ROLE_HELP, role_scores
+from attention_lab.interp.heads import format_head_table, head_rows
+from attention_lab.interp.inside import steppable
+from attention_lab.interp.roles import ROLE_HELP
 from attention_lab.store.layout import SampleLayout
-from attention_lab.viewer.page import write_sample_page
-from data.files import write_json_atomic
+from attention_lab.viewer.page import render_page, sample_data
+from data.files import atomic_write, write_json_atomic
 from data.tokenizer import Tokenizer
 from model import GPT
 
@@ -57,20 +56,12 @@ def dump_attention(
     out = SampleLayout(out_dir)
     out.root.mkdir(parents=True, exist_ok=True)
     window = [int(i) for i in ids[-model.config.block_size :]]
-    weights = capture_attention(model, window)  # (L, nh, T, T)
+    found = analyze(model, window)  # one recorded forward pass (and one batched pass for the ablations)
+    weights, scores, ablation, lens = found.weights, found.scores, found.ablation, found.lens
     labels = tokenizer.token_strings(window)
     text = tokenizer.decode(window)
-    scores = role_scores(weights, np.asarray(window))  # role -> (L, nh), measured on this text
-    ablation = None
-    if len(window) > 1:  # the loss change on this text's own next tokens when each head alone is zeroed
-        idx = torch.tensor([window], device=next(model.parameters()).device)
-        ablation = ablation_effects(model, idx[:, :-1], idx[:, 1:])
     circuits = head_circuits(model, window, tokenizer)
-    lens = logit_lens(model, window, k=5)
-    qkv = head_vectors(model, window)  # (3, L, nh, T, hs): one forward pass for every head
-    shares = head_shares(model, weights, qkv)  # (L, nh, T, C): what each head adds at each position
-    in_text = copying_of(model, shares, weights, window) if len(window) > 1 else None
-    rows = head_rows(scores, ablation, np.asarray(circuits["copying"]), in_text)
+    rows = head_rows(scores, ablation, np.asarray(circuits["copying"]), in_text_copying(model, found))
     table = format_head_table(rows) + "\n" + lens_lines(lens, tokenizer, labels)
 
     files = [out.weights, out.tokens, out.summary, out.summary_text]
@@ -94,10 +85,10 @@ def dump_attention(
                                                               "p": lens.probs[:, -1, 0].round(4).tolist()}})
     out.summary_text.write_text(table + "\n", encoding="utf-8")
     if html:
-        page_scores = dict(scores) | ({"ablation": ablation} if ablation is not None else {})
-        # the panel steps through causal rows (keys 0..i): left out for a model whose rows reach later keys
-        inside = inside_data(model, qkv, shares, tokenizer, lens, circuits) if steppable(model.config) is None else None
-        files.append(write_sample_page(out.page, weights, labels, page_scores, title=title or "attention", inside=inside))
+        data = page_data(model, tokenizer, found, circuits)
+        with atomic_write(out.page) as f:
+            f.write(render_page(data, title or "attention"))
+        files.append(out.page)
 
     for layer in range(weights.shape[0]):
         fig = attention_figure(weights[layer], labels, f"{title}, layer {layer}".lstrip(", "), dpi=dpi)
@@ -113,6 +104,25 @@ def dump_attention(
             "scores": scores, "ablation": ablation, "files": files}
 
 
+def in_text_copying(model: GPT, found: TextAnalysis) -> np.ndarray | None:
+    """(L, nh) each head's copying on this text (circuits.copying_of), from the analysis' shares and weights."""
+    return copying_of(model, found.shares, found.weights, found.ids) if len(found.ids) > 1 else None
+
+
+def page_data(model: GPT, tokenizer: Tokenizer, found: TextAnalysis, circuits: dict | None = None) -> dict:
+    """The sample page's JSON data island for one analysed text (what attention.html embeds and the live lab's
+    /api/analyze answers): the weights, role scores and ablation of `found`, and, for a causal model, the "step
+    inside" panel's numbers with the logit lens and `circuits` (head_circuits; the lab keeps the weight-only part
+    per checkpoint)."""
+    labels = tokenizer.token_strings([int(i) for i in found.ids])
+    page_scores = dict(found.scores) | ({"ablation": found.ablation} if found.ablation is not None else {})
+    circuits = circuits if circuits is not None else head_circuits(model, [int(i) for i in found.ids], tokenizer)
+    # the panel steps through causal rows (keys 0..i): left out for a model whose rows reach later keys
+    inside = (inside_data(model, found.qkv, found.shares, tokenizer, found.lens, circuits)
+              if steppable(model.config) is None else None)
+    return sample_data(found.weights, labels, page_scores, inside=inside)
+
+
 def _b64(a: np.ndarray) -> str:
     return base64.b64encode(np.ascontiguousarray(a, dtype="<f4").tobytes()).decode("ascii")
 
@@ -120,29 +130,46 @@ def _b64(a: np.ndarray) -> str:
 @torch.no_grad()
 def head_circuits(model: GPT, window: list[int], tokenizer: Tokenizer, k: int = 5) -> dict:
     """Per head, from its weights alone (attention_lab/interp/circuits.py): the copying score, the top query-key
-    token pairs, and for each distinct token of the text the tokens whose logits the head raises most when it
-    attends to it."""
+    token pairs (model_circuits: the same for every text), and for each distinct token of the text the tokens
+    whose logits the head raises most when it attends to it (text_circuits)."""
+    return model_circuits(model, tokenizer, k) | text_circuits(model, window, tokenizer, k)
+
+
+def _names(tokenizer: Tokenizer, ids) -> list[str]:
+    return tokenizer.token_strings([int(i) for i in ids])
+
+
+@torch.no_grad()
+def model_circuits(model: GPT, tokenizer: Tokenizer, k: int = 5) -> dict:
+    """The text-independent part of head_circuits: {"copying": (L, nh), "qk_pairs": L x nh x k [query, key,
+    score]}. Seconds on the default model: the live lab computes it once per checkpoint."""
     cfg = model.config
-    distinct = sorted(set(window))
-    labels = dict(zip(distinct, tokenizer.token_strings(distinct)))
-
-    def names(ids) -> list[str]:
-        return tokenizer.token_strings([int(i) for i in ids])
-
-    copying, pairs, writes = [], [], []
+    copying, pairs = [], []
     for layer in range(cfg.n_layer):
         copying.append([copying_score(model, layer, h) for h in range(cfg.n_head)])
         pairs.append([])
-        writes.append([])
         for h in range(cfg.n_head):
             top = qk_token_pairs(model, layer, h, k=k)
             pairs[-1].append([[q, key, round(float(s), 3)] for q, key, s in
-                              zip(names(top.query), names(top.key), top.score)])
+                              zip(_names(tokenizer, top.query), _names(tokenizer, top.key), top.score)])
+    return {"copying": copying, "qk_pairs": pairs}
+
+
+@torch.no_grad()
+def text_circuits(model: GPT, window: list[int], tokenizer: Tokenizer, k: int = 5) -> dict:
+    """{"ov_writes": L x nh x {token: [[written token, logit] x k]}} for the distinct tokens of the text."""
+    cfg = model.config
+    distinct = sorted({int(t) for t in window})
+    labels = dict(zip(distinct, tokenizer.token_strings(distinct)))
+    writes = []
+    for layer in range(cfg.n_layer):
+        writes.append([])
+        for h in range(cfg.n_head):
             logits = torch.as_tensor(ov_logits(model, layer, h, distinct))  # (n, V)
             best = logits.topk(k, dim=-1)
-            writes[-1].append({labels[t]: [[s, round(float(v), 3)] for s, v in zip(names(i), val)]
+            writes[-1].append({labels[t]: [[s, round(float(v), 3)] for s, v in zip(_names(tokenizer, i), val)]
                                for t, i, val in zip(distinct, best.indices, best.values)})
-    return {"copying": copying, "qk_pairs": pairs, "ov_writes": writes}
+    return {"ov_writes": writes}
 
 
 def lens_lines(lens, tokenizer: Tokenizer, labels: list[str]) -> str:
