@@ -19,6 +19,7 @@ Eval mode, float32 (any surrounding autocast is off), the plain module (no compi
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -141,8 +142,11 @@ def analyze(model, ids, *, interventions: Sequence[Intervention] = (), ablation:
     w_o = torch.stack([b.attn.c_proj.weight.float() for b in model.transformer.h])  # (L, C, nh * hs)
     w_o = w_o.view(cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.head_size)
     shares = torch.einsum("lhtd,lchd->lhtc", z, w_o)  # (L, nh, T, C): z_h W_O,h^T
+    with warnings.catch_warnings():  # a one-token text has no rows to average: its scores are nan, said once
+        warnings.simplefilter("ignore", RuntimeWarning)
+        scores = role_scores(weights, ids_np)
     return TextAnalysis(
-        ids=ids_np, weights=weights, scores=role_scores(weights, ids_np),
+        ids=ids_np, weights=weights, scores=scores,
         ablation=batched_ablation(model, idx, interventions) if ablation and idx.size(1) > 1 else None,
         loss=loss, loss_mean=loss_mean, top_ids=top_ids, top_probs=top_probs,
         lens=lens_of_stream(model, resid, lens_k),

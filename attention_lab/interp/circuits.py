@@ -46,8 +46,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attention_lab.interp.capture import capture_attention, plain_module
-from attention_lab.interp.inside import head_shares, head_vectors, head_weights
+from attention_lab.interp.analysis import analyze
+from attention_lab.interp.capture import plain_module
+from attention_lab.interp.inside import head_weights
 from model.attention import qk_norm
 
 CHUNK = 512  # rows of a V x V matrix made at once: 512 x 4096 float32 = 8 MB
@@ -226,7 +227,7 @@ def ov_eigenvalue_score(model, layer: int, head: int) -> float:
 
 def copying_of(model, shares: np.ndarray, weights: np.ndarray, ids) -> np.ndarray:
     """Per head (L, nh): the share of positions i >= 1 at which the head's output there (shares (L, nh, T, C), from
-    inside.head_shares), through the unembedding, raises most the logit of the token the head attends to most
+    analysis.analyze's shares), through the unembedding, raises most the logit of the token the head attends to most
     (weights (L, nh, T, T)): argmax_b share_i W_U^T [b] == ids[argmax_j w_ij]."""
     w_u = _unembedding(plain_module(model)).double().cpu().numpy().T  # (C, V)
     attended = np.asarray(ids)[np.asarray(weights).argmax(-1)]  # (L, nh, T)
@@ -247,8 +248,5 @@ def copying_in_context(model, ids) -> np.ndarray:
     (high here, on a repeated text) while its embedding-only score is at chance (docs/heads.md measures both).
     ln_f is left out of the path, as in ov_logits; the softcap does not change an argmax.
     """
-    model = plain_module(model)
-    idx = torch.as_tensor(ids, dtype=torch.long)[-model.config.block_size:]
-    weights = capture_attention(model, idx)  # (L, nh, T, T)
-    shares = head_shares(model, weights, head_vectors(model, idx))
-    return copying_of(model, shares, weights, idx.numpy())
+    found = analyze(plain_module(model), ids, ablation=False)
+    return copying_of(model, found.shares, found.weights, found.ids)
