@@ -43,6 +43,8 @@ from data.files import atomic_write, human_bytes
 
 ASSETS = "assets"
 SCRIPTS = ("explorer.js", "charts.js", "inside.js", "main.js")  # concatenated in this order into the page's one script
+# the live lab's page: the same scripts and lab.js, which main.js's boot (last: it runs on load) hands the page to
+LAB_SCRIPTS = ("explorer.js", "charts.js", "inside.js", "lab.js", "main.js")
 # Raw bytes of attention levels a film may hold (base64 adds a third): about 4.8 MB of page, so a film stays under
 # 5 MB; beyond it, evaluations are dropped evenly (the first, the last and phase changes kept). A 6-layer, 6-head
 # model on a 128-token probe needs 297 kB per evaluation.
@@ -127,19 +129,35 @@ def _asset(name: str) -> str:
     return resources.files(__package__).joinpath(ASSETS, name).read_text(encoding="utf-8")
 
 
-def render_page(data: dict, title: str) -> str:
-    """The page: the template with its style, script, title and the JSON data island filled in."""
+def render_page(data: dict, title: str, *, lab: bool = False) -> str:
+    """The page: the template with its style, script, title and the JSON data island filled in. lab: the live
+    lab's page (lab_page): the template's lab section (assets/lab.html) and lab.js join the same components."""
     # "<" escaped as \u003c: no "</script>" or "<!--" inside the island can end it early, whatever the tokens say
     island = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
     fills = {
         "title": html.escape(title),
         "kind": html.escape(data["kind"]),
         "style": _asset("viewer.css"),
-        "script": "\n".join(_asset(name) for name in SCRIPTS),
+        # the lab is served over HTTP, where a browser asks for /favicon.ico unless the page names an (empty) icon
+        "head": '<link rel="icon" href="data:,">\n' if lab else "",
+        "lab": _asset("lab.html") if lab else "",
+        "script": "\n".join(_asset(name) for name in (LAB_SCRIPTS if lab else SCRIPTS)),
         "data": island,
     }
     # one pass over the template only: nothing filled in is searched for markers again
     return re.sub(r"\{\{(\w+)\}\}", lambda m: fills[m.group(1)], _asset("page.html"))
+
+
+def lab_page(limits: Mapping | None = None, *, title: str = "attention lab", text: str = "") -> str:
+    """The live lab's page (attention_lab/lab serves it at GET /): the sample page's template, style and
+    components, with the lab's section and lab.js. Its data island holds no text's data, only {"kind": "lab",
+    "limits", "text"}: every answer of the server's /api/analyze (a sample page's island plus `live`, docs/lab.md)
+    is rendered into the same components in place. limits: the server's input bounds (shown next to the inputs);
+    text: what the text box holds when the page opens (analysed at once; empty: nothing until the user types).
+    Nothing is fetched but the lab's own /api."""
+    data = {"kind": "lab", "subtitle": "type a text: every pause redraws the maps", "notes": [],
+            "limits": _clean(dict(limits or {})), "text": str(text)}
+    return render_page(data, title, lab=True)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -179,6 +197,18 @@ def write_sample_page(path, attention, tokens: Sequence[str], head_scores: Mappi
     inside" panel's data (attention_lab/viewer/report.py inside_data), for the same T tokens; left out when the
     tokens are cut.
     """
+    data = sample_data(attention, tokens, head_scores, max_bytes=max_bytes, inside=inside)
+    path = Path(path)
+    page = render_page(data, title or f"attention over {data['T']} tokens")
+    with atomic_write(path) as f:
+        f.write(page)
+    return path
+
+
+def sample_data(attention, tokens: Sequence[str], head_scores: Mapping | None = None, *,
+                max_bytes: int = SAMPLE_MAX_BYTES, inside: dict | None = None) -> dict:
+    """The sample page's JSON data island (write_sample_page's arguments): what attention.html embeds and what
+    the live lab's /api/analyze answers."""
     a = _check_attention(attention, tokens)
     n_layer, n_head, t, _ = a.shape
     scores = _check_scores(head_scores, n_layer, n_head)
@@ -204,11 +234,7 @@ def write_sample_page(path, attention, tokens: Sequence[str], head_scores: Mappi
     }
     if inside is not None and keep == t:
         data["inside"] = inside
-    path = Path(path)
-    page = render_page(data, title or f"attention over {len(tokens)} tokens")
-    with atomic_write(path) as f:
-        f.write(page)
-    return path
+    return data
 
 
 # ------------------------------------------------------------------------------------------------------------

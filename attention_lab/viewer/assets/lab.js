@@ -1,0 +1,464 @@
+// The live lab (attention_lab/lab serves this page; the API is docs/lab.md). The page's own island holds only
+// {kind: "lab", limits, text}; every answer of POST /api/analyze is a sample page's island (tokens, L, H, T,
+// colormap, roles, frames, scores, inside) plus `live`: {model, checkpoint, step, ids, loss: [T - 1] nats of token
+// t + 1 given 0..t, loss_mean, top: [T][10] of [token, p] (the next-token distribution after each position), ms,
+// and with interventions before: {loss, loss_mean, top} of the clean model}. It is drawn by the same components
+// as the static page (SampleView in main.js), re-rendered in place at every answer.
+//
+// Requests: one analysis in flight at a time; what the user changes meanwhile is sent when it returns (the newest
+// state only), and an answer for a state older than the one shown is dropped. Every render ends by raising
+// document.body.dataset.rendered (a counter) once the browser has drawn it: tests and the latency benchmark wait
+// for it; window.labTimings holds each render's times.
+
+const LAB_DEBOUNCE_MS = 150; // after the last key, before the text is sent
+const LAB_AFTER_MS = 350; // after a render, before the slower side requests (continuations, the comparison)
+
+class LabError extends Error {}
+
+// POST (or GET without body) to the lab's API: the parsed JSON, or a LabError whose message says what went wrong in
+// words (the server's {"error": ...} when it sent one).
+async function labFetch(path, body, signal) {
+  let response;
+  try {
+    response = await fetch(path, body === undefined ? { signal } : {
+      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body), signal });
+  } catch (e) {
+    if (e.name === "AbortError") throw e;
+    throw new LabError(`the lab's server does not answer (${e.message}): is it still running?`);
+  }
+  if (!response.ok) throw new LabError(await labErrorText(response));
+  try { return await response.json(); }
+  catch (e) { throw new LabError(`the server's answer to ${path} is not JSON (${e.message})`); }
+}
+
+async function labErrorText(response) {
+  let text = "";
+  try { text = await response.text(); } catch (e) { /* the body is gone: say the status alone */ }
+  try { const j = JSON.parse(text); if (j && j.error) return `${j.error} (HTTP ${response.status})`; } catch (e) { /* not JSON */ }
+  return `the server answered HTTP ${response.status}${text ? `: ${text.slice(0, 300)}` : ""}`;
+}
+
+function nextPaint() {
+  // resolves once the browser has drawn what the DOM holds now (or after 250 ms in a tab that draws nothing)
+  return new Promise((resolve) => {
+    let done = false;
+    const finish = () => { if (!done) { done = true; resolve(); } };
+    requestAnimationFrame(() => setTimeout(finish, 0));
+    setTimeout(finish, 250);
+  });
+}
+
+function fmtP(p) { return p >= 0.995 ? "1.00" : p.toFixed(2).replace(/^0/, ""); }
+function tokenText(t) { return typeof t === "number" ? `#${t}` : axisLabel(String(t), 16); }
+function lossColour(v) { return v == null ? "" : `rgba(192, 57, 43, ${Math.min(1, Math.max(0, v) / 6).toFixed(3)})`; }
+function diffColour(d) {
+  if (d == null) return "";
+  const a = Math.min(1, Math.abs(d) / 2).toFixed(3);
+  return d < 0 ? `rgba(41, 98, 200, ${a})` : `rgba(192, 57, 43, ${a})`;
+}
+function ivLabel(iv) {
+  if (iv.kind === "hide_key") return `hide key #${iv.key}`;
+  return `${iv.kind === "zero" ? "zero" : "uniform"} ${headName(iv.layer, iv.head)}`;
+}
+
+class Lab {
+  constructor(config) {
+    this.limits = config.limits || {};
+    this.view = new SampleView();
+    this.view.onChange = () => this.pointerAt(this.view.explorer.query);
+    hideExplorer();
+    this.models = []; this.model = null; this.checkpoint = null; this.compareWith = "";
+    this.interventions = []; // [{kind: "zero" | "uniform", layer, head} | {kind: "hide_key", key}]
+    this.data = null; // the answer on the page
+    this.shownKey = null; // the state that answer is for (the JSON of its request)
+    this.busy = false; this.dirty = false; this.timer = null; this.sideTimer = null;
+    this.sideSeq = 0; this.renders = 0; this.pointer = null;
+    this.generating = null; // the AbortController of a running generation
+    window.labTimings = [];
+    const $ = (id) => document.getElementById(id);
+    this.$ = $;
+    $("lab").hidden = false;
+    this.text = $("lab-text");
+    this.text.value = config.text || "";
+    this.text.addEventListener("input", () => this.changed(LAB_DEBOUNCE_MS));
+    $("lab-model").addEventListener("change", () => this.pickModel($("lab-model").value));
+    $("lab-ckpt").addEventListener("input", () => this.pickCheckpoint(+$("lab-ckpt").value));
+    $("lab-compare").addEventListener("change", () => { this.compareWith = $("lab-compare").value; this.sideRequests(0); });
+    $("lab-generate").addEventListener("click", () => (this.generating ? this.generating.abort() : this.generate()));
+    $("lab-iv-clear").addEventListener("click", () => this.setInterventions([]));
+    const strip = $("lab-tokens");
+    strip.addEventListener("mouseover", (e) => { const t = e.target.closest("[data-i]"); if (t) this.pointerAt(+t.dataset.i); });
+    strip.addEventListener("click", (e) => { const t = e.target.closest("[data-i]"); if (t) this.toggleKey(+t.dataset.i); });
+    this.applyLimits();
+    this.loadModels();
+  }
+
+  // --- what the page asks for -------------------------------------------------------------------------------
+  request() {
+    return { text: this.text.value, model: this.model, checkpoint: this.checkpoint,
+             interventions: this.interventions.map((iv) => ({ ...iv })) };
+  }
+
+  sampling() {
+    const num = (id) => { const v = this.$(id).value.trim(); return v === "" ? null : Number(v); };
+    return { max_new_tokens: num("lab-max-new") ?? 30, temperature: num("lab-temperature") ?? 0.8,
+             top_k: num("lab-top-k"), top_p: num("lab-top-p"), seed: num("lab-seed") ?? 0 };
+  }
+
+  applyLimits() {
+    // the inputs' bounds from the server's limits, where it states them as [lo, hi] or a maximum
+    const bound = (id, key) => {
+      const v = this.limits[key];
+      if (Array.isArray(v)) { if (v[0] != null) this.$(id).min = v[0]; if (v[1] != null) this.$(id).max = v[1]; }
+      else if (typeof v === "number") this.$(id).max = v;
+    };
+    bound("lab-max-new", "max_new_tokens"); bound("lab-temperature", "temperature"); bound("lab-seed", "seed");
+  }
+
+  showError(message) {
+    const line = this.$("lab-error");
+    line.hidden = !message;
+    line.textContent = message ? `\u26a0 ${message}` : "";
+  }
+
+  // --- models and checkpoints ---------------------------------------------------------------------------------
+  async loadModels() {
+    let answer;
+    try { answer = await labFetch("/api/models"); }
+    catch (e) { this.showError(`cannot list the models: ${e.message}`); this.$("lab-status").textContent = ""; return; }
+    this.models = answer.models || [];
+    if (answer.limits) { this.limits = { ...this.limits, ...answer.limits }; this.applyLimits(); }
+    const select = this.$("lab-model");
+    select.replaceChildren(...this.models.map((m) => el("option", { value: m.id,
+      text: `${m.label}${m.config ? ` (${m.config.n_layer} x ${m.config.n_head}, ${m.config.position})` : ""}` })));
+    this.$("lab-compare-box").hidden = this.models.length < 2;
+    if (!this.models.length) { this.showError("the server holds no model"); return; }
+    this.$("lab-status").textContent = this.text.value ? "" : "type a text";
+    this.pickModel(this.models[0].id);
+  }
+
+  modelInfo(id = this.model) { return this.models.find((m) => m.id === id) || null; }
+
+  pickModel(id) {
+    const m = this.modelInfo(id);
+    if (!m) return;
+    const changed = this.model !== null && this.model !== id;
+    this.model = id;
+    this.$("lab-model").value = id;
+    const ckpts = m.checkpoints || [];
+    this.$("lab-ckpt-box").hidden = ckpts.length < 2;
+    const slider = this.$("lab-ckpt");
+    slider.max = Math.max(0, ckpts.length - 1);
+    const at = Math.max(0, ckpts.findIndex((c) => c.name === m.checkpoint));
+    slider.value = at;
+    this.checkpoint = ckpts.length ? ckpts[at].name : null;
+    this.labelCheckpoint();
+    const others = this.models.filter((o) => o.id !== id);
+    this.$("lab-compare").replaceChildren(el("option", { value: "", text: "no second model" }),
+      ...others.map((o) => el("option", { value: o.id, text: o.label })));
+    if (!others.some((o) => o.id === this.compareWith)) this.compareWith = "";
+    this.$("lab-compare").value = this.compareWith;
+    this.$("lab-generate").disabled = false;
+    if (changed) this.interventions = []; // its heads and keys belong to the other model
+    this.renderInterventions();
+    this.changed(0);
+  }
+
+  pickCheckpoint(i) {
+    const ckpts = (this.modelInfo() || {}).checkpoints || [];
+    if (!ckpts[i]) return;
+    this.checkpoint = ckpts[i].name;
+    this.labelCheckpoint();
+    this.changed(LAB_DEBOUNCE_MS);
+  }
+
+  labelCheckpoint() {
+    const ckpts = (this.modelInfo() || {}).checkpoints || [];
+    const i = ckpts.findIndex((c) => c.name === this.checkpoint);
+    this.$("lab-ckpt-label").textContent = i < 0 ? "" :
+      `step ${ckpts[i].step} (${ckpts[i].name}, ${i + 1} of ${ckpts.length})`;
+  }
+
+  // --- the analysis: one in flight, the newest state next ------------------------------------------------------
+  changed(delay) {
+    clearTimeout(this.timer);
+    clearTimeout(this.sideTimer);
+    this.sideSeq++; // continuations and comparisons of the old state are no longer wanted
+    this.timer = setTimeout(() => this.analyze(), delay);
+  }
+
+  async analyze() {
+    if (this.model == null) return;
+    if (this.busy) { this.dirty = true; return; }
+    const body = this.request();
+    const key = JSON.stringify(body);
+    if (!body.text) { this.$("lab-status").textContent = "type a text"; return; }
+    if (key === this.shownKey) return;
+    this.busy = true; this.dirty = false;
+    const t0 = performance.now();
+    let data = null;
+    try { data = await labFetch("/api/analyze", body); this.showError(""); }
+    catch (e) { this.showError(e.message); }
+    this.busy = false;
+    const newer = this.dirty || key !== JSON.stringify(this.request());
+    if (newer) this.analyze(); // sent before drawing this one: the server works while the page draws
+    if (data && !this.stale(data, body)) await this.render(data, key, t0);
+  }
+
+  // an answer for another model, checkpoint or interventions than the page now asks for is not drawn: the page
+  // must never show maps under the wrong name (a text typed further is still the newest answer there is)
+  stale(data, body) {
+    const now = this.request();
+    return body.model !== now.model || body.checkpoint !== now.checkpoint ||
+           JSON.stringify(body.interventions) !== JSON.stringify(now.interventions);
+  }
+
+  async render(data, key, t0) {
+    const t1 = performance.now();
+    this.data = data; this.shownKey = key;
+    const live = data.live || {};
+    this.view.show(data);
+    const explorer = this.view.explorer;
+    if (explorer) {
+      explorer.onHeadClick = (l, h) => this.onHeadClick(l, h);
+      explorer.setHeadMarks(this.headMarks());
+    }
+    this.renderStrip();
+    this.renderAB();
+    const T = data.T;
+    const shownAt = this.pointer != null && this.pointer < T ? this.pointer : T - 1;
+    this.pointerAt(shownAt);
+    await nextPaint();
+    const t2 = performance.now();
+    this.renders++;
+    const timing = { tokens: T, server_ms: live.ms ?? null, request_ms: +(t1 - t0).toFixed(1),
+                     draw_ms: +(t2 - t1).toFixed(1), total_ms: +(t2 - t0).toFixed(1) };
+    window.labTimings.push(timing);
+    const ckpt = live.step != null ? ` \u00b7 step ${live.step}` : "";
+    const loss = live.loss_mean != null ? ` \u00b7 loss ${live.loss_mean.toFixed(3)} nats/token` : "";
+    this.$("lab-status").textContent = `${T} tokens${loss}${ckpt} \u00b7 answered in ${timing.request_ms} ms ` +
+      `(model ${live.ms != null ? Math.round(live.ms) : "?"} ms), drawn in ${timing.draw_ms} ms`;
+    document.body.dataset.rendered = `${this.renders}`;
+    document.body.dataset.renderMs = `${timing.total_ms}`;
+    this.sideRequests(LAB_AFTER_MS);
+  }
+
+  // --- the text as the model scores it: loss per token, hide a key ------------------------------------------------
+  renderStrip() {
+    const d = this.data, live = d.live || {}, hidden = new Set(this.hiddenKeys());
+    this.$("lab-tokens").replaceChildren(...this.tokenSpans(d.tokens, live.loss, lossColour, (i, span) => {
+      if (hidden.has(i)) span.classList.add("hidden-key");
+      span.title = `#${i} ${d.tokens[i]}: ${i === 0 ? "the first token has no loss" :
+        `${live.loss[i - 1].toFixed(4)} nats`}\nclick: ${hidden.has(i) ? "show it again" : "hide it as a key"}`;
+    }));
+  }
+
+  // one span per token, coloured by values[i - 1] (the loss of token i given the ones before it)
+  tokenSpans(tokens, values, colour, decorate) {
+    return tokens.map((t, i) => {
+      const v = i > 0 && values ? values[i - 1] : null;
+      const span = el("span", { class: "lab-tok", "data-i": i, text: flowText(t) });
+      if (v != null) { span.style.backgroundColor = colour(v); span.dataset.value = `${v}`; }
+      if (decorate) decorate(i, span);
+      return span;
+    });
+  }
+
+  // --- the next-token distribution where the pointer is ---------------------------------------------------------
+  pointerAt(i) {
+    if (!this.data || i == null || i >= this.data.T) return;
+    this.pointer = i;
+    const d = this.data, live = d.live || {};
+    const box = this.$("lab-next");
+    const actual = i + 1 < d.T ? d.tokens[i + 1] : null;
+    const head = el("h2", { text: `After #${i} "${axisLabel(d.tokens[i], 16)}": the next token` });
+    const parts = [head];
+    if (live.before) {
+      parts.push(el("div", { class: "lab-next-cols" }, this.nextTable(live.before.top, i, actual, "clean"),
+                    this.nextTable(live.top, i, actual, "edited")));
+    } else parts.push(this.nextTable(live.top, i, actual, null));
+    if (actual != null && live.loss) {
+      parts.push(el("p", { class: "lab-note", text: `the text goes on with "${axisLabel(actual, 16)}": ` +
+        `loss ${live.loss[i].toFixed(3)} nats` + (live.before ? ` (clean ${live.before.loss[i].toFixed(3)})` : "") }));
+    }
+    box.replaceChildren(...parts);
+    for (const n of this.$("lab-tokens").children) n.classList.toggle("at", +n.dataset.i === i);
+    this.renderABNext(i);
+  }
+
+  nextTable(top, i, actual, caption) {
+    const rows = ((top || [])[i] || []).map(([t, p]) => el("tr", { class: t === actual ? "actual" : "" },
+      el("td", { class: "key", text: tokenText(t) }),
+      el("td", {}, el("span", { class: "pbar", style: `width:${(100 * p).toFixed(1)}px` })),
+      el("td", { class: "p", text: fmtP(p), title: `${p}` })));
+    const table = el("table", { class: "lab-next-table" }, ...rows);
+    return caption ? el("div", {}, el("h3", { text: caption }), table) : table;
+  }
+
+  // --- interventions ----------------------------------------------------------------------------------------------
+  headMarks() {
+    const marks = {};
+    for (const iv of this.interventions) if (iv.kind !== "hide_key") marks[`${iv.layer},${iv.head}`] = iv.kind;
+    return marks;
+  }
+
+  hiddenKeys() { return this.interventions.filter((iv) => iv.kind === "hide_key").map((iv) => iv.key); }
+
+  onHeadClick(l, h) {
+    const mode = this.$("lab-click").value;
+    if (mode === "open") return false;
+    const at = this.interventions.findIndex((iv) => iv.kind !== "hide_key" && iv.layer === l && iv.head === h);
+    const next = this.interventions.slice();
+    if (at >= 0 && next[at].kind === mode) next.splice(at, 1);
+    else if (at >= 0) next[at] = { kind: mode, layer: l, head: h };
+    else next.push({ kind: mode, layer: l, head: h });
+    this.setInterventions(next);
+    return true;
+  }
+
+  toggleKey(i) {
+    const at = this.interventions.findIndex((iv) => iv.kind === "hide_key" && iv.key === i);
+    const next = this.interventions.slice();
+    if (at >= 0) next.splice(at, 1); else next.push({ kind: "hide_key", key: i });
+    this.setInterventions(next);
+  }
+
+  setInterventions(list) {
+    this.interventions = list;
+    this.renderInterventions();
+    if (this.view.explorer) this.view.explorer.setHeadMarks(this.headMarks());
+    this.changed(0);
+  }
+
+  renderInterventions() {
+    const chips = this.interventions.map((iv, n) => el("button", { type: "button", class: `lab-iv ${iv.kind}`,
+      title: "remove this intervention", text: `${ivLabel(iv)} \u00d7`,
+      onclick: () => this.setInterventions(this.interventions.filter((_, m) => m !== n)) }));
+    this.$("lab-iv").replaceChildren(...(chips.length ? chips : [el("span", { class: "lab-note", text: "no intervention" })]));
+    this.$("lab-iv-clear").hidden = !this.interventions.length;
+  }
+
+  // before and after, from the analysis (loss per token, total, next-token distributions); the continuations come
+  // from /api/intervene once the page is quiet
+  renderAB() {
+    const d = this.data, live = d.live || {}, before = live.before;
+    this.$("lab-ab").hidden = !before;
+    if (!before) return;
+    const sides = { before, after: { loss: live.loss, loss_mean: live.loss_mean, top: live.top } };
+    for (const [side, s] of Object.entries(sides)) {
+      const col = document.querySelector(`#lab-ab [data-side="${side}"]`);
+      col.querySelector(".lab-ab-loss").replaceChildren(el("b", { text: `loss ${s.loss_mean.toFixed(4)} nats/token` }));
+      col.querySelector(".lab-ab-loss").dataset.value = `${s.loss_mean}`;
+      col.querySelector(".lab-ab-tokens").replaceChildren(...this.tokenSpans(d.tokens, s.loss, lossColour));
+      col.querySelector(".lab-ab-cont").replaceChildren(el("span", { class: "lab-note", text: "continuation: \u2026" }));
+    }
+    const delta = live.loss_mean - before.loss_mean;
+    const p = this.$("lab-delta");
+    p.dataset.value = `${delta}`;
+    p.textContent = `\u0394loss ${delta >= 0 ? "+" : ""}${delta.toFixed(4)} nats/token (edited \u2212 clean) with ` +
+      this.interventions.map(ivLabel).join(", ");
+  }
+
+  renderABNext(i) {
+    const live = (this.data || {}).live || {};
+    if (!live.before) return;
+    const actual = i + 1 < this.data.T ? this.data.tokens[i + 1] : null;
+    for (const [side, top] of [["before", live.before.top], ["after", live.top]]) {
+      document.querySelector(`#lab-ab [data-side="${side}"] .lab-ab-next`).replaceChildren(
+        el("div", { class: "lab-note", text: `next after #${i}:` }), this.nextTable(top, i, actual, null));
+    }
+  }
+
+  // --- what comes after a render once the user pauses: continuations and the second model ---------------------------
+  sideRequests(delay) {
+    clearTimeout(this.sideTimer);
+    const seq = ++this.sideSeq;
+    this.sideTimer = setTimeout(() => this.runSide(seq), delay);
+  }
+
+  async runSide(seq) {
+    if (!this.data || this.busy) return;
+    const key = this.shownKey, body = JSON.parse(key);
+    const current = () => seq === this.sideSeq && key === this.shownKey;
+    if (this.interventions.length && this.data.live && this.data.live.before) {
+      const s = this.sampling();
+      try {
+        const r = await labFetch("/api/intervene", { ...body, generate: s });
+        if (!current()) return;
+        for (const side of ["before", "after"]) {
+          document.querySelector(`#lab-ab [data-side="${side}"] .lab-ab-cont`).replaceChildren(
+            el("span", { class: "lab-note", text: `continuation (seed ${s.seed}): ` }),
+            el("span", { class: "lab-cont", text: r[side].continuation || "" }));
+        }
+        this.$("lab-delta").dataset.intervene = `${r.delta_loss_mean}`;
+      } catch (e) { if (current()) this.showError(e.message); return; }
+    }
+    this.$("lab-cmp").hidden = !this.compareWith;
+    if (this.compareWith && current()) {
+      try {
+        const r = await labFetch("/api/compare", { text: body.text, models: [body.model, this.compareWith],
+                                                   checkpoints: [body.checkpoint, null] });
+        if (current()) this.renderCompare(r);
+      } catch (e) { if (current()) this.showError(e.message); }
+    }
+  }
+
+  renderCompare(r) {
+    const [a, b] = r.runs, label = (run) => (this.modelInfo(run.model) || { label: run.model }).label;
+    const summary = this.$("lab-cmp-summary");
+    summary.textContent = `${label(a)}: ${a.loss_mean.toFixed(4)} nats/token \u00b7 ${label(b)}: ` +
+      `${b.loss_mean.toFixed(4)} \u00b7 difference ${(b.loss_mean - a.loss_mean).toFixed(4)}`;
+    this.$("lab-cmp-tokens").replaceChildren(...this.tokenSpans(r.tokens, r.diff, diffColour, (i, span) => {
+      span.title = i === 0 ? "the first token has no loss" :
+        `#${i}: ${label(a)} ${a.loss[i - 1].toFixed(3)}, ${label(b)} ${b.loss[i - 1].toFixed(3)} nats`;
+    }));
+  }
+
+  // --- generation: streamed tokens join the text --------------------------------------------------------------------
+  async generate() {
+    if (this.model == null || !this.text.value) { this.showError("type a text for the model to continue"); return; }
+    const base = this.text.value;
+    const body = { text: base, model: this.model, checkpoint: this.checkpoint, ...this.sampling(),
+                   interventions: this.interventions.map((iv) => ({ ...iv })) };
+    const ctrl = new AbortController();
+    this.generating = ctrl;
+    const button = this.$("lab-generate"), out = this.$("lab-gen-out");
+    button.textContent = "stop"; this.text.readOnly = true;
+    out.textContent = "generating\u2026";
+    let added = "", done = null;
+    try {
+      const response = await fetch("/api/generate", { method: "POST", headers: { "Content-Type": "application/json" },
+                                                       body: JSON.stringify(body), signal: ctrl.signal });
+      if (!response.ok) throw new LabError(await labErrorText(response));
+      const reader = response.body.getReader(), decoder = new TextDecoder();
+      let buffer = "";
+      for (;;) {
+        const { value, done: end } = await reader.read();
+        if (value) buffer += decoder.decode(value, { stream: true });
+        let n;
+        while ((n = buffer.indexOf("\n")) >= 0) {
+          const line = buffer.slice(0, n).trim();
+          buffer = buffer.slice(n + 1);
+          if (!line) continue;
+          const msg = JSON.parse(line);
+          if (msg.error) throw new LabError(msg.error);
+          if (msg.done) { done = msg; continue; }
+          added += msg.text;
+          this.text.value = base + added; // the tokens appear as they come
+          out.textContent = `${added.length} characters so far`;
+        }
+        if (end) break;
+      }
+      if (done) this.text.value = base + done.text;
+      out.textContent = done ? `generated ${done.ids ? done.ids.length : "?"} tokens (seed ${body.seed})` : "the stream ended early";
+      this.showError("");
+    } catch (e) {
+      if (e.name === "AbortError") out.textContent = `stopped after ${added.length} characters`;
+      else { this.showError(e.message); out.textContent = ""; }
+    } finally {
+      this.generating = null;
+      button.textContent = "generate"; this.text.readOnly = false;
+      this.changed(0); // what was generated is part of the text now: the maps follow
+    }
+  }
+}
