@@ -54,3 +54,12 @@ ROOMS: dict[str, tuple[str, ...]] = {
     "sample": ("model", "data", "attention_lab.runtime", "attention_lab.store", "attention_lab.interp",
                "attention_lab.sampling", "attention_lab.viewer", "attention_lab.interop", "attention_lab.training"),
 }
+
+
+def show(run=None, text: str = "", **options):
+    """One text's attention page inline in a notebook (attention_lab/lab/notebook.py): `attention_lab.show(
+    "runs/default/<time>", "ROMEO: ...")` as the last line of a cell. Options: checkpoint, model (a transformers id
+    or folder), which, runs_root, interventions, height."""
+    from attention_lab.lab.notebook import show as page  # the lab's room loads torch: only when asked for
+
+    return page(run, text, **options)
