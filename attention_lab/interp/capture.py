@@ -37,10 +37,10 @@ def capture_attention(model: torch.nn.Module, idx) -> np.ndarray:
     if idx.dim() != 2 or idx.size(1) == 0:
         raise ValueError(f"capture_attention needs token ids of shape (T,) or (B, T), T >= 1; got {tuple(idx.shape)}")
     idx = idx[:1, -model.config.block_size :]  # (1, T)
+    names = [point_name("pattern", layer) for layer in range(model.config.n_layer)]
     with eval_mode(model), torch.autocast(device_type=device.type, enabled=False):
-        out = model(idx, return_attention=True)
-    # n_layer x (1, nh, T, T) -> (L, nh, T, T)
-    return torch.stack([a[0] for a in out.attentions]).float().cpu().numpy()
+        _, cache = run_with_cache(model, idx, names=names)
+    return cache.stack("pattern")[:, 0].cpu().numpy()  # (L, 1, nh, T, T) -> (L, nh, T, T)
 
 
 @torch.no_grad()
