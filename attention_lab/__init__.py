@@ -48,7 +48,8 @@ ROOMS: dict[str, tuple[str, ...]] = {
     # the old `python -m attention_lab.<command>` paths: thin entry points over the rooms
     "attention_lab": ("attention_lab.training", "attention_lab.interop", "attention_lab.viewer", "attention_lab.lab"),
     "bench": ("model", "data", "attention_lab.runtime", "attention_lab.store", "attention_lab.interp",
-              "attention_lab.sampling", "attention_lab.interop", "attention_lab.training"),
+              "attention_lab.sampling", "attention_lab.interop", "attention_lab.training",
+              "attention_lab.lab"),  # bench/lab_load.py serves the real app on loopback
     "train": ("model", "data", "attention_lab.runtime", "attention_lab.store", "attention_lab.interp",
               "attention_lab.viewer", "attention_lab.interop", "attention_lab.training"),
     "sample": ("model", "data", "attention_lab.runtime", "attention_lab.store", "attention_lab.interp",

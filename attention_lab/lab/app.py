@@ -1,0 +1,372 @@
+"""The lab's web app: one page and a small JSON API (docs/lab.md), a thin layer over the library's functions.
+
+    GET  /               the page (attention_lab.viewer.page.lab_page)
+    GET  /api/models     the models named at start, their checkpoints and configs, and the limits
+    POST /api/analyze    one text: the sample page's data island (interp.analysis.analyze, viewer.report.page_data)
+                         and `live` (loss per token, the next-token distributions; `before` with interventions)
+    POST /api/generate   a continuation, streamed as NDJSON one token a line (sampling.generate_text, one step
+                         at a time); a client that disconnects stops it
+    POST /api/intervene  the clean and the edited model on one text (interp.analysis.text_losses), and their
+                         continuations with the same seed
+    POST /api/compare    two models on one text: the loss per token and its difference
+
+One thread touches the models (Worker): every computation is a job submitted to it, so requests queue instead of
+failing and no two forward passes share a model at once. A generation is one job per token, so an analysis
+asked for meanwhile waits one token, not a whole continuation. Everything a request sends is checked in
+requests.py before it reaches the worker; an error is {"error": "..."} with a 4xx status, and the server goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import socket
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from attention_lab.interp.analysis import analyze, text_losses
+from attention_lab.interp.interventions import intervention_edits, parse_interventions
+from attention_lab.lab.models import Loaded, NotFound, Registry
+from attention_lab.lab.requests import (
+    LIMITS,
+    Invalid,
+    RequestError,
+    Sampling,
+    check_sampling,
+    parse_analyze,
+    parse_compare,
+    parse_generate,
+    parse_intervene,
+    read_json,
+    token_ids,
+)
+from attention_lab.sampling import generate_text
+from attention_lab.viewer.page import lab_page
+from attention_lab.viewer.report import model_circuits, page_data, text_circuits
+from model import hooked
+
+TOP_K = 10  # next-token predictions reported after each position
+
+
+
+class Worker:
+    """The one thread that touches models: a single-thread executor every model computation is submitted to.
+    A job waiting in the queue whose request is gone (the client hung up) is dropped before it runs."""
+
+    def __init__(self):
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lab-model")
+        self.jobs = 0  # jobs run to completion, for tests and the load benchmark
+
+    async def run(self, fn: Callable, *args):
+        return await asyncio.wrap_future(self._pool.submit(self._count, fn, *args))
+
+    def _count(self, fn, *args):
+        try:
+            return fn(*args)
+        finally:
+            self.jobs += 1
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# JSON out
+
+
+def _plain(obj):
+    """numpy arrays and scalars as lists and numbers; NaN and infinities as null (JSON has neither)."""
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _plain(obj.tolist())
+    if isinstance(obj, (np.floating, float)):
+        return float(obj) if math.isfinite(obj) else None
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.bool_):
+        return bool(obj)
+    return obj
+
+
+def json_response(obj, status: int = 200) -> Response:
+    return Response(json.dumps(_plain(obj), separators=(",", ":"), allow_nan=False), status_code=status,
+                    media_type="application/json")
+
+
+def error_response(status: int, message: str) -> Response:
+    return json_response({"error": message}, status)
+
+
+async def _request_error(request: Request, exc: RequestError) -> Response:
+    return error_response(exc.status, exc.message)
+
+
+async def _invalid(request: Request, exc: Invalid) -> Response:
+    return error_response(422, str(exc))
+
+
+async def _not_found(request: Request, exc: NotFound) -> Response:
+    return error_response(404, str(exc))
+
+
+async def _http_error(request: Request, exc) -> Response:  # starlette's own: unknown route, wrong method
+    return error_response(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}; see docs/lab.md "
+                                           "for the endpoints")
+
+
+async def _bug(request: Request, exc: Exception) -> Response:
+    return error_response(500, f"the lab failed on this request ({type(exc).__name__}: {exc}); this is a bug, "
+                               "please report it with the request")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the computations (each runs on the worker thread)
+
+
+def _interventions(items, cfg, n_tokens: int):
+    """parse_interventions' ValueError (layer, head or key outside the model or the text) as a 422."""
+    try:
+        return parse_interventions(list(items), cfg, n_tokens)
+    except (ValueError, TypeError, KeyError) as e:
+        raise Invalid(str(e)) from None
+
+
+def _top(tokenizer, top_ids: np.ndarray, top_probs: np.ndarray) -> list:
+    """(T, k) ids and probabilities -> T x [[token, p] x k], the tokens as readable strings."""
+    flat = tokenizer.token_strings([int(i) for i in top_ids.reshape(-1)])
+    k = top_ids.shape[1]
+    return [[[flat[t * k + j], round(float(top_probs[t, j]), 5)] for j in range(k)] for t in range(top_ids.shape[0])]
+
+
+def _losses(tokenizer, found) -> dict:
+    """text_losses' (loss, loss_mean, top_ids, top_probs) as the API's {"loss", "loss_mean", "top"}."""
+    loss, loss_mean, top_ids, top_probs = found
+    return {"loss": [float(x) for x in loss], "loss_mean": loss_mean, "top": _top(tokenizer, top_ids, top_probs)}
+
+
+def _circuits(lm: Loaded, ids: list[int]) -> dict:
+    if "circuits" not in lm.memo:  # from the weights alone: once per loaded checkpoint
+        lm.memo["circuits"] = model_circuits(lm.model, lm.tokenizer)
+    return lm.memo["circuits"] | text_circuits(lm.model, ids, lm.tokenizer)
+
+
+class Generation:
+    """One continuation, a token at a time: each step() is one job on the worker. A step continues the window
+    (the last block_size tokens) by one token with sampling.generate_text, without a KV cache, so the positions
+    an intervention names are the window's indices and the clean and the edited runs take the same path."""
+
+    def __init__(self, lm: Loaded, prompt_ids: list[int], sampling: Sampling, edits: dict):
+        self.lm, self.sampling, self.edits = lm, sampling, edits
+        self.ids = list(prompt_ids)
+        self.new: list[int] = []
+        self.pieces: list[str] = []
+        device = next(lm.model.parameters()).device
+        self.generator = torch.Generator(device=device).manual_seed(sampling.seed)
+        self.stream = lm.tokenizer.text_stream(prompt_ids)
+
+    def step(self) -> tuple[int, str]:
+        s, block = self.sampling, self.lm.config.block_size
+        with hooked(self.lm.model, self.edits) if self.edits else contextlib.nullcontext():
+            (nxt,) = generate_text(self.lm.model, self.lm.tokenizer, self.ids[-block:], 1,
+                                   temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+                                   greedy=s.temperature == 0, use_cache=False, generator=self.generator)
+        self.ids.append(nxt)
+        self.new.append(nxt)
+        piece = self.stream.step(nxt)
+        self.pieces.append(piece)
+        return nxt, piece
+
+    def finish(self) -> str:
+        """The whole continuation as text (with whatever the decoder held back for an incomplete character)."""
+        self.pieces.append(self.stream.flush())
+        return "".join(self.pieces)
+
+
+def _prepare(registry: Registry, target, text: str, items, sampling: Sampling | None = None,
+             sampling_field: str = ""):
+    """Load the checkpoint, tokenize the text (after the body's size check) and check what depends on the model:
+    the text's length, top_k, the interventions' layers, heads and keys."""
+    lm = registry.load(target.model, target.checkpoint)
+    ids = token_ids(lm.tokenizer, text, lm.config.block_size)
+    if sampling is not None:
+        check_sampling(sampling, lm.config.vocab_size, sampling_field)
+    if items:
+        registry.require_attention(target.model, "intervene on")
+    return lm, ids, _interventions(items, lm.config, len(ids)) if items else []
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the app
+
+
+def create_app(registry: Registry, *, worker: Worker | None = None, page: Callable[[], str] | None = None
+               ) -> Starlette:
+    """The lab over `registry`. worker: the thread the models run on (a fresh one by default); page: a function
+    returning the HTML of GET / (default: viewer.page.lab_page with the limits)."""
+    worker = worker or Worker()
+
+    html: list[str] = []  # the page, rendered on the first GET /
+
+    async def index(request: Request) -> Response:
+        if not html:
+            html.append(page() if page is not None else lab_page(LIMITS))
+        return HTMLResponse(html[0])
+
+    async def models(request: Request) -> Response:
+        return json_response({"models": registry.describe(), "limits": LIMITS})
+
+    async def analyze_text(request: Request) -> Response:
+        req = parse_analyze(await read_json(request))
+        registry.resolve(req.target.model, req.target.checkpoint)  # 404 (and 422 for an LSTM) before the queue
+        registry.require_attention(req.target.model, "analyze")
+
+        def job():
+            lm, ids, items = _prepare(registry, req.target, req.text, req.interventions)
+            t0 = time.perf_counter()
+            found = analyze(lm.model, ids, interventions=items, top_k=TOP_K)
+            data = page_data(lm.model, lm.tokenizer, found, _circuits(lm, ids))
+            live = {"model": req.target.model, "checkpoint": lm.checkpoint, "step": lm.step, "ids": ids,
+                    **_losses(lm.tokenizer, (found.loss, found.loss_mean, found.top_ids, found.top_probs))}
+            if items:
+                live["before"] = _losses(lm.tokenizer, text_losses(lm.model, ids, top_k=TOP_K))
+            live["ms"] = round((time.perf_counter() - t0) * 1000, 1)
+            return data | {"live": live}
+
+        return json_response(await worker.run(job))
+
+    async def generate(request: Request) -> Response:
+        req = parse_generate(await read_json(request))
+        registry.resolve(req.target.model, req.target.checkpoint)
+
+        def prepare() -> Generation:
+            lm, ids, items = _prepare(registry, req.target, req.text, req.interventions, req.sampling)
+            return Generation(lm, ids, req.sampling, intervention_edits(lm.config, items) if items else {})
+
+        gen = await worker.run(prepare)  # a bad request fails here, with its status, before the stream starts
+
+        async def lines():
+            try:
+                for _ in range(req.sampling.max_new_tokens):
+                    nxt, piece = await worker.run(gen.step)  # cancelled here when the client disconnects
+                    yield json.dumps({"id": nxt, "text": piece}) + "\n"
+                yield json.dumps({"done": True, "text": gen.finish(), "ids": gen.new}) + "\n"
+            except Exception as e:  # noqa: BLE001 - the status line has gone: the error is the stream's last line
+                yield json.dumps({"error": f"generation stopped ({type(e).__name__}: {e})"}) + "\n"
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+    async def intervene(request: Request) -> Response:
+        req = parse_intervene(await read_json(request))
+        registry.resolve(req.target.model, req.target.checkpoint)
+        registry.require_attention(req.target.model, "intervene on")
+
+        def job():
+            lm, ids, items = _prepare(registry, req.target, req.text, req.interventions, req.generate, "generate.")
+            return lm, ids, items, (_losses(lm.tokenizer, text_losses(lm.model, ids, top_k=TOP_K)),
+                                    _losses(lm.tokenizer, text_losses(lm.model, ids, interventions=items,
+                                                                      top_k=TOP_K)))
+
+        lm, ids, items, (before, after) = await worker.run(job)
+        if req.generate is not None:  # both continuations with the same seed, a token per job
+            for side, edits in ((before, {}), (after, intervention_edits(lm.config, items) if items else {})):
+                gen = Generation(lm, ids, req.generate, edits)
+                for _ in range(req.generate.max_new_tokens):
+                    await worker.run(gen.step)
+                side["continuation"] = gen.finish()
+                side["continuation_ids"] = gen.new
+        else:
+            before["continuation"] = after["continuation"] = None
+        delta = after["loss_mean"] - before["loss_mean"]
+        return json_response({"before": before, "after": after, "delta_loss_mean": delta,
+                              "interventions": [it.label() for it in items]})
+
+    async def compare(request: Request) -> Response:
+        req = parse_compare(await read_json(request))
+        for t in req.targets:
+            registry.resolve(t.model, t.checkpoint)
+
+        def job():
+            (a, b) = [registry.load(t.model, t.checkpoint) for t in req.targets]
+            if a.tokenizer.to_str() != b.tokenizer.to_str():
+                raise Invalid(f"models {req.targets[0].model} and {req.targets[1].model} use different tokenizers, "
+                              "so their tokens do not line up; compare models trained on one tokenizer")
+            block = min(a.config.block_size, b.config.block_size)
+            ids = token_ids(a.tokenizer, req.text, block)
+            runs = []
+            for t, lm in zip(req.targets, (a, b)):
+                loss, loss_mean, _, _ = text_losses(lm.model, ids, top_k=1)
+                runs.append({"model": t.model, "checkpoint": lm.checkpoint, "step": lm.step,
+                             "loss": [float(x) for x in loss], "loss_mean": loss_mean})
+            diff = [lb - la for la, lb in zip(runs[0]["loss"], runs[1]["loss"])]
+            return {"tokens": a.tokenizer.token_strings(ids), "ids": ids, "runs": runs, "diff": diff}
+
+        return json_response(await worker.run(job))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        worker.shutdown()
+
+    from starlette.exceptions import HTTPException
+
+    app = Starlette(
+        routes=[
+            Route("/", index, methods=["GET"]),
+            Route("/api/models", models, methods=["GET"]),
+            Route("/api/analyze", analyze_text, methods=["POST"]),
+            Route("/api/generate", generate, methods=["POST"]),
+            Route("/api/intervene", intervene, methods=["POST"]),
+            Route("/api/compare", compare, methods=["POST"]),
+        ],
+        exception_handlers={RequestError: _request_error, Invalid: _invalid, NotFound: _not_found,
+                            HTTPException: _http_error, Exception: _bug},
+        lifespan=lifespan,
+    )
+    app.state.registry, app.state.worker = registry, worker
+    return app
+
+
+# ----------------------------------------------------------------------------------------------------------
+# serving (the CLI and bench/lab_load.py)
+
+
+def open_socket(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port (port 0: a free one); OSError, e.g. when the port is taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def make_server(app: Starlette, **config):
+    """A uvicorn server for the app (started with .run(sockets=[open_socket(...)]); stopped with
+    .should_exit = True or Ctrl-C). A few seconds' grace for open streams on the way out."""
+    import uvicorn
+
+    settings = dict(log_level="warning", timeout_graceful_shutdown=3, lifespan="on", access_log=False)
+    return uvicorn.Server(uvicorn.Config(app, **(settings | config)))
+
+
+def url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"

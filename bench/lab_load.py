@@ -1,0 +1,185 @@
+"""A bounded load test of the live lab on loopback: the real app under uvicorn, N clients x M requests.
+
+    python -m bench.lab_load                          # the latest run under runs/, 8 clients x 25 requests
+    python -m bench.lab_load runs/default/A --clients 4 --requests 10 --text-tokens 100
+
+The server runs in this process, in a thread, on 127.0.0.1 and a free port; each client is a thread with its own
+httpx connection sending its requests one after the other, alternating /api/analyze (a text of --text-tokens
+tokens, a different window each time) and /api/generate (--max-new-tokens streamed, read to the last line). All
+of them queue on the lab's one worker thread, so the latencies include the wait behind the other clients: p50
+and p95 per kind say what a user gets when N people share one lab. An error is a status other than 200, an
+exception, or a stream that does not end with its `done` line. The resident memory is read after a warm-up (the
+model and its circuits loaded) and after the run: the difference is what N x M requests left behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from attention_lab.lab.app import create_app, make_server, open_socket, url_of
+from attention_lab.lab.models import Registry
+from attention_lab.runtime.device import pick_device
+
+from .common import Column, Table, describe_machine, log
+
+PARAGRAPH = ("It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
+             "foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the season of Light, "
+             "it was the season of Darkness, it was the spring of hope, it was the winter of despair, we had "
+             "everything before us, we had nothing before us, we were all going direct to Heaven, we were all going "
+             "direct the other way. ") * 4
+
+
+def _rss() -> int:
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+def _texts(tokenizer, n_tokens: int, count: int) -> list[str]:
+    """`count` different texts of n_tokens tokens each: windows of the paragraph at different offsets."""
+    with warnings.catch_warnings():  # a char vocabulary maps what it never saw to <|unk|>: fine for timing
+        warnings.simplefilter("ignore")
+        ids = tokenizer.encode(PARAGRAPH)
+    n_tokens = max(1, min(n_tokens, len(ids) - count))
+    return [tokenizer.decode(ids[i : i + n_tokens]) for i in range(count)]
+
+
+def _client(url: str, jobs: list[tuple[str, dict]], results: list, barrier: threading.Barrier) -> None:
+    import httpx
+
+    with httpx.Client(base_url=url, timeout=300) as http:
+        barrier.wait()  # every client starts at once
+        for kind, body in jobs:
+            t0 = time.perf_counter()
+            error = None
+            try:
+                if kind == "analyze":
+                    r = http.post("/api/analyze", json=body)
+                    if r.status_code != 200:
+                        error = f"{r.status_code} {r.text[:200]}"
+                else:
+                    with http.stream("POST", "/api/generate", json=body) as r:
+                        lines = [line for line in r.iter_lines() if line]
+                    if r.status_code != 200 or not lines or not json.loads(lines[-1]).get("done"):
+                        error = f"{r.status_code} {lines[-1][:200] if lines else 'no lines'}"
+            except Exception as e:  # noqa: BLE001 - every failure counts as an error of this request
+                error = f"{type(e).__name__}: {e}"
+            results.append((kind, time.perf_counter() - t0, error))
+
+
+def run_load(registry: Registry, *, clients: int, requests: int, text_tokens: int, max_new_tokens: int) -> dict:
+    """Serve the registry on loopback, send clients x requests mixed requests, stop; the raw measurements."""
+    tokenizer = registry.load("0", None).tokenizer  # before serving: the worker does not exist yet
+    texts = _texts(tokenizer, text_tokens, clients * requests)
+    app = create_app(registry)
+    sock = open_socket("127.0.0.1", 0)
+    server = make_server(app)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started and time.monotonic() < deadline and thread.is_alive():
+            time.sleep(0.02)
+        if not server.started:
+            raise RuntimeError("the lab's server did not start within 30 s")
+        url = url_of(sock)
+        warm: list = []
+        _client(url, [("analyze", {"text": texts[0]}), ("generate", {"text": texts[0], "max_new_tokens": 2})],
+                warm, threading.Barrier(1))  # the model, its circuits and the code paths warm
+        if any(error for _, _, error in warm):
+            raise RuntimeError(f"the warm-up failed: {warm}")
+        rss_before = _rss()
+        plans = []
+        for c in range(clients):
+            jobs = []
+            for i in range(requests):
+                text = texts[c * requests + i]
+                if (c + i) % 2 == 0:
+                    jobs.append(("analyze", {"text": text}))
+                else:
+                    jobs.append(("generate", {"text": text, "max_new_tokens": max_new_tokens, "seed": i}))
+            plans.append(jobs)
+        results: list = []
+        barrier = threading.Barrier(clients)
+        threads = [threading.Thread(target=_client, args=(url, jobs, results, barrier)) for jobs in plans]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t0
+        rss_after = _rss()
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+    return {"results": results, "wall_s": wall, "rss_before": rss_before, "rss_after": rss_after,
+            "jobs": app.state.worker.jobs, "url": url}
+
+
+def table_of(raw: dict, args: argparse.Namespace, machine: dict, label: str) -> Table:
+    results = raw["results"]
+    rows = []
+    for kind in ("analyze", "generate", "all"):
+        mine = [r for r in results if kind == "all" or r[0] == kind]
+        ms = np.array([r[1] * 1000 for r in mine]) if mine else np.array([0.0])
+        rows.append({"kind": kind, "requests": len(mine), "errors": sum(1 for r in mine if r[2]),
+                     "p50_ms": float(np.percentile(ms, 50)), "p95_ms": float(np.percentile(ms, 95)),
+                     "max_ms": float(ms.max())})
+    mib = 2**20
+    summary = {"rss_before_mib": raw["rss_before"] / mib, "rss_after_mib": raw["rss_after"] / mib,
+               "rss_growth_mib": (raw["rss_after"] - raw["rss_before"]) / mib, "wall_s": raw["wall_s"],
+               "requests_per_s": len(results) / raw["wall_s"], "errors": sum(1 for r in results if r[2])}
+    notes = [
+        f"{label}; {args.clients} clients x {args.requests} requests on 127.0.0.1 (uvicorn, one worker thread), "
+        f"alternating /api/analyze ({args.text_tokens} tokens) and /api/generate ({args.max_new_tokens} tokens, "
+        "streamed); latency from request to the last byte, waiting in the queue included",
+        f"{len(results)} requests in {raw['wall_s']:.1f} s ({summary['requests_per_s']:.1f}/s); resident memory "
+        f"{summary['rss_before_mib']:.0f} MiB after the warm-up, {summary['rss_after_mib']:.0f} MiB after the run "
+        f"({summary['rss_growth_mib']:+.1f} MiB)",
+    ]
+    notes += [f"error: {kind}: {error}" for kind, _, error in results if error][:5]
+    return Table(
+        name="lab_load", title="Live lab under load (loopback)", machine=machine,
+        columns=[Column("kind", "request"), Column("requests", "requests"), Column("errors", "errors"),
+                 Column("p50_ms", "p50 ms", "{:.0f}"), Column("p95_ms", "p95 ms", "{:.0f}"),
+                 Column("max_ms", "max ms", "{:.0f}")],
+        rows=rows, notes=notes, summary=summary)
+
+
+def main(argv: list[str] | None = None) -> Table:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run", nargs="?", type=Path, help="run folder (default: the latest run under --runs-root)")
+    p.add_argument("--runs-root", type=Path, default=Path("runs"))
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--requests", type=int, default=25, help="requests per client")
+    p.add_argument("--text-tokens", type=int, default=100, help="tokens of each analysed text (at most block_size)")
+    p.add_argument("--max-new-tokens", type=int, default=20, help="tokens each generation streams")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--json", type=Path, default=None, help="also write the table as JSON here")
+    args = p.parse_args(argv)
+    if args.clients < 1 or args.requests < 1:
+        p.error("--clients and --requests must be at least 1")
+    device = pick_device(args.device, "--device")
+    registry = Registry.open([args.run] if args.run else [], runs_root=args.runs_root, device=device)
+    entry = registry.entries["0"]
+    args.text_tokens = min(args.text_tokens, entry.config.block_size)
+    log(f"lab load: {entry.label} (step {entry.step}), {args.clients} x {args.requests} requests")
+    raw = run_load(registry, clients=args.clients, requests=args.requests, text_tokens=args.text_tokens,
+                   max_new_tokens=args.max_new_tokens)
+    table = table_of(raw, args, describe_machine(device), f"{entry.label} step {entry.step}")
+    print(table.markdown(), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(table.to_json(), indent=2) + "\n")
+    return table
+
+
+if __name__ == "__main__":
+    main()

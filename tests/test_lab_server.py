@@ -1,0 +1,563 @@
+"""The live lab's server (attention_lab/lab/): every endpoint with good and bad input, its numbers against
+independent computations, the one worker thread, a client that hangs up, the command line, and the load
+benchmark at tiny settings.
+
+The fixtures are tiny untrained models saved with save_checkpoint (as tests/test_sample.py does): a GPT (2 layers,
+2 heads, 32 wide, context 32, char tokenizer) with two checkpoints of different weights, and an LSTM baseline
+with the same tokenizer. The app runs in-process under Starlette's TestClient; the command line's Ctrl-C and the
+benchmark run the real server (uvicorn) on loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from starlette.testclient import TestClient
+
+import attention_lab.lab.__main__ as lab_cli
+from attention_lab.interp.heads import ablation_effects
+from attention_lab.interp.interventions import intervention_edits, parse_interventions
+from attention_lab.lab import app as lab_app
+from attention_lab.lab.app import create_app
+from attention_lab.lab.models import NotFound, Registry
+from attention_lab.lab.requests import MAX_BODY
+from attention_lab.sampling import generate_text
+from attention_lab.store.checkpoint import load_checkpoint, save_checkpoint
+from data.tokenizer import Tokenizer
+from model import GPT, LSTMLM, GPTConfig, LSTMConfig, hooked
+
+CORPUS = "ROMEO:\nBut soft, what light through yonder window breaks?\nJULIET:\nAy me! O Romeo, Romeo!\n"
+BLOCK = 32
+TEXT = "ROMEO: But soft, what light"  # 27 tokens, all in the vocabulary
+STEPS = ("step_00000100", "step_00000200")
+
+
+def _peaked(model: torch.nn.Module) -> torch.nn.Module:
+    with torch.no_grad():  # larger than GPT-2's init: peaked distributions, losses far apart between checkpoints
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.3)
+    return model
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("lab_runs")
+    tok = Tokenizer.train_char([[CORPUS]])
+    for step, seed in ((100, 0), (200, 1)):  # best stays at step 100: the lab opens a run at its best
+        torch.manual_seed(seed)
+        model = _peaked(GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=BLOCK, n_layer=2, n_head=2, n_embd=32)))
+        save_checkpoint(root / "gpt" / "checkpoints", step, model, tok.to_str(), {"val_loss": 3.0 + step / 100},
+                        best=step == 100, keep_last=5)
+    torch.manual_seed(2)
+    lstm = LSTMLM(LSTMConfig(vocab_size=tok.vocab_size, block_size=BLOCK, n_layer=1, n_embd=16))
+    save_checkpoint(root / "lstm" / "checkpoints", 50, lstm, tok.to_str(), {"val_loss": 3.4}, best=True)
+    return {"gpt": root / "gpt", "lstm": root / "lstm", "root": root}
+
+
+@pytest.fixture(scope="module")
+def client(runs):
+    with TestClient(create_app(Registry.open([runs["gpt"], runs["lstm"]]))) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def reference(runs) -> dict[str, tuple[torch.nn.Module, Tokenizer]]:
+    """Each checkpoint loaded on its own, as sample.py would: what the lab's numbers are checked against."""
+    out = {}
+    for name in STEPS:
+        ckpt = load_checkpoint(runs["gpt"] / "checkpoints" / name)
+        out[name] = (ckpt.build_model("cpu"), ckpt.tokenizer())
+    ckpt = load_checkpoint(runs["lstm"])
+    out["lstm"] = (ckpt.build_model("cpu"), ckpt.tokenizer())
+    return out
+
+
+def own_losses(model, ids: list[int]) -> torch.Tensor:
+    """(T - 1,) the cross-entropy of each next token under the model's own logits."""
+    idx = torch.tensor([ids])
+    with torch.no_grad():
+        logits = model(idx).logits[0].float()
+    return F.cross_entropy(logits[:-1], idx[0, 1:], reduction="none")
+
+
+def post(client, path: str, body) -> tuple[int, dict]:
+    r = client.post(path, json=body) if not isinstance(body, bytes) else client.post(
+        path, content=body, headers={"content-type": "application/json"})
+    return r.status_code, r.json()
+
+
+def generate_lines(client, body: dict) -> list[dict]:
+    with client.stream("POST", "/api/generate", json=body) as r:
+        assert r.status_code == 200, f"/api/generate answered {r.status_code}: {r.read()!r}"
+        assert r.headers["content-type"].startswith("application/x-ndjson"), r.headers["content-type"]
+        return [json.loads(line) for line in r.iter_lines() if line]
+
+
+def assert_close(got, want, what: str, tol: float = 1e-5) -> None:
+    got, want = torch.as_tensor(got, dtype=torch.float64), torch.as_tensor(want, dtype=torch.float64)
+    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+    err = (got - want).abs().max().item() if got.numel() else 0.0
+    assert err <= tol, f"{what}: differs by {err:.2e} (tolerance {tol:g})\n got  {got.tolist()}\n want {want.tolist()}"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# good input: the numbers
+
+
+def test_models_lists_the_runs_their_checkpoints_and_the_limits(client):
+    r = client.get("/api/models")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    gpt, lstm = body["models"]
+    assert (gpt["id"], gpt["kind"], gpt["step"], gpt["checkpoint"]) == ("0", "run", 100, STEPS[0]), gpt
+    assert [c["name"] for c in gpt["checkpoints"]] == list(STEPS), gpt["checkpoints"]
+    assert [c["step"] for c in gpt["checkpoints"]] == [100, 200], gpt["checkpoints"]
+    assert gpt["config"]["block_size"] == BLOCK and gpt["config"]["vocab_size"] == 38, gpt["config"]
+    assert (gpt["config"]["n_layer"], gpt["config"]["n_head"]) == (2, 2), gpt["config"]
+    assert lstm["config"]["attention"] == "none" and lstm["step"] == 50, lstm
+    assert body["limits"]["body_bytes"] == MAX_BODY and body["limits"]["max_new_tokens"] == [1, 256], body["limits"]
+    page = client.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html"), page.headers
+    assert "<!doctype html>" in page.text[:200].lower(), page.text[:200]
+
+
+def test_analyze_loss_is_the_cross_entropy_of_the_models_own_logits(client, reference):
+    model, tok = reference[STEPS[0]]
+    ids = tok.encode(TEXT)
+    status, body = post(client, "/api/analyze", {"text": TEXT})
+    assert status == 200, body
+    live = body["live"]
+    assert live["ids"] == ids and (live["checkpoint"], live["step"]) == (STEPS[0], 100), live
+    assert_close(live["loss"], own_losses(model, ids), "live.loss")
+    assert math.isclose(live["loss_mean"], own_losses(model, ids).mean().item(), abs_tol=1e-5), live["loss_mean"]
+    with torch.no_grad():
+        probs = torch.softmax(model(torch.tensor([ids])).logits[0].float(), -1)  # (T, V)
+    top = probs.topk(10, dim=-1)
+    assert len(live["top"]) == len(ids) and all(len(row) == 10 for row in live["top"]), "top: T x 10 expected"
+    assert_close([[p for _, p in row] for row in live["top"]], top.values, "live.top probabilities", tol=1e-4)
+    assert live["top"][3][0][0] == tok.token_strings([int(top.indices[3, 0])])[0], live["top"][3][0]
+    assert (body["L"], body["H"], body["T"]) == (2, 2, len(ids)), (body["L"], body["H"], body["T"])
+    assert body["tokens"] == tok.token_strings(ids), body["tokens"]
+    assert "before" not in live, "no interventions: no `before`"
+
+
+def test_the_checkpoint_named_is_the_one_used(client, reference):
+    ids = reference[STEPS[0]][1].encode(TEXT)
+    losses = {}
+    for name in STEPS:
+        status, body = post(client, "/api/analyze", {"text": TEXT, "checkpoint": name})
+        assert status == 200, body
+        assert (body["live"]["checkpoint"], body["live"]["step"]) == (name, int(name[-3:])), body["live"]
+        assert_close(body["live"]["loss"], own_losses(reference[name][0], ids), f"analyze at {name}")
+        losses[name] = body["live"]["loss_mean"]
+    assert abs(losses[STEPS[0]] - losses[STEPS[1]]) > 0.05, f"the two checkpoints gave the same loss {losses}"
+    status, body = post(client, "/api/compare", {"text": TEXT, "models": ["0", "0"], "checkpoints": list(STEPS)})
+    assert status == 200, body
+    for run, name in zip(body["runs"], STEPS):
+        assert run["checkpoint"] == name, run
+        assert_close(run["loss"], own_losses(reference[name][0], ids), f"compare at {name}")
+    assert_close(body["diff"], own_losses(reference[STEPS[1]][0], ids) - own_losses(reference[STEPS[0]][0], ids),
+                 "compare diff (b - a)")
+
+
+def test_compare_runs_across_architectures_sharing_a_tokenizer(client, reference):
+    ids = reference["lstm"][1].encode(TEXT)
+    status, body = post(client, "/api/compare", {"text": TEXT, "models": ["0", "1"]})
+    assert status == 200, body
+    assert body["tokens"] == reference["lstm"][1].token_strings(ids), body["tokens"]
+    assert_close(body["runs"][1]["loss"], own_losses(reference["lstm"][0], ids), "the LSTM's loss in compare")
+
+
+@pytest.mark.parametrize("layer, head", [(0, 1), (1, 0)])
+def test_zero_head_delta_equals_ablation_effects(client, reference, layer, head):
+    model, tok = reference[STEPS[0]]
+    idx = torch.tensor([tok.encode(TEXT)])
+    want = ablation_effects(model, idx[:, :-1], idx[:, 1:])[layer, head]
+    zero = [{"kind": "zero", "layer": layer, "head": head}]
+    status, body = post(client, "/api/intervene", {"text": TEXT, "interventions": zero})
+    assert status == 200, body
+    assert abs(body["delta_loss_mean"] - want) < 1e-5, (
+        f"zeroing L{layer}H{head}: the lab's delta {body['delta_loss_mean']:.6f}, ablation_effects {want:.6f}")
+    assert_close(body["before"]["loss"], own_losses(model, idx[0].tolist()), "intervene before.loss")
+    assert body["before"]["continuation"] is None and body["after"]["continuation"] is None, "generate: null"
+    status, analysed = post(client, "/api/analyze", {"text": TEXT, "interventions": zero})
+    assert status == 200, analysed
+    live = analysed["live"]
+    assert math.isclose(live["loss_mean"] - live["before"]["loss_mean"], want, abs_tol=1e-5), (
+        f"analyze with L{layer}H{head} zeroed: {live['loss_mean']} - {live['before']['loss_mean']} != {want}")
+
+
+def seeded(model, tok, ids, n, seed, edits=None, **kw) -> list[int]:
+    """The continuation sample.py's generate_text gives for this seed, in one call (no lab in between)."""
+    g = torch.Generator().manual_seed(seed)
+    with hooked(model, edits) if edits else torch.no_grad():
+        return generate_text(model, tok, ids, n, generator=g, use_cache=False, **kw)
+
+
+def test_generate_streams_the_seeded_continuation_generate_text_gives(client, reference):
+    model, tok = reference[STEPS[0]]
+    prompt = "ROMEO: But soft, what light throu"  # 33 characters: the last 32 are the prompt; the window slides
+    status, body = post(client, "/api/generate", {"text": prompt, "max_new_tokens": 12, "seed": 7})
+    assert status == 422 and "33 tokens" in body["error"] and "32" in body["error"], body
+    prompt = prompt[:BLOCK - 2]
+    lines = generate_lines(client, {"text": prompt, "max_new_tokens": 12, "seed": 7, "temperature": 0.9,
+                                    "top_k": 20, "top_p": 0.95})
+    *tokens, done = lines
+    want = seeded(model, tok, tok.encode(prompt), 12, 7, temperature=0.9, top_k=20, top_p=0.95)
+    assert [t["id"] for t in tokens] == want == done["ids"], f"streamed {[t['id'] for t in tokens]}, want {want}"
+    assert done["done"] is True and done["text"] == "".join(t["text"] for t in tokens) == tok.decode(want), done
+    again = generate_lines(client, {"text": prompt, "max_new_tokens": 12, "seed": 7, "temperature": 0.9,
+                                    "top_k": 20, "top_p": 0.95})
+    assert again == lines, "the same seed gave another continuation"
+    other = generate_lines(client, {"text": prompt, "max_new_tokens": 12, "seed": 8, "temperature": 0.9})
+    assert other[-1]["ids"] != done["ids"], "seeds 7 and 8 gave the same 12 sampled tokens"
+    greedy = generate_lines(client, {"text": prompt, "max_new_tokens": 6, "temperature": 0})
+    assert greedy[-1]["ids"] == seeded(model, tok, tok.encode(prompt), 6, 0, greedy=True), greedy[-1]
+
+
+def test_generation_with_an_intervention_is_generate_text_under_its_edits(client, reference):
+    model, tok = reference[STEPS[1]]
+    ids = tok.encode(TEXT)
+    items = [{"kind": "zero", "layer": 0, "head": 0}, {"kind": "hide_key", "key": 2}]
+    edits = intervention_edits(model.config, parse_interventions(items, model.config, len(ids)))
+    want_clean = seeded(model, tok, ids, 10, 3)
+    want_edited = seeded(model, tok, ids, 10, 3, edits)
+    assert want_clean != want_edited, "the fixture's intervention does not change the continuation; pick another"
+    lines = generate_lines(client, {"text": TEXT, "checkpoint": STEPS[1], "max_new_tokens": 10, "seed": 3,
+                                    "interventions": items})
+    assert lines[-1]["ids"] == want_edited, f"edited continuation {lines[-1]['ids']}, want {want_edited}"
+    status, body = post(client, "/api/intervene", {"text": TEXT, "checkpoint": STEPS[1], "interventions": items,
+                                                   "generate": {"max_new_tokens": 10, "seed": 3}})
+    assert status == 200, body
+    assert body["before"]["continuation"] == tok.decode(want_clean), body["before"]
+    assert body["after"]["continuation"] == tok.decode(want_edited), body["after"]
+    assert math.isclose(body["delta_loss_mean"], body["after"]["loss_mean"] - body["before"]["loss_mean"],
+                        abs_tol=1e-9), body["delta_loss_mean"]
+
+
+def test_the_lstm_generates_but_has_no_attention_to_analyze(client, reference):
+    model, tok = reference["lstm"]
+    lines = generate_lines(client, {"text": "ROMEO:", "model": "1", "max_new_tokens": 5, "seed": 1})
+    assert lines[-1]["ids"] == seeded(model, tok, tok.encode("ROMEO:"), 5, 1), lines[-1]
+    for path in ("/api/analyze", "/api/intervene"):
+        status, body = post(client, path, {"text": "ROMEO:", "model": "1", "interventions": []})
+        assert status == 422 and "LSTM" in body["error"], (path, status, body)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# bad input: a clear error each, and the next request answered
+
+ZERO = {"kind": "zero", "layer": 0, "head": 0}
+BAD = [
+    # (path, body (dict or raw bytes), status, words the error must hold)
+    ("/api/analyze", {"text": ""}, 422, ["text", "empty"]),
+    ("/api/analyze", {}, 422, ["text is missing"]),
+    ("/api/analyze", {"text": 5}, 422, ["text must be a string"]),
+    ("/api/analyze", {"text": "a" * 40}, 422, ["40 tokens", "32"]),
+    ("/api/analyze", {"text": "ab", "interventions": [{"kind": "zero", "layer": 2, "head": 0}]}, 422, ["layer", "0..1"]),
+    ("/api/analyze", {"text": "ab", "interventions": [{"kind": "zero", "layer": 0, "head": 2}]}, 422, ["head", "0..1"]),
+    ("/api/analyze", {"text": "ab", "interventions": [{"kind": "zero", "layer": -1, "head": 0}]}, 422, ["layer"]),
+    ("/api/analyze", {"text": "ab", "interventions": [{"kind": "zero", "layer": "0", "head": 0}]}, 422, ["layer"]),
+    ("/api/analyze", {"text": "ab", "interventions": [{"kind": "hide_key", "key": 2}]}, 422, ["key", "0..1"]),
+    ("/api/analyze", {"text": "ab", "interventions": [{"kind": "explode", "layer": 0, "head": 0}]}, 422, ["kind"]),
+    ("/api/analyze", {"text": "ab", "interventions": "zero"}, 422, ["interventions must be a list"]),
+    ("/api/analyze", {"text": "ab", "interventions": [ZERO] * 65}, 422, ["65", "at most 64"]),
+    ("/api/analyze", {"text": "ab", "interventions": [3]}, 422, ["interventions[0]"]),
+    ("/api/analyze", {"text": "ab", "temprature": 1}, 422, ["unknown field 'temprature'"]),
+    ("/api/generate", b'{"text": "ab", "temperature": NaN}', 422, ["temperature", "[0, 5]", "NaN"]),
+    ("/api/generate", b'{"text": "ab", "temperature": Infinity}', 422, ["temperature"]),
+    ("/api/generate", {"text": "ab", "temperature": "hot"}, 422, ["temperature", '"hot"']),
+    ("/api/generate", {"text": "ab", "temperature": -1}, 422, ["temperature"]),
+    ("/api/generate", {"text": "ab", "temperature": 6}, 422, ["temperature"]),
+    ("/api/generate", {"text": "ab", "top_p": 0}, 422, ["top_p", "(0, 1]"]),
+    ("/api/generate", {"text": "ab", "top_p": 1.5}, 422, ["top_p"]),
+    ("/api/generate", b'{"text": "ab", "top_p": NaN}', 422, ["top_p"]),
+    ("/api/generate", {"text": "ab", "top_k": 0}, 422, ["top_k"]),
+    ("/api/generate", {"text": "ab", "top_k": -3}, 422, ["top_k"]),
+    ("/api/generate", {"text": "ab", "top_k": 2.5}, 422, ["top_k"]),
+    ("/api/generate", {"text": "ab", "top_k": "5"}, 422, ["top_k"]),
+    ("/api/generate", {"text": "ab", "top_k": 1000}, 422, ["top_k", "vocab_size"]),
+    ("/api/generate", {"text": "ab", "max_new_tokens": 0}, 422, ["max_new_tokens", "[1, 256]"]),
+    ("/api/generate", {"text": "ab", "max_new_tokens": 257}, 422, ["max_new_tokens"]),
+    ("/api/generate", {"text": "ab", "max_new_tokens": True}, 422, ["max_new_tokens"]),
+    ("/api/generate", {"text": "ab", "seed": -1}, 422, ["seed"]),
+    ("/api/generate", {"text": "ab", "seed": 2**31}, 422, ["seed"]),
+    ("/api/generate", {"text": "ab", "seed": "x"}, 422, ["seed"]),
+    ("/api/generate", {"text": "a" * 33}, 422, ["33 tokens", "32"]),
+    ("/api/generate", {"text": "ab", "model": "1", "interventions": [ZERO]}, 422, ["LSTM"]),
+    ("/api/analyze", b'{"text": "\xff\xfe"}', 400, ["not UTF-8"]),
+    ("/api/analyze", b'{"text": ', 400, ["not JSON"]),
+    ("/api/analyze", b'"ROMEO"', 400, ["JSON object"]),
+    ("/api/analyze", b"", 400, ["empty"]),
+    ("/api/analyze", b"[" * 100_000, 413, ["65536"]),
+    ("/api/analyze", {"text": "a" * (MAX_BODY + 10)}, 413, ["bytes", "65536"]),
+    ("/api/analyze", {"text": "ab", "model": "7"}, 404, ["unknown model '7'", "0, 1"]),
+    ("/api/analyze", {"text": "ab", "model": "../../etc/passwd"}, 404, ["unknown model", "never names a path"]),
+    ("/api/generate", {"text": "ab", "model": "/tmp"}, 404, ["unknown model"]),
+    ("/api/analyze", {"text": "ab", "model": None}, 422, ["model must be a model id"]),
+    ("/api/analyze", {"text": "ab", "checkpoint": "step_00000300"}, 404, ["no checkpoint", STEPS[0]]),
+    ("/api/analyze", {"text": "ab", "checkpoint": f"../gpt/checkpoints/{STEPS[0]}"}, 404, ["no checkpoint"]),
+    ("/api/analyze", {"text": "ab", "checkpoint": "/etc"}, 404, ["no checkpoint"]),
+    ("/api/analyze", {"text": "ab", "checkpoint": 100}, 422, ["checkpoint must be"]),
+    ("/api/intervene", {"text": "ab", "interventions": [ZERO], "generate": "yes"}, 422, ["generate must be"]),
+    ("/api/intervene", {"text": "ab", "interventions": [ZERO], "generate": {"temperature": -1}}, 422,
+     ["generate.temperature"]),
+    ("/api/intervene", {"text": "ab", "interventions": [ZERO], "generate": {"top_k": 99}}, 422, ["generate.top_k"]),
+    ("/api/intervene", {"text": "ab", "interventions": [ZERO], "generate": {"speed": 1}}, 422, ["generate.speed"]),
+    ("/api/intervene", {"text": "ab", "model": "1", "interventions": [ZERO]}, 422, ["LSTM"]),
+    ("/api/compare", {"text": "ab", "models": ["0"]}, 422, ["models must be a list of two"]),
+    ("/api/compare", {"text": "ab", "models": ["0", "9"]}, 404, ["unknown model '9'"]),
+    ("/api/compare", {"text": "ab", "checkpoints": [None]}, 422, ["checkpoints must be"]),
+    ("/api/compare", {"text": "", "models": ["0", "1"]}, 422, ["empty"]),
+]
+
+
+@pytest.mark.parametrize("path, body, status, words", BAD, ids=[f"{i}-{b[0].split('/')[-1]}" for i, b in
+                                                                 enumerate(BAD)])
+def test_bad_input_gets_a_clear_error_and_the_next_request_is_answered(client, path, body, status, words):
+    got, answer = post(client, path, body)
+    assert got == status, f"{path} {str(body)[:80]}: status {got}, expected {status}: {answer}"
+    assert set(answer) == {"error"}, f"an error is {{'error': ...}} alone, got {answer}"
+    missing = [w for w in words if w not in answer["error"]]
+    assert not missing, f"the error should say {missing}: {answer['error']!r}"
+    if path == "/api/generate":
+        assert generate_lines(client, {"text": "ROMEO:", "max_new_tokens": 2})[-1]["done"], "no done line"
+    else:
+        got, answer = post(client, "/api/analyze", {"text": "ROMEO:"})
+        assert got == 200, f"after the bad request the server did not answer a good one: {got} {answer}"
+
+
+def test_a_chunked_body_is_counted_as_it_arrives(client):
+    def chunks():  # no Content-Length: the server must count the bytes themselves
+        yield b'{"text": "'
+        for _ in range(MAX_BODY // 1000 + 2):
+            yield b"a" * 1000
+        yield b'"}'
+
+    r = client.post("/api/analyze", content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "65536" in r.json()["error"], (r.status_code, r.text)
+    assert "content-length" not in {k.lower() for k in r.request.headers}, "the test meant a chunked body"
+
+
+def test_unknown_routes_and_methods_are_json_errors(client):
+    for method, path, status in (("GET", "/api/analyze", 405), ("GET", "/nowhere", 404), ("POST", "/api/models", 405)):
+        r = client.request(method, path)
+        assert r.status_code == status and "error" in r.json(), (method, path, r.status_code, r.text)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# one worker thread; a client that hangs up
+
+
+def test_every_model_computation_runs_on_the_one_worker_thread(runs):
+    seen: set[str] = set()
+
+    class Spy(Registry):
+        def load(self, model_id, checkpoint):
+            lm = super().load(model_id, checkpoint)
+            if not lm.memo.get("spied"):
+                lm.model.register_forward_pre_hook(lambda *_: seen.add(threading.current_thread().name))
+                lm.memo["spied"] = True
+            return lm
+
+    reg = Spy.open([runs["gpt"]])
+    answers = []
+    with TestClient(create_app(reg)) as c:
+        def ask(i: int):
+            if i % 2:
+                answers.append(c.post("/api/analyze", json={"text": TEXT, "checkpoint": STEPS[i % 4 // 2]}).status_code)
+            else:
+                with c.stream("POST", "/api/generate", json={"text": "ROMEO:", "max_new_tokens": 8}) as r:
+                    answers.append(r.status_code if json.loads(list(r.iter_lines())[-1]).get("done") else -1)
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    assert answers == [200] * 8 or sorted(answers) == [200] * 8, f"concurrent requests failed: {answers}"
+    assert len(seen) == 1 and next(iter(seen)).startswith("lab-model"), f"forward passes ran on threads {seen}"
+
+
+class SlowRegistry(Registry):
+    """Its models take 20 ms a forward pass (a generation of 256 tokens: over 5 s) and count them."""
+
+    forwards = 0
+
+    def load(self, model_id, checkpoint):
+        lm = super().load(model_id, checkpoint)
+        if not lm.memo.get("slowed"):
+            def slow(*_):
+                type(self).forwards += 1
+                time.sleep(0.02)
+            lm.model.register_forward_pre_hook(slow)
+            lm.memo["slowed"] = True
+        return lm
+
+
+def test_a_client_that_disconnects_stops_its_generation(runs):
+    SlowRegistry.forwards = 0
+    with TestClient(create_app(SlowRegistry.open([runs["gpt"]]))) as c:
+        with c.stream("POST", "/api/generate", json={"text": "ROMEO:", "max_new_tokens": 256}) as r:
+            lines = r.iter_lines()
+            first = [json.loads(next(lines)) for _ in range(3)]
+        assert all("id" in line for line in first), first
+        stopped_at = SlowRegistry.forwards
+        time.sleep(0.5)  # 25 more tokens' time
+        assert SlowRegistry.forwards <= stopped_at + 1, (
+            f"the generation went on after the client left: {stopped_at} forward passes then, "
+            f"{SlowRegistry.forwards} now")
+        assert SlowRegistry.forwards < 20, f"{SlowRegistry.forwards} forward passes for a client that read 3 tokens"
+        r = c.post("/api/compare", json={"text": "ROMEO:", "models": ["0", "0"]})  # the worker is free again
+        assert r.status_code == 200, r.text
+
+
+def test_a_disconnect_stops_the_generation_under_uvicorn_too(runs):
+    """The same through a real socket: uvicorn tells the app the client is gone (http.disconnect)."""
+    import httpx
+
+    from attention_lab.lab.app import make_server, open_socket, url_of
+
+    SlowRegistry.forwards = 0
+    sock = open_socket("127.0.0.1", 0)
+    server = make_server(create_app(SlowRegistry.open([runs["gpt"]])))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started and thread.is_alive():
+            time.sleep(0.01)
+        with httpx.Client(base_url=url_of(sock), timeout=30) as http:
+            with http.stream("POST", "/api/generate", json={"text": "ROMEO:", "max_new_tokens": 256}) as r:
+                lines = r.iter_lines()
+                first = [json.loads(next(lines)) for _ in range(3)]
+            assert all("id" in line for line in first), first
+            time.sleep(0.2)  # the server notices the closed connection
+            stopped_at = SlowRegistry.forwards
+            time.sleep(0.5)
+            assert SlowRegistry.forwards <= stopped_at + 1 and SlowRegistry.forwards < 40, (
+                f"the generation went on after the client left: {stopped_at} forward passes, then "
+                f"{SlowRegistry.forwards}")
+            assert http.post("/api/compare", json={"text": "ROMEO:", "models": ["0", "0"]}).status_code == 200
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+
+
+def test_the_registry_keeps_the_last_loaded_checkpoints(runs):
+    reg = Registry.open([runs["gpt"]], capacity=1)
+    a = reg.load("0", STEPS[0])
+    assert reg.load("0", None) is a, "the default checkpoint is the best one, already loaded"
+    b = reg.load("0", STEPS[1])
+    assert b is not a and reg.loads == 2, reg.loads
+    assert reg.load("0", STEPS[0]) is not a and reg.loads == 3, "capacity 1: the first was evicted and read again"
+    with pytest.raises(NotFound, match="no checkpoint"):
+        reg.load("0", "checkpoints")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the command line
+
+
+def cli_main(capsys, *argv) -> tuple[int, str, str]:
+    rc = lab_cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["{root}/no_such_run"], ["no such run"]),
+    (["--runs-root", "{root}/empty"], ["no trained run"]),
+    (["--model", "{root}/no_such_model"], ["no_such_model"]),
+    (["{gpt}", "--port", "70000"], ["--port"]),
+    (["{gpt}", "--device", "tpu"], ["--device"]),
+])
+def test_a_bad_run_model_or_option_is_one_error_line(runs, capsys, argv, words):
+    (runs["root"] / "empty").mkdir(exist_ok=True)
+    rc, out, err = cli_main(capsys, *[a.format(root=runs["root"], gpt=runs["gpt"]) for a in argv])
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("error: "), f"rc {rc}, stderr:\n{err}"
+    assert all(w in err for w in words) and "Traceback" not in err, err
+
+
+def test_a_taken_port_is_one_error_line(runs, capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        rc, out, err = cli_main(capsys, runs["gpt"], "--port", taken.getsockname()[1])
+    assert rc == 2 and err.startswith("error: cannot listen") and "--port" in err, f"rc {rc}: {err}"
+
+
+@pytest.mark.parametrize("host, warned", [("0.0.0.0", True), ("127.0.0.1", False)])
+def test_the_url_is_printed_and_a_host_beyond_loopback_warned_about(runs, capsys, monkeypatch, host, warned):
+    served = []
+
+    class Stub:  # the real server would block until Ctrl-C
+        def __init__(self, app):
+            self.app = app
+
+        def run(self, sockets):
+            served.append((self.app, sockets[0].getsockname()))
+
+    monkeypatch.setattr(lab_app, "make_server", Stub)
+    rc, out, err = cli_main(capsys, runs["gpt"], "--host", host, "--port", 0)
+    assert rc == 0 and served, f"rc {rc}, nothing served: {err}"
+    port = served[0][1][1]
+    assert f"http://{host}:{port}/" in out, f"the URL should be on stdout: {out!r}"
+    assert ("warning: --host" in err) == warned, f"--host {host}: warning expected {warned}:\n{err}"
+    assert "model 0:" in err and "step 100" in err, err
+
+
+def test_the_command_serves_until_ctrl_c_and_stops_cleanly(runs):
+    import httpx
+
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "attention_lab.lab", str(runs["gpt"]), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=Path(__file__).resolve().parent.parent)
+    try:
+        line = proc.stdout.readline()  # blocks until the URL is printed (or the process dies)
+        assert "http://127.0.0.1:" in line, f"no URL printed: {line!r}\n{proc.stderr.read() if proc.poll() else ''}"
+        url = line.split()[2]
+        r = httpx.post(url + "api/analyze", json={"text": "ROMEO:"}, timeout=30)
+        assert r.status_code == 200, r.text
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = proc.stderr.read()
+    assert rc == 0, f"Ctrl-C should stop the lab with exit code 0, got {rc}:\n{err}"
+    assert "stopped" in err and "Traceback" not in err, err
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the load benchmark, at tiny settings
+
+
+def test_the_load_benchmark_answers_every_request(runs, capsys):
+    from bench import lab_load
+
+    table = lab_load.main([str(runs["gpt"]), "--clients", "2", "--requests", "3", "--max-new-tokens", "4"])
+    out = capsys.readouterr().out
+    rows = {row["kind"]: row for row in table.rows}
+    assert set(rows) == {"analyze", "generate", "all"}, rows
+    assert rows["all"]["requests"] == 6 and rows["all"]["errors"] == 0, rows["all"]
+    assert rows["analyze"]["requests"] + rows["generate"]["requests"] == 6, rows
+    assert all(row["p50_ms"] > 0 and row["p95_ms"] >= row["p50_ms"] for row in rows.values()), rows
+    assert table.summary["rss_before_mib"] > 0 and table.summary["rss_after_mib"] > 0, table.summary
+    assert f"### {table.title}" in out and "p95" in out, out
