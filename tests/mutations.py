@@ -514,6 +514,22 @@ MUTATIONS = (
              "        x = x + a\n        if self.hooked:\n            x = self.hook_resid_mid(x)",
              "        if self.hooked:\n            x = self.hook_resid_mid(x)\n        x = x + a",
              ("tests/test_hooks.py",), "resid_mid recorded before the attention's add"),
+    # the live lab's page (tests/test_lab_page.py)
+    Mutation("lab_slider_keeps_the_old_checkpoint", "attention_lab/viewer/assets/lab.js",
+             "    this.checkpoint = ckpts[i].name;\n    this.labelCheckpoint();\n    this.changed(LAB_DEBOUNCE_MS);",
+             "    this.labelCheckpoint();\n    this.changed(LAB_DEBOUNCE_MS);",
+             ("tests/test_lab_page.py::test_the_checkpoint_slider_shows_that_checkpoints_maps",),
+             "the checkpoint slider names a checkpoint but the maps stay those of the one before", browser=True),
+    Mutation("lab_click_swaps_layer_and_head", "attention_lab/viewer/assets/lab.js",
+             "else next.push({ kind: mode, layer: l, head: h });", "else next.push({ kind: mode, layer: h, head: l });",
+             ("tests/test_lab_page.py::test_zeroing_a_head_changes_the_loss_by_its_ablation_effect",),
+             "clicking a head in the lab zeroes another head than the one clicked", browser=True),
+    Mutation("explorer_binds_again_on_new_data", "attention_lab/viewer/assets/explorer.js",
+             "    if (rolesChanged) this.buildRoleOptions();\n",
+             "    this.bindHeadView();\n    if (rolesChanged) this.buildRoleOptions();\n",
+             ("tests/test_lab_page.py::test_typing_draws_the_texts_maps_and_step_inside_numbers_in_the_same_components",),
+             "every answer of the lab binds the head view's listeners again: each event runs once more per text",
+             browser=True),
 )
 
 

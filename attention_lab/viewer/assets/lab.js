@@ -7,8 +7,8 @@
 //
 // Requests: one analysis in flight at a time; what the user changes meanwhile is sent when it returns (the newest
 // state only), and an answer for a state older than the one shown is dropped. Every render ends by raising
-// document.body.dataset.rendered (a counter) once the browser has drawn it: tests and the latency benchmark wait
-// for it; window.labTimings holds each render's times.
+// document.body.dataset.rendered (a counter) once the browser has drawn it, with window.lab.drawn the request it
+// answered: tests and the latency benchmark wait for them; window.labTimings holds each render's times.
 
 const LAB_DEBOUNCE_MS = 150; // after the last key, before the text is sent
 const LAB_AFTER_MS = 350; // after a render, before the slower side requests (continuations, the comparison)
@@ -72,7 +72,8 @@ class Lab {
     this.data = null; // the answer on the page
     this.shownKey = null; // the state that answer is for (the JSON of its request)
     this.busy = false; this.dirty = false; this.timer = null; this.sideTimer = null;
-    this.sideSeq = 0; this.renders = 0; this.pointer = null;
+    this.sideSeq = 0; this.renders = 0; this.pointer = null; this.drawn = null;
+    this.streamed = 0; // tokens of the last generation appended to the text as they came
     this.generating = null; // the AbortController of a running generation
     window.labTimings = [];
     const $ = (id) => document.getElementById(id);
@@ -238,6 +239,7 @@ class Lab {
     const loss = live.loss_mean != null ? ` \u00b7 loss ${live.loss_mean.toFixed(3)} nats/token` : "";
     this.$("lab-status").textContent = `${T} tokens${loss}${ckpt} \u00b7 answered in ${timing.request_ms} ms ` +
       `(model ${live.ms != null ? Math.round(live.ms) : "?"} ms), drawn in ${timing.draw_ms} ms`;
+    this.drawn = JSON.parse(key); // the request whose answer is on the screen now
     document.body.dataset.rendered = `${this.renders}`;
     document.body.dataset.renderMs = `${timing.total_ms}`;
     this.sideRequests(LAB_AFTER_MS);
@@ -426,6 +428,7 @@ class Lab {
     button.textContent = "stop"; this.text.readOnly = true;
     out.textContent = "generating\u2026";
     let added = "", done = null;
+    this.streamed = 0;
     try {
       const response = await fetch("/api/generate", { method: "POST", headers: { "Content-Type": "application/json" },
                                                        body: JSON.stringify(body), signal: ctrl.signal });
@@ -445,6 +448,7 @@ class Lab {
           if (msg.done) { done = msg; continue; }
           added += msg.text;
           this.text.value = base + added; // the tokens appear as they come
+          this.streamed++;
           out.textContent = `${added.length} characters so far`;
         }
         if (end) break;

@@ -1,0 +1,355 @@
+"""The live lab's page (attention_lab/viewer/page.py lab_page, assets/lab.js) in a real browser against the real app
+(attention_lab.lab.app.create_app under uvicorn on loopback, in a thread), on two tiny runs of three checkpoints.
+
+What a person sees is compared with the offline tools computed here on the same text: the head view's weights with
+capture_attention, the step-inside numbers with interp.inside.step_inside, the loss change of a zeroed head with
+interp.heads.ablation_effects and its next-token distribution with a forward pass under HeadAblation, a greedy
+continuation with sampling.generate_text, the maps at another checkpoint with that checkpoint's model, the two
+models' loss difference with a plain cross-entropy. The same components serve the static page
+(tests/test_viewer.py): here they must re-render with every answer without duplicating anything.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attention_lab.interp.capture import capture_attention
+from attention_lab.interp.heads import HeadAblation, ablation_effects
+from attention_lab.interp.inside import step_inside
+from attention_lab.sampling import generate_text
+from attention_lab.store.checkpoint import load_checkpoint, save_checkpoint
+from attention_lab.viewer import page as viewer
+from data.tokenizer import Tokenizer
+from model import GPT, GPTConfig
+from test_viewer import STEP_INSIDE_TOL, _panel_rows, _same, assert_quiet, browser, css, hover  # noqa: F401
+
+CORPUS = "ROMEO:\nBut soft, what light through yonder window breaks? It is the east, and Juliet is the sun.\n"
+STEPS = (10, 20, 30)  # the checkpoints of each run; the last is the best, where the lab opens
+BLOCK = 64
+TEXT = "But soft, what light"
+WAIT = 20  # seconds for one answer (the page, the server and the model share two cores with the test)
+
+
+class Lab:
+    def __init__(self, url: str, tokenizer: Tokenizer, runs: dict[str, Path]):
+        self.url, self.tok, self.runs = url, tokenizer, runs
+        self._models: dict[tuple[str, int], GPT] = {}
+
+    def model(self, run: str = "a", step: int = STEPS[-1]) -> GPT:
+        """The checkpoint as the offline tools open it (from disk, as the server does)."""
+        if (run, step) not in self._models:
+            folder = self.runs[run] / "checkpoints" / f"step_{step:08d}"
+            self._models[run, step] = load_checkpoint(folder).build_model("cpu")
+        return self._models[run, step]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    from attention_lab.lab.app import create_app, make_server, open_socket, url_of
+    from attention_lab.lab.models import Registry
+
+    root = tmp_path_factory.mktemp("lab")
+    tok = Tokenizer.train_char([[CORPUS]])
+    runs = {}
+    for run, seed in (("a", 0), ("b", 1)):
+        runs[run] = root / run
+        for step in STEPS:
+            torch.manual_seed(100 * seed + step)
+            model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=BLOCK, n_layer=2, n_head=3, n_embd=24))
+            with torch.no_grad():  # large weights: heads that matter to the loss, peaked maps that differ at
+                for p in model.parameters():  # every checkpoint
+                    p.add_(torch.randn(p.shape) * 0.3)
+                for block in model.transformer.h:
+                    block.attn.c_attn.weight[: 2 * 24] *= 3
+            save_checkpoint(runs[run] / "checkpoints", step, model, tok.to_str(), {"val_loss": 3.0},
+                            best=step == STEPS[-1], keep_last=len(STEPS))
+    app = create_app(Registry.open([runs["a"], runs["b"]], device="cpu"))
+    sock = open_socket("127.0.0.1", 0)
+    server = make_server(app)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the lab's server did not start"
+        time.sleep(0.05)
+    yield Lab(url_of(sock), tok, runs)
+    server.should_exit = True
+    thread.join(10)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the page as a person uses it
+
+
+def wait_for(driver, what: str, script: str, *args, timeout: float = WAIT):
+    """The first truthy value of `script` (polled), or a failure that says what the page shows instead."""
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    try:
+        return WebDriverWait(driver, timeout, poll_frequency=0.05).until(lambda d: d.execute_script(script, *args))
+    except TimeoutException:
+        state = driver.execute_script(
+            "return {status: document.getElementById('lab-status').textContent,"
+            " error: document.getElementById('lab-error').textContent, drawn: window.lab && window.lab.drawn}")
+        pytest.fail(f"waited {timeout} s for {what}; the page shows {state}")
+
+
+def open_lab(driver, lab: Lab) -> None:
+    driver.get(lab.url)
+    wait_for(driver, "the page's script and the model list",
+             "return document.body.dataset.ready === '1' && document.querySelectorAll('#lab-model option').length")
+    assert driver.execute_script("return document.getElementById('error-banner').hidden"), "the page hit an error"
+
+
+def set_text(driver, text: str) -> None:
+    """What typing or pasting does to the box, at once: its value, then one input event."""
+    driver.execute_script("const t = document.getElementById('lab-text'); t.value = arguments[0];"
+                          "t.dispatchEvent(new Event('input'))", text)
+
+
+def drawn(driver, lab: Lab, text: str, checkpoint: int = STEPS[-1], interventions: list | None = None,
+          model: str = "0") -> dict:
+    """Wait until the answer for exactly this request is on the screen (drawn, not only received); its request."""
+    want = {"text": text, "model": model, "checkpoint": f"step_{checkpoint:08d}", "interventions": interventions or []}
+    wait_for(driver, f"the answer for {want}", "return JSON.stringify(window.lab.drawn) === arguments[0]",
+             json.dumps(want, separators=(",", ":")))
+    return want
+
+
+def shown_weights(driver, layer: int, query: int) -> dict[int, list[tuple[int, float]]]:
+    """The head view's table of the largest weights for one query: head -> [(key, weight)]."""
+    from selenium.webdriver.support.ui import Select
+
+    Select(css(driver, "#hv-layer")[0]).select_by_value(str(layer))
+    hover(driver, css(driver, "#tokens .tok")[query])
+    rows = driver.execute_script("return [...document.querySelectorAll('#weights tr')].map(r => [r.dataset.head,"
+                                 " r.textContent])")
+    return {int(h): [(int(k), float(w)) for k, w in re.findall(r"#(\d+) (\d\.\d{3})", text)] for h, text in rows}
+
+
+def assert_weights(driver, want: np.ndarray, what: str) -> None:
+    """The head view shows `want`'s largest weights (L, nh, T, T) for a few queries of every layer, to the page's
+    8-bit precision."""
+    n_layer, n_head, t, _ = want.shape
+    for layer in range(n_layer):
+        for q in (t - 1, t // 2):
+            shown = shown_weights(driver, layer, q)
+            assert sorted(shown) == list(range(n_head)), f"{what}: layer {layer} shows heads {sorted(shown)}"
+            for h in range(n_head):
+                assert len(shown[h]) == min(5, q + 1), f"{what}: L{layer}H{h} query {q} shows {shown[h]}"
+                for k, w in shown[h]:
+                    tol = 2 * np.sqrt(want[layer, h, q, k]) / 510 + 1 / 255**2 + 6e-4
+                    assert abs(w - want[layer, h, q, k]) <= tol, (
+                        f"{what}: L{layer}H{h} query {q} key {k}: the page shows {w:.3f}, the model "
+                        f"{want[layer, h, q, k]:.4f}")
+                best = max(want[layer, h, q, k] for k, _ in shown[h])
+                assert best == want[layer, h, q, : q + 1].max(), f"{what}: L{layer}H{h} query {q}: top key missing"
+
+
+def no_console_errors(driver, what: str, expected: str | None = None) -> None:
+    """assert_quiet, letting through the failed loads of the requests a test made fail on purpose."""
+    errors = [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    errors = [m for m in errors if not (expected and expected in m)]
+    assert not errors, f"browser console errors after {what}: {errors}"
+
+
+def test_typing_draws_the_texts_maps_and_step_inside_numbers_in_the_same_components(browser, lab):
+    """Typed text -> /api/analyze -> the head view, model view and step-inside panel of the sample page, with this
+    text's attention and step_inside's numbers; typing on re-renders them in place: the same objects, one of each
+    node, one listener (a change of layer renders the panel once)."""
+    from selenium.webdriver.support.ui import Select
+
+    open_lab(browser, lab)
+    box = css(browser, "#lab-text")[0]
+    box.send_keys(TEXT)  # key by key: the page waits for the pause
+    drawn(browser, lab, TEXT)
+    ids = lab.tok.encode(TEXT)
+    model = lab.model()
+    assert browser.execute_script("return window.labTimings.length") <= 3, (
+        "typing 20 characters quickly should send one or two requests, not one a key: "
+        f"{browser.execute_script('return window.labTimings')}")
+    assert len(css(browser, "#tokens .tok")) == len(ids) and len(css(browser, ".thumb")) == 6
+    assert_weights(browser, capture_attention(model, ids), "the typed text")
+    objects = browser.execute_script("window.__explorer = lab.view.explorer; window.__panel = lab.view.panel;"
+                                     "return document.querySelectorAll('#role-filter option').length")
+
+    more = TEXT + " through yonder window"
+    box.send_keys(more[len(TEXT):])
+    drawn(browser, lab, more)
+    ids = lab.tok.encode(more)
+    assert browser.execute_script("return lab.view.explorer === window.__explorer && "
+                                  "lab.view.panel === window.__panel"), "the components must be re-used, not rebuilt"
+    counts = browser.execute_script(
+        "return ['#tokens .tok', '.thumb', '#hv-heads .chip', '#hv-layer option', '#in-head option', "
+        "'#role-filter option', '.layer-label', '.col-head', '#legend .legend-item'].map(s => "
+        "document.querySelectorAll(s).length)")
+    n_roles = objects - 1
+    assert counts == [len(ids), 6, 3, 2, 3, n_roles + 1, 2, 3, n_roles], f"nodes after a second answer: {counts}"
+    for layer, head, query in ((1, 2, len(ids) - 1), (0, 1, 9)):
+        Select(css(browser, "#hv-layer")[0]).select_by_value(str(layer))
+        Select(css(browser, "#in-head")[0]).select_by_value(str(head))
+        hover(browser, css(browser, "#tokens .tok")[query])
+        want = step_inside(model, ids, layer, head, query)
+        rows = {r["key"]: r for r in _panel_rows(browser)}
+        for j in range(query + 1):
+            for col, values in (("dot", want.dots), ("scaled", want.scaled), ("masked", want.masked),
+                                ("weight", want.weights)):
+                got = float(rows[str(j)][col][1])
+                assert _same(got, float(values[j])), (
+                    f"layer {layer}, head {head}, query {query}, key {j}: {col} is {got!r} on the page, "
+                    f"step_inside {float(values[j])!r}")
+    renders = browser.execute_script(
+        "let n = 0; const p = lab.view.panel, render = p.render.bind(p); p.render = () => { n++; render(); };"
+        "const s = document.getElementById('hv-layer'); s.value = '0'; s.dispatchEvent(new Event('change'));"
+        "p.render = render; return n")
+    assert renders == 1, f"one change of layer rendered the step-inside panel {renders} times: listeners piled up"
+    assert_weights(browser, capture_attention(model, ids), "the longer text")
+    no_console_errors(browser, "typing")
+
+
+def test_zeroing_a_head_changes_the_loss_by_its_ablation_effect(browser, lab):
+    """The model view's ablation scores are ablation_effects' on this text; clicking a head zeroes it: the page's
+    before/after shows the loss change that ablation_effects measures for that head, and the edited model's next-token distribution; a token
+    clicked in the loss strip is hidden as a key; the continuations with the same seed arrive."""
+    open_lab(browser, lab)
+    set_text(browser, TEXT)
+    drawn(browser, lab, TEXT)
+    assert not css(browser, "#lab-ab")[0].is_displayed(), "no intervention: no before/after"
+    model = lab.model()
+    idx = torch.tensor([lab.tok.encode(TEXT)])
+    effects = ablation_effects(model, idx[:, :-1], idx[:, 1:])  # (L, nh)
+    chips = browser.execute_script(  # the model view's Δloss under every head (4 decimals in the chip's title)
+        "return [...document.querySelectorAll('.thumb')].map(t => [+t.dataset.layer, +t.dataset.head,"
+        " t.querySelector('.sc[data-role=\"ablation\"]').title])")
+    for layer, head, title in chips:
+        shown = float(re.search(r": (-?\d+\.\d{4})", title).group(1))
+        assert abs(shown - effects[layer, head]) <= 1.5e-4, (
+            f"the model view's ablation score of L{layer}H{head} is {shown}, ablation_effects "
+            f"{effects[layer, head]:.5f}")
+    css(browser, '.thumb[data-layer="1"][data-head="2"]')[0].click()
+    zero = [{"kind": "zero", "layer": 1, "head": 2}]
+    drawn(browser, lab, TEXT, interventions=zero)
+    assert css(browser, '.thumb[data-layer="1"][data-head="2"]')[0].get_attribute("data-mark") == "zero"
+    want = effects[1, 2]
+    got = float(css(browser, "#lab-delta")[0].get_attribute("data-value"))
+    assert abs(got - want) <= 1e-5 + 1e-4 * abs(want), (
+        f"zeroing L1H2: the page shows a loss change of {got!r}, ablation_effects {want!r}")
+    assert abs(want) > 1e-4, f"fixture: zeroing L1H2 should change the loss visibly, changed it by {want}"
+    with torch.no_grad(), HeadAblation(model, 1, 2):
+        probs = F.softmax(model(idx).logits[0, -1].float(), dim=-1)
+    top = probs.topk(10)
+    edited = browser.execute_script(
+        "return [...document.querySelectorAll('#lab-next .lab-next-cols > div:nth-child(2) td.p')]"
+        ".map(td => +td.title)")
+    assert np.allclose(edited, top.values.numpy(), atol=2e-5), (
+        f"the edited model's next-token probabilities after the last token: page {edited}, "
+        f"offline {top.values.numpy().round(5).tolist()}")
+    wait_for(browser, "the two continuations",
+             "return [...document.querySelectorAll('#lab-ab .lab-cont')].filter(e => e.textContent).length === 2")
+
+    css(browser, '#lab-tokens [data-i="3"]')[0].click()  # hide token 3 as a key, the head stays zeroed
+    both = zero + [{"kind": "hide_key", "key": 3}]
+    drawn(browser, lab, TEXT, interventions=both)
+    assert "hidden-key" in css(browser, '#lab-tokens [data-i="3"]')[0].get_attribute("class")
+    assert [c.text for c in css(browser, "#lab-iv .lab-iv")] == ["zero L1H2 \u00d7", "hide key #3 \u00d7"]
+    css(browser, "#lab-iv-clear")[0].click()
+    drawn(browser, lab, TEXT)
+    assert not css(browser, "#lab-ab")[0].is_displayed() and not css(browser, ".thumb[data-mark]")
+    no_console_errors(browser, "intervening")
+
+
+def test_generated_tokens_join_the_text_and_the_maps(browser, lab):
+    """Generate streams the continuation into the text box token by token (greedy: it is generate_text's), and the
+    maps then show the longer text."""
+    open_lab(browser, lab)
+    set_text(browser, TEXT)
+    drawn(browser, lab, TEXT)
+    browser.execute_script("document.getElementById('lab-max-new').value = '8';"
+                           "document.getElementById('lab-temperature').value = '0'")
+    css(browser, "#lab-generate")[0].click()
+    ids = lab.tok.encode(TEXT)
+    new = generate_text(lab.model(), lab.tok, ids, 8, greedy=True, use_cache=False)
+    longer = TEXT + lab.tok.decode(new)
+    drawn(browser, lab, longer)
+    assert css(browser, "#lab-text")[0].get_attribute("value") == longer
+    assert browser.execute_script("return window.lab.streamed") == 8, "each token should join the text as it comes"
+    assert len(css(browser, "#tokens .tok")) == len(ids) + 8, "the maps should show the generated tokens too"
+    assert "generated 8 tokens" in css(browser, "#lab-gen-out")[0].text
+    no_console_errors(browser, "generating")
+
+
+def test_the_checkpoint_slider_shows_that_checkpoints_maps(browser, lab):
+    """The slider lists the run's three checkpoints; moving it redraws the same text's maps with that checkpoint's
+    attention."""
+    from selenium.webdriver.common.keys import Keys
+
+    open_lab(browser, lab)
+    set_text(browser, TEXT)
+    drawn(browser, lab, TEXT)
+    assert "step 30 (step_00000030, 3 of 3)" in css(browser, "#lab-ckpt-label")[0].text
+    pixels = "return document.querySelector('.thumb[data-layer=\"1\"][data-head=\"0\"] canvas').toDataURL()"
+    last = browser.execute_script(pixels)
+    css(browser, "#lab-ckpt")[0].send_keys(Keys.HOME)
+    drawn(browser, lab, TEXT, checkpoint=STEPS[0])
+    assert "step 10 (step_00000010, 1 of 3)" in css(browser, "#lab-ckpt-label")[0].text
+    assert "step 10" in css(browser, "#lab-status")[0].text
+    assert browser.execute_script(pixels) != last, "another checkpoint's heatmap should look different"
+    ids = lab.tok.encode(TEXT)
+    assert_weights(browser, capture_attention(lab.model("a", STEPS[0]), ids), "checkpoint step 10")
+    no_console_errors(browser, "moving the checkpoint slider")
+
+
+def test_an_error_is_said_in_words_and_the_page_goes_on_and_compares_two_models(browser, lab):
+    """A text past the context gets the server's 422 in words on the page; the next text is drawn again. With two
+    models, the second one's loss difference per token colours the text."""
+    from selenium.webdriver.support.ui import Select
+
+    open_lab(browser, lab)
+    set_text(browser, TEXT)
+    drawn(browser, lab, TEXT)
+    set_text(browser, "ab " * 30)  # 90 tokens, the context is 64
+    message = wait_for(browser, "the error line",
+                       "const e = document.getElementById('lab-error'); return !e.hidden && e.textContent")
+    assert "HTTP 422" in message and "64" in message, f"the error should say what is wrong: {message!r}"
+    set_text(browser, TEXT + ".")
+    drawn(browser, lab, TEXT + ".")
+    assert not css(browser, "#lab-error")[0].is_displayed(), "a good answer clears the error"
+
+    Select(css(browser, "#lab-compare")[0]).select_by_value("1")
+    wait_for(browser, "the comparison", "return !document.getElementById('lab-cmp').hidden && "
+             "document.querySelectorAll('#lab-cmp-tokens .lab-tok').length")
+    idx = torch.tensor([lab.tok.encode(TEXT + ".")])
+    with torch.no_grad():
+        loss = [F.cross_entropy(lab.model(run).forward(idx).logits[0, :-1].float(), idx[0, 1:], reduction="none")
+                for run in ("a", "b")]
+    want = (loss[1] - loss[0]).numpy()
+    got = browser.execute_script("return [...document.querySelectorAll('#lab-cmp-tokens .lab-tok')].slice(1)"
+                                 ".map(s => +s.dataset.value)")
+    assert np.allclose(got, want, atol=1e-4), f"the loss difference per token: page {got}, offline {want.tolist()}"
+    no_console_errors(browser, "an error and a comparison", expected="status of 422")
+
+
+def test_the_lab_page_fetches_nothing_but_its_own_api():
+    page = viewer.lab_page({"max_new_tokens": [1, 256]})
+    island = json.loads(re.search(r'<script type="application/json" id="data">(.*?)</script>', page, re.S).group(1))
+    assert island["kind"] == "lab" and island["limits"] == {"max_new_tokens": [1, 256]}
+    for name in (*viewer.SCRIPTS, "lab.js"):
+        assert viewer._asset(name) in page, f"the lab page should carry {name}"
+    assert "fetch(" not in viewer.render_page({"kind": "sample"}, "x"), "the static page must not carry lab.js"
+    urls = set(re.findall(r"https?://[^\s\"'<>)]+", page))
+    assert urls <= {"http://www.w3.org/2000/svg"}, f"nothing outside the lab may be named: {urls}"
+    fetched = set(re.findall(r"""fetch\(\s*([^,)]+)""", page)) | set(re.findall(r'labFetch\("([^"]+)"', page))
+    assert fetched <= {"path", '"/api/generate"', "/api/models", "/api/analyze", "/api/intervene", "/api/compare"}, (
+        fetched)
+    for tag in ("src=", "@import", "url(", "XMLHttpRequest", "import("):
+        assert tag not in page, f"the page must load nothing else, found {tag!r}"
