@@ -9,7 +9,8 @@ tokens, a different window each time) and /api/generate (--max-new-tokens stream
 of them queue on the lab's one worker thread, so the latencies include the wait behind the other clients: p50
 and p95 per kind say what a user gets when N people share one lab. An error is a status other than 200, an
 exception, or a stream that does not end with its `done` line. The resident memory is read after a warm-up (the
-model and its circuits loaded) and after the run: the difference is what N x M requests left behind.
+model and its circuits loaded), half-way and after the run: the first half also pays the allocator's warm-up for
+concurrent requests, so growth in the second half is what requests leave behind.
 """
 
 from __future__ import annotations
@@ -21,13 +22,17 @@ import time
 import warnings
 from pathlib import Path
 
-import numpy as np
+from attention_lab.runtime.omp import bound_spinning
 
-from attention_lab.lab.app import create_app, make_server, open_socket, url_of
-from attention_lab.lab.models import Registry
-from attention_lab.runtime.device import pick_device
+bound_spinning()  # before torch loads OpenMP, as the lab's command does (no effect when torch is loaded already)
 
-from .common import Column, Table, describe_machine, log
+import numpy as np  # noqa: E402
+
+from attention_lab.lab.app import create_app, make_server, open_socket, url_of  # noqa: E402
+from attention_lab.lab.models import Registry  # noqa: E402
+from attention_lab.runtime.device import pick_device  # noqa: E402
+
+from .common import Column, Table, describe_machine, log  # noqa: E402
 
 PARAGRAPH = ("It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
              "foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the season of Light, "
@@ -112,15 +117,19 @@ def run_load(registry: Registry, *, clients: int, requests: int, text_tokens: in
         t0 = time.perf_counter()
         for t in threads:
             t.start()
-        for t in threads:
-            t.join()
+        rss_half = None
+        while any(t.is_alive() for t in threads):
+            if rss_half is None and len(results) >= clients * requests / 2:
+                rss_half = _rss()  # the allocator has seen every kind of request by now: growth past here is kept
+            time.sleep(0.02)
         wall = time.perf_counter() - t0
         rss_after = _rss()
+        rss_half = rss_half if rss_half is not None else rss_after
     finally:
         server.should_exit = True
         thread.join(timeout=30)
         sock.close()
-    return {"results": results, "wall_s": wall, "rss_before": rss_before, "rss_after": rss_after,
+    return {"results": results, "wall_s": wall, "rss_before": rss_before, "rss_half": rss_half, "rss_after": rss_after,
             "jobs": app.state.worker.jobs, "url": url}
 
 
@@ -134,16 +143,21 @@ def table_of(raw: dict, args: argparse.Namespace, machine: dict, label: str) -> 
                      "p50_ms": float(np.percentile(ms, 50)), "p95_ms": float(np.percentile(ms, 95)),
                      "max_ms": float(ms.max())})
     mib = 2**20
-    summary = {"rss_before_mib": raw["rss_before"] / mib, "rss_after_mib": raw["rss_after"] / mib,
-               "rss_growth_mib": (raw["rss_after"] - raw["rss_before"]) / mib, "wall_s": raw["wall_s"],
+    summary = {"rss_before_mib": raw["rss_before"] / mib, "rss_half_mib": raw["rss_half"] / mib,
+               "rss_after_mib": raw["rss_after"] / mib,
+               "rss_growth_mib": (raw["rss_after"] - raw["rss_before"]) / mib,
+               "rss_growth_second_half_mib": (raw["rss_after"] - raw["rss_half"]) / mib, "wall_s": raw["wall_s"],
                "requests_per_s": len(results) / raw["wall_s"], "errors": sum(1 for r in results if r[2])}
     notes = [
         f"{label}; {args.clients} clients x {args.requests} requests on 127.0.0.1 (uvicorn, one worker thread), "
         f"alternating /api/analyze ({args.text_tokens} tokens) and /api/generate ({args.max_new_tokens} tokens, "
         "streamed); latency from request to the last byte, waiting in the queue included",
         f"{len(results)} requests in {raw['wall_s']:.1f} s ({summary['requests_per_s']:.1f}/s); resident memory "
-        f"{summary['rss_before_mib']:.0f} MiB after the warm-up, {summary['rss_after_mib']:.0f} MiB after the run "
-        f"({summary['rss_growth_mib']:+.1f} MiB)",
+        f"(this process: server and clients) {summary['rss_before_mib']:.0f} MiB after the warm-up, "
+        f"{summary['rss_half_mib']:.0f} MiB half-way, {summary['rss_after_mib']:.0f} MiB after the run: "
+        f"{summary['rss_growth_mib']:+.1f} MiB in all, {summary['rss_growth_second_half_mib']:+.1f} MiB in the "
+        "second half (the first half includes the allocator's warm-up for concurrent requests: new threads, "
+        "new arenas; a leak grows in both halves)",
     ]
     notes += [f"error: {kind}: {error}" for kind, _, error in results if error][:5]
     return Table(
