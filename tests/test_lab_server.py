@@ -468,6 +468,36 @@ def test_the_registry_keeps_the_last_loaded_checkpoints(runs):
         reg.load("0", "checkpoints")
 
 
+def test_a_transformers_model_is_served_by_id_and_its_loss_is_its_own(runs, tmp_path):
+    """A GPT-2 folder (transformers' own class, random weights): the lab's loss equals transformers' logits', also
+    after the LRU evicted it and it was read again."""
+    transformers = pytest.importorskip("transformers")
+    tok = Tokenizer.train_char([[CORPUS]])
+    config = transformers.GPT2Config(vocab_size=tok.vocab_size, n_positions=BLOCK, n_embd=32, n_layer=2, n_head=2,
+                                     activation_function="gelu_new", bos_token_id=tok.eot_id,
+                                     eos_token_id=tok.eot_id)
+    torch.manual_seed(0)
+    hf = _peaked(transformers.GPT2LMHeadModel(config)).eval()
+    hf.save_pretrained(tmp_path / "gpt2")
+    tok.save(tmp_path / "gpt2" / "tokenizer.json")
+    ids = tok.encode(TEXT)
+    with torch.no_grad():
+        want = F.cross_entropy(hf(torch.tensor([ids])).logits[0, :-1].float(), torch.tensor(ids[1:]), reduction="none")
+    reg = Registry.open([runs["gpt"]], [str(tmp_path / "gpt2")], capacity=1)
+    with TestClient(create_app(reg)) as c:
+        listed = c.get("/api/models").json()["models"][1]
+        assert (listed["kind"], listed["checkpoints"], listed["checkpoint"]) == ("transformers", [], None), listed
+        for _ in range(2):  # the second time after model 0 took the one place in memory
+            status, body = post(c, "/api/analyze", {"text": TEXT, "model": "1"})
+            assert status == 200, body
+            assert_close(body["live"]["loss"], want, "the transformers model's loss in the lab", tol=1e-4)
+            assert post(c, "/api/analyze", {"text": TEXT, "model": "0"})[0] == 200
+        # model 1 read at start; then 0, 1 again (evicted by 0), 0 again
+        assert reg.loads == 3, f"model 1 should have been read again after its eviction ({reg.loads} loads)"
+        status, body = post(c, "/api/analyze", {"text": TEXT, "model": "1", "checkpoint": STEPS[0]})
+        assert status == 404 and "send checkpoint null" in body["error"], body
+
+
 # ----------------------------------------------------------------------------------------------------------
 # the command line
 
