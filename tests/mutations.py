@@ -530,6 +530,20 @@ MUTATIONS = (
              ("tests/test_lab_page.py::test_typing_draws_the_texts_maps_and_step_inside_numbers_in_the_same_components",),
              "every answer of the lab binds the head view's listeners again: each event runs once more per text",
              browser=True),
+    # the live lab's server (tests/test_lab_server.py)
+    Mutation("lab_analyzes_the_default_checkpoint", "attention_lab/lab/models.py",
+             "        entry, name = self.resolve(model_id, checkpoint)\n        key = (entry.id, name)",
+             "        entry, name = self.resolve(model_id, None)\n        key = (entry.id, name)",
+             ("tests/test_lab_server.py",), "the lab computes with the run's default checkpoint, not the one the "
+                                            "page names"),
+    Mutation("lab_intervenes_on_both_sides", "attention_lab/lab/app.py",
+             "_losses(lm.tokenizer, text_losses(lm.model, ids, top_k=TOP_K)),",
+             "_losses(lm.tokenizer, text_losses(lm.model, ids, interventions=items, top_k=TOP_K)),",
+             ("tests/test_lab_server.py",), "/api/intervene's 'before' is the edited model too (no difference shown)"),
+    Mutation("lab_circuits_memo_misfiled", "attention_lab/lab/app.py",
+             "for token, label in zip(new, lm.tokenizer.token_strings(new)):",
+             "for token, label in zip(new, lm.tokenizer.token_strings(new)[::-1]):",
+             ("tests/test_lab_server.py",), "the lab files a token's remembered OV writes under another token"),
 )
 
 

@@ -591,3 +591,18 @@ def test_the_load_benchmark_answers_every_request(runs, capsys):
     assert all(row["p50_ms"] > 0 and row["p95_ms"] >= row["p50_ms"] for row in rows.values()), rows
     assert table.summary["rss_before_mib"] > 0 and table.summary["rss_after_mib"] > 0, table.summary
     assert f"### {table.title}" in out and "p95" in out, out
+
+
+def test_circuits_remembered_across_texts_equal_the_texts_own(client, reference):
+    """The lab keeps each token's OV writes from earlier texts; a text sharing some tokens with the last one must
+    show exactly what head_circuits computes for it alone."""
+    from attention_lab.viewer.report import head_circuits
+
+    model, tok = reference[STEPS[0]]
+    for text in ("ROMEO: But", "ROMEO: soft light", "Ay me"):
+        data = client.post("/api/analyze", json={"text": text, "model": "0"}).json()
+        expected = head_circuits(model, tok.encode(text), tok)
+        for key in ("copying", "qk_pairs", "ov_writes"):
+            got = json.loads(json.dumps(data["inside"][key]))
+            assert got == json.loads(json.dumps(lab_app._plain(expected[key]))), \
+                f"{text!r}: the page's {key} differ from head_circuits of this text"

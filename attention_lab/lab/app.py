@@ -158,9 +158,22 @@ def _losses(tokenizer, found) -> dict:
 
 
 def _circuits(lm: Loaded, ids: list[int]) -> dict:
+    """head_circuits of the text, from what this checkpoint already computed: the weight-only part once, and
+    each token's OV writes the first time a text holds it (typing adds a token or two at a time)."""
     if "circuits" not in lm.memo:  # from the weights alone: once per loaded checkpoint
         lm.memo["circuits"] = model_circuits(lm.model, lm.tokenizer)
-    return lm.memo["circuits"] | text_circuits(lm.model, ids, lm.tokenizer)
+    known = lm.memo.setdefault("ov_writes", {})  # token id -> L x nh [[written token, logit] x k]
+    new = sorted({int(i) for i in ids} - set(known))
+    if new:
+        writes = text_circuits(lm.model, new, lm.tokenizer)["ov_writes"]  # L x nh x {label: ...}
+        for token, label in zip(new, lm.tokenizer.token_strings(new)):
+            known[token] = [[head[label] for head in layer] for layer in writes]
+    distinct = sorted({int(i) for i in ids})
+    labels = lm.tokenizer.token_strings(distinct)
+    n_layer, n_head = lm.config.n_layer, lm.config.n_head
+    ov = [[{label: known[t][layer][head] for t, label in zip(distinct, labels)} for head in range(n_head)]
+          for layer in range(n_layer)]
+    return lm.memo["circuits"] | {"ov_writes": ov}
 
 
 class Generation:
