@@ -10,9 +10,20 @@
 //   lens: [L + 1][T][5] of [token, p], copying: [L][H], qk_pairs: [L][H][5] of [q, k, score],
 //   ov_writes: [L][H]{token: [5] of [token, logit]}}
 
-function decodeFloat32(text) {
-  const bytes = decodeBase64(text);
-  return new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
+// q, k or v of every head: base64 float32 (L, H, T, hs), decoded one layer at a time when first read (the panel
+// shows one layer; at 500 tokens decoding all of them would be most of a redraw)
+class LayerFloats {
+  constructor(text, L, perLayer) { this.text = text; this.per = perLayer; this.layers = new Array(L); }
+
+  layer(l) {
+    if (!this.layers[l]) {
+      const a = l * this.per * 4, b = a + this.per * 4; // the layer's bytes
+      const c0 = Math.floor(a / 3) * 4, c1 = Math.ceil(b / 3) * 4; // the base64 characters that hold them
+      const bytes = decodeBase64(this.text.slice(c0, c1)), skip = a - (c0 / 4) * 3;
+      this.layers[l] = new Float32Array(bytes.slice(skip, skip + this.per * 4).buffer);
+    }
+    return this.layers[l];
+  }
 }
 
 function fmt(x, digits = 4) {
@@ -41,6 +52,8 @@ function barStrip(values, width, height, colour) {
   return canvas;
 }
 
+const ROW_WINDOW = 40; // rows of the step-inside table laid out on either side of the middle of its view
+
 class InsidePanel {
   // setData(data) shows another text (the live lab): the head select keeps its one listener; a text without
   // data.inside (a model whose rows the panel cannot step through) hides the panel.
@@ -50,19 +63,29 @@ class InsidePanel {
     this.H = -1;
     this.select = document.getElementById("in-head");
     this.select.addEventListener("change", () => { this.head = +this.select.value; this.render(); });
+    this.scrollBox = document.querySelector("#inside .in-scroll");
+    this.bars = null;
+    this.rowH = 0;
+    let queued = false;
+    this.scrollBox.addEventListener("scroll", () => {
+      if (queued) return;
+      queued = true;
+      requestAnimationFrame(() => { queued = false; this.drawBars(); });
+    });
     this.setData(data);
   }
 
   setData(data) {
     const d = data.inside || null;
     this.d = d;
+    this.bars = null;
     document.getElementById("inside").hidden = !d;
     if (!d) return;
     this.tokens = data.tokens;
     this.L = data.L; this.T = data.T;
     this.hs = d.hs;
     this.scale = d.scale;
-    [this.q, this.k, this.v] = [d.q, d.k, d.v].map(decodeFloat32);
+    [this.q, this.k, this.v] = [d.q, d.k, d.v].map((text) => new LayerFloats(text, this.L, data.H * this.T * this.hs));
     if (data.H !== this.H) {
       this.H = data.H;
       this.select.replaceChildren(...Array.from({ length: this.H }, (_, h) => el("option", { value: h, text: `head ${h}` })));
@@ -72,8 +95,8 @@ class InsidePanel {
   }
 
   vec(arr, l, h, j) {
-    const o = ((l * this.H + h) * this.T + j) * this.hs;
-    return arr.subarray(o, o + this.hs);
+    const o = (h * this.T + j) * this.hs;
+    return arr.layer(l).subarray(o, o + this.hs);
   }
 
   // one row of the computation for every key j: [dots, scaled, bias, logit] (logit -inf where hidden)
@@ -146,33 +169,39 @@ class InsidePanel {
     const head = el("tr", {}, ...["key", "k_j", linear ? "\u03c6(q)\u00b7\u03c6(k_j)" : "q\u00b7k_j",
                                   linear ? "" : "\u00d7 1/\u221ad_k", linear ? "" : "+ bias", "masked",
                                   linear ? "weight" : "softmax"].map((t) => el("th", { text: t })));
-    const body = rows.map((r) => el("tr", { "data-key": r.j, class: r.hidden ? "hidden-key" : "" },
-      el("td", { class: "key", text: `#${r.j} ${axisLabel(this.tokens[r.j], 12)}` }),
-      el("td", {}, barStrip(this.vec(this.k, l, h, r.j), 96, 16, "#7f8c8d")),
-      el("td", { class: "dot", text: fmt(r.dot), title: exact(r.dot) }),
-      el("td", { class: "scaled", text: linear ? "" : fmt(r.scaled), title: linear ? null : exact(r.scaled) }),
-      el("td", { class: "bias", text: linear ? "" : fmt(r.bias), title: linear ? null : exact(r.bias) }),
-      el("td", { class: "masked", text: r.hidden ? "\u2212\u221e (outside the window)" : fmt(r.logit),
-                 title: exact(r.logit) }),
-      el("td", { class: "weight", title: exact(r.weight) },
-         el("span", { class: "wbar", style: `width:${(100 * r.weight).toFixed(1)}px;background:${colour}` }),
-         el("span", { text: ` ${fmt(r.weight)}` }))));
+    // one row a key, built as one HTML string (a long context has hundreds of rows: one parse, not thousands of
+    // createElement calls); every number's full value is its cell's title
+    const td = (cls, text, title) => `<td class="${cls}"${title == null ? "" : ` title="${title}"`}>${text}</td>`;
+    const best = rows.reduce((a, r) => (r.weight > a.weight ? r : a), rows[0]);
+    const html = rows.map((r) => `<tr data-key="${r.j}" class="${r.hidden ? "hidden-key" : ""} off">` +
+      td("key", escapeHtml(`#${r.j} ${axisLabel(this.tokens[r.j], 12)}`)) +
+      td("kbar", "") + // drawn when its row is in view (drawBars)
+      td("dot", fmt(r.dot), exact(r.dot)) +
+      td("scaled", linear ? "" : fmt(r.scaled), linear ? null : exact(r.scaled)) +
+      td("bias", linear ? "" : fmt(r.bias), linear ? null : exact(r.bias)) +
+      td("masked", r.hidden ? "\u2212\u221e (outside the window)" : fmt(r.logit), exact(r.logit)) +
+      td("weight", `<span class="wbar" style="width:${(100 * r.weight).toFixed(1)}px;background:${colour}"></span>` +
+                   `<span> ${fmt(r.weight)}</span>`, exact(r.weight)) + "</tr>");
     if (sink) {
-      body.push(el("tr", { "data-key": "sink", class: "sink-row" },
-        el("td", { class: "key", text: "sink" }), el("td"), el("td"), el("td"), el("td"),
-        el("td", { class: "masked", text: fmt(sink.logit), title: exact(sink.logit) }),
-        el("td", { class: "weight", text: `${fmt(sink.weight)} (attends to nothing)`, title: exact(sink.weight) })));
+      html.push(`<tr data-key="sink" class="sink-row off">${td("key", "sink")}<td></td><td></td><td></td><td></td>` +
+                td("masked", fmt(sink.logit), exact(sink.logit)) +
+                td("weight", `${fmt(sink.weight)} (attends to nothing)`, exact(sink.weight)) + "</tr>");
     }
     if (i + 1 < this.T) {
-      body.push(el("tr", { "data-key": "future", class: "future-row" },
-        el("td", { class: "key", text: `#${i + 1}\u2013#${this.T - 1}` }), el("td"), el("td"), el("td"), el("td"),
-        el("td", { class: "masked", text: "\u2212\u221e (the future)" }), el("td", { class: "weight", text: "0" })));
+      html.push(`<tr data-key="future" class="future-row off">${td("key", `#${i + 1}\u2013#${this.T - 1}`)}` +
+                `<td></td><td></td><td></td><td></td>${td("masked", "\u2212\u221e (the future)")}${td("weight", "0")}</tr>`);
     }
-    document.getElementById("in-table").replaceChildren(el("thead", {}, head), el("tbody", {}, ...body));
+    const tbody = el("tbody");
+    tbody.innerHTML = html.join("");
+    const pad = () => el("tr", { class: "pad" }, el("td", { colspan: 7 }));
+    const padTop = pad(), padBottom = pad();
+    document.getElementById("in-table").replaceChildren(el("thead", {}, head, padTop), tbody, el("tfoot", {}, padBottom));
+    this.bars = { l, h, keys: rows.length, rows: Array.from(tbody.children), on: [], padTop, padBottom, first: 0, last: -1 };
     // long contexts: scroll the table to the key that takes the most weight
-    const best = rows.reduce((a, r) => (r.weight > a.weight ? r : a), rows[0]);
-    const box = document.querySelector("#inside .in-scroll"), target = body[best.j];
-    box.scrollTop = Math.max(0, target.offsetTop - box.clientHeight / 2);
+    this.placeRows(best.j);
+    const box = this.scrollBox, rowH = this.rowHeight();
+    box.scrollTop = Math.max(0, head.offsetHeight + best.j * rowH - box.clientHeight / 2);
+    this.drawBars();
     const share = this.d.share_norm[l][h][i];
     const outStrip = barStrip(out, 256, 28, colour);
     outStrip.dataset.values = JSON.stringify(Array.from(out)); // the numbers behind the bars, in full
@@ -183,6 +212,54 @@ class InsidePanel {
                          "to the residual stream" }));
     this.renderLens(i);
     this.renderCircuits(l, h, i);
+  }
+
+  // A long context has hundreds of rows and a dozen show: only those within ROW_WINDOW of the centre are laid out
+  // (the others are display: none, still in the page with every number), and two spacer rows keep the table as
+  // tall as if all were there, so the scroll bar is the whole table's.
+  placeRows(centre) {
+    const b = this.bars, n = b.rows.length, rowH = this.rowHeight();
+    const first = Math.max(0, Math.min(centre, n - 1) - ROW_WINDOW), last = Math.min(n - 1, centre + ROW_WINDOW);
+    for (let j = 0; j < n; j++) {
+      const on = j >= first && j <= last;
+      if (on !== !!b.on[j]) { b.rows[j].classList.toggle("off", !on); b.on[j] = on; }
+    }
+    b.first = first; b.last = last;
+    b.padTop.style.height = `${first * rowH}px`;
+    b.padBottom.style.height = `${(n - 1 - last) * rowH}px`;
+  }
+
+  // every row is as tall as the first one laid out (measured once: the style fixes it)
+  rowHeight() {
+    if (!this.rowH) {
+      const b = this.bars, row = b && b.rows[b.first];
+      if (!row || b.last < b.first) return 20;
+      this.rowH = row.getBoundingClientRect().height || 20;
+      if (b.last >= b.first) { // the spacers were set with a guess
+        b.padTop.style.height = `${b.first * this.rowH}px`;
+        b.padBottom.style.height = `${(b.rows.length - 1 - b.last) * this.rowH}px`;
+      }
+    }
+    return this.rowH;
+  }
+
+  // after a scroll: the rows around the middle of the view laid out, each key's k_j drawn as bars where in view
+  drawBars() {
+    const b = this.bars;
+    if (!b) return;
+    const box = this.scrollBox, rowH = this.rowHeight(), head = box.querySelector("thead tr").offsetHeight;
+    const top = box.scrollTop - head, bottom = top + box.clientHeight;
+    const centre = Math.floor((top + bottom) / 2 / rowH);
+    if (centre - ROW_WINDOW / 2 < b.first && b.first > 0 || centre + ROW_WINDOW / 2 > b.last && b.last < b.rows.length - 1) {
+      this.placeRows(centre);
+    }
+    const lo = Math.max(b.first, Math.floor(top / rowH) - 1), hi = Math.min(b.last, b.keys - 1, Math.ceil(bottom / rowH) + 1);
+    for (let j = lo; j <= hi; j++) {
+      const tr = b.rows[j];
+      if (tr.dataset.drawn) continue;
+      tr.dataset.drawn = "1";
+      tr.querySelector("td.kbar").append(barStrip(this.vec(this.k, b.l, b.h, j), 96, 16, "#7f8c8d"));
+    }
   }
 
   renderLens(i) {
