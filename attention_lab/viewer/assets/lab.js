@@ -255,15 +255,19 @@ class Lab {
     }));
   }
 
-  // one span per token, coloured by values[i - 1] (the loss of token i given the ones before it)
+  // one span per token, coloured by values[i - 1] (the loss of token i given the ones before it); a newline token
+  // ends its line (a run of them one line, as in the head view)
   tokenSpans(tokens, values, colour, decorate) {
-    return tokens.map((t, i) => {
+    const out = [];
+    tokens.forEach((t, i) => {
       const v = i > 0 && values ? values[i - 1] : null;
       const span = el("span", { class: "lab-tok", "data-i": i, text: flowText(t) });
       if (v != null) { span.style.backgroundColor = colour(v); span.dataset.value = `${v}`; }
       if (decorate) decorate(i, span);
-      return span;
+      out.push(span);
+      if (isNewline(t) && !(i + 1 < tokens.length && isNewline(tokens[i + 1]))) out.push(el("br"));
     });
+    return out;
   }
 
   // --- the next-token distribution where the pointer is ---------------------------------------------------------
@@ -284,14 +288,14 @@ class Lab {
         `loss ${live.loss[i].toFixed(3)} nats` + (live.before ? ` (clean ${live.before.loss[i].toFixed(3)})` : "") }));
     }
     box.replaceChildren(...parts);
-    for (const n of this.$("lab-tokens").children) n.classList.toggle("at", +n.dataset.i === i);
+    for (const n of this.$("lab-tokens").querySelectorAll(".lab-tok")) n.classList.toggle("at", +n.dataset.i === i);
     this.renderABNext(i);
   }
 
   nextTable(top, i, actual, caption) {
     const rows = ((top || [])[i] || []).map(([t, p]) => el("tr", { class: t === actual ? "actual" : "" },
       el("td", { class: "key", text: tokenText(t) }),
-      el("td", {}, el("span", { class: "pbar", style: `width:${(100 * p).toFixed(1)}px` })),
+      el("td", {}, el("span", { class: "pbar", style: `width:${(60 * p).toFixed(1)}px` })),
       el("td", { class: "p", text: fmtP(p), title: `${p}` })));
     const table = el("table", { class: "lab-next-table" }, ...rows);
     return caption ? el("div", {}, el("h3", { text: caption }), table) : table;
