@@ -5,7 +5,8 @@ What a person sees is compared with the offline tools computed here on the same 
 capture_attention, the step-inside numbers with interp.inside.step_inside, the loss change of a zeroed head with
 interp.heads.ablation_effects and its next-token distribution with a forward pass under HeadAblation, a greedy
 continuation with sampling.generate_text, the maps at another checkpoint with that checkpoint's model, the two
-models' loss difference with a plain cross-entropy. The same components serve the static page
+models' loss difference with a plain cross-entropy, the second model's grid beside the first with its
+capture_attention and ablation_effects. The same components serve the static page
 (tests/test_viewer.py): here they must re-render with every answer without duplicating anything.
 """
 
@@ -30,7 +31,8 @@ from attention_lab.store.checkpoint import load_checkpoint, save_checkpoint
 from attention_lab.viewer import page as viewer
 from data.tokenizer import Tokenizer
 from model import GPT, GPTConfig
-from test_viewer import STEP_INSIDE_TOL, _panel_rows, _same, assert_quiet, browser, css, hover  # noqa: F401
+from test_viewer import (  # noqa: F401
+    STEP_INSIDE_TOL, _panel_rows, _same, assert_quiet, browser, css, hover, screenshot, shots)
 
 CORPUS = "ROMEO:\nBut soft, what light through yonder window breaks? It is the east, and Juliet is the sun.\n"
 STEPS = (10, 20, 30)  # the checkpoints of each run; the last is the best, where the lab opens
@@ -353,3 +355,97 @@ def test_the_lab_page_fetches_nothing_but_its_own_api():
         fetched)
     for tag in ("src=", "@import", "url(", "XMLHttpRequest", "import("):
         assert tag not in page, f"the page must load nothing else, found {tag!r}"
+
+
+# ------------------------------------------------------------------------------------------------------------
+# two models side by side
+
+
+def _colormap() -> np.ndarray:
+    """The page's colormap, (256, 3) uint8: level -> RGB."""
+    import base64
+
+    return np.frombuffer(base64.b64decode(viewer._colormap()), dtype=np.uint8).reshape(256, 3)
+
+
+def assert_pixels(pixels: list[int], width: int, want: np.ndarray, what: str) -> None:
+    """A heatmap canvas (RGBA, one pixel per token) shows the (T, T) weights `want`: the colour of level
+    round(255 sqrt(w)) (one level either way for rounding) below the diagonal, the masked grey above it."""
+    t = want.shape[0]
+    assert width == t, f"{what}: the canvas is {width} pixels wide for {t} tokens"
+    rgb = np.asarray(pixels, dtype=np.int64).reshape(t, t, 4)[..., :3]
+    cmap = _colormap().astype(np.int64)
+    levels = np.rint(np.sqrt(want.clip(0, 1)) * 255).astype(np.int64)
+    for q in range(t):
+        for k in range(t):
+            if k > q:
+                assert (rgb[q, k] == 230).all(), f"{what}: query {q}, key {k} (the future) is {rgb[q, k]}, not grey"
+                continue
+            near = [cmap[lv] for lv in range(max(0, levels[q, k] - 1), min(255, levels[q, k] + 1) + 1)]
+            assert any((rgb[q, k] == c).all() for c in near), (
+                f"{what}: query {q}, key {k} is drawn {rgb[q, k].tolist()}; weight {want[q, k]:.4f} is level "
+                f"{levels[q, k]}, colour {cmap[levels[q, k]].tolist()}")
+
+
+CANVAS_PIXELS = ("const c = arguments[0]; return [c.width, Array.from(c.getContext('2d')"
+                 ".getImageData(0, 0, c.width, c.height).data)]")
+
+
+def test_a_second_model_is_drawn_beside_the_first_head_for_head(browser, lab, shots, capsys):
+    """Choosing a second model draws its heads beside the first model's, by the same grid code, in the same layer
+    rows and head columns: its weights are capture_attention of that model on the text, each head shows its Δloss
+    when zeroed minus the first model's (ablation_effects of both), and clicking a head of either grid opens that
+    model's head large."""
+    from selenium.webdriver.support.ui import Select
+
+    open_lab(browser, lab)
+    set_text(browser, TEXT)
+    drawn(browser, lab, TEXT)
+    assert not css(browser, "#lab-cmp-side")[0].is_displayed(), "one model: no second grid"
+    Select(css(browser, "#lab-compare")[0]).select_by_value("1")
+    wait_for(browser, "the second model's grid", "return !document.getElementById('lab-cmp-side').hidden && "
+             "lab.cmp && lab.cmp.text === arguments[0]", TEXT)
+    ids = lab.tok.encode(TEXT)
+    idx = torch.tensor([ids])
+    a, b = lab.model("a"), lab.model("b")
+    want_a, want_b = capture_attention(a, ids), capture_attention(b, ids)
+    assert np.abs(want_a - want_b).max() > 0.2, "fixture: the two runs' maps should differ visibly"
+    counts = browser.execute_script("return ['.thumb', '.col-head', '.layer-label'].map(s => "
+                                    "document.querySelectorAll('#lab-cmp-grid ' + s).length)")
+    assert counts == [6, 3, 2], f"the second grid: thumbs, head columns, layer rows {counts}"
+    for thumb in css(browser, "#lab-cmp-grid .thumb"):
+        layer, head = int(thumb.get_attribute("data-layer")), int(thumb.get_attribute("data-head"))
+        width, pixels = browser.execute_script(CANVAS_PIXELS, thumb.find_element("css selector", "canvas"))
+        assert_pixels(pixels, width, want_b[layer, head], f"the second grid's L{layer}H{head}")
+
+    # Δ of the score the select names (Δloss by default): the second model's head minus the first's
+    assert css(browser, "#lab-cmp-role")[0].get_attribute("value") == "ablation"
+    effects_a = ablation_effects(a, idx[:, :-1], idx[:, 1:])
+    effects_b = ablation_effects(b, idx[:, :-1], idx[:, 1:])
+    deltas = browser.execute_script("return [...document.querySelectorAll('#lab-cmp-grid .thumb')].map(t => "
+                                    "[+t.dataset.layer, +t.dataset.head, t.querySelector('.lab-delta').dataset.value])")
+    for layer, head, value in deltas:
+        want = effects_b[layer, head] - effects_a[layer, head]
+        assert abs(float(value) - want) <= 2e-4, (
+            f"L{layer}H{head}: the page shows Δ(Δloss) {value}, ablation_effects of the two models {want:.5f}")
+    # the same layer rows: layer l of the second grid beside layer l of the first
+    tops = browser.execute_script(
+        "return [0, 1].map(l => ['#grid', '#lab-cmp-grid'].map(g => document.querySelector("
+        "`${g} .thumb[data-layer=\"${l}\"][data-head=\"0\"]`).getBoundingClientRect().top))")
+    assert all(abs(x - y) <= 1 for x, y in tops), f"the two grids' layer rows are not side by side: tops {tops}"
+    browser.execute_script("document.getElementById('model-view').scrollIntoView()")
+    screenshot(browser, shots, "lab_two_models.png", capsys)
+
+    # a click on a head of either grid opens it large, with that model's weights
+    labels = browser.execute_script("return lab.models.map(m => m.label)")
+    Select(css(browser, "#lab-click")[0]).select_by_value("open")
+    for grid, model, want, label in (("#grid", "a", want_a, labels[0]), ("#lab-cmp-grid", "b", want_b, labels[1])):
+        css(browser, f'{grid} .thumb[data-layer="1"][data-head="2"]')[0].click()
+        title = css(browser, "#big-title")[0].text
+        assert css(browser, "#big")[0].is_displayed() and "L1H2" in title and label in title, (
+            f"clicking L1H2 of {grid}: the large view says {title!r}, should name {label}")
+        width, pixels = browser.execute_script(CANVAS_PIXELS, css(browser, "#big-canvas")[0])
+        assert_pixels(pixels, width, want[1, 2], f"model {model}'s L1H2 opened large")
+        css(browser, "#big-close")[0].click()
+    assert not css(browser, ".thumb[data-mark]"), "with clicks set to open, no head is zeroed"
+    no_console_errors(browser, "comparing two models")

@@ -115,6 +115,77 @@ function fmtScore(v, unit) {
   return s.startsWith("0.") ? s.slice(1) : s;
 }
 
+// scores[role][l][h], or null where that role or head was not measured
+function roleScore(scores, role, l, h) {
+  const s = scores && scores[role];
+  const v = s && s[l] ? s[l][h] : null;
+  return v == null ? null : v;
+}
+
+// The model view's grid: every layer (rows) x head (columns) as a small heatmap, its role scores under it, in a
+// container of its own (the page's #grid; the live lab draws a second model's heads beside it, aligned row for
+// row). build() makes the cells once per shape; draw() paints one forward pass into them.
+class HeadGrid {
+  constructor(container, onClick) {
+    this.container = container; this.onClick = onClick; // onClick(l, h): a head was clicked (or Enter on it)
+    this.thumbs = []; this.L = this.H = -1; this.roles = {}; this.roleKeys = null;
+  }
+
+  // (re)builds the cells when the shape or the roles differ from the last build; true when it did
+  build(L, H, roles) {
+    const roleKeys = JSON.stringify(roles || {});
+    if (L === this.L && H === this.H && roleKeys === this.roleKeys) return false;
+    this.L = L; this.H = H; this.roles = roles || {}; this.roleKeys = roleKeys;
+    this.container.style.gridTemplateColumns = `max-content repeat(${H}, max-content)`;
+    this.thumbs = [];
+    const nodes = [el("div")];
+    for (let h = 0; h < H; h++) {
+      nodes.push(el("div", { class: "col-head", style: `color:${headColour(h, H)}`, text: `head ${h}` }));
+    }
+    for (let l = 0; l < L; l++) {
+      nodes.push(el("div", { class: "layer-label", "data-layer": l, text: `layer ${l}` }));
+      for (let h = 0; h < H; h++) {
+        const canvas = el("canvas", { width: 1, height: 1 });
+        const chips = Object.entries(this.roles).map(([role, info]) =>
+          el("span", { class: "sc", "data-role": role, title: "" }, `${info.short} `, el("b", { text: "\u2013" })));
+        const node = el("figure", { class: "thumb", "data-layer": l, "data-head": h, tabindex: 0,
+                                    title: `layer ${l}, head ${h}: click to open it large` },
+          canvas, el("figcaption", { text: headName(l, h) }), el("div", { class: "scores" }, ...chips));
+        node.addEventListener("click", () => this.onClick(l, h));
+        node.addEventListener("keydown", (e) => { if (e.key === "Enter") this.onClick(l, h); });
+        nodes.push(node);
+        this.thumbs.push({ l, h, node, canvas, chips });
+      }
+    }
+    this.container.replaceChildren(...nodes);
+    return true;
+  }
+
+  // frame: a Frame of this grid's shape (or null: the cells stay empty); scores: {role: L x H}; cmap: RGB x 256
+  draw(frame, scores, cmap) {
+    for (const t of this.thumbs) {
+      if (frame) drawHeatmap(t.canvas, frame, t.l, t.h, 0, frame.T, 96, cmap);
+      t.node.classList.toggle("empty", !frame);
+      for (const chip of t.chips) {
+        const role = chip.dataset.role, info = this.roles[role], v = roleScore(scores, role, t.l, t.h);
+        chip.lastChild.textContent = fmtScore(v, info.unit);
+        const strength = v == null ? 0 : info.unit === "nats" ? Math.min(1, Math.abs(v) / 0.5) : Math.min(1, Math.max(0, v));
+        chip.style.setProperty("--s", strength.toFixed(3));
+        chip.classList.toggle("neg", v != null && v < 0); // zeroing the head lowers the loss
+        chip.title = `${info.label}: ${v == null ? "not measured" : v.toFixed(4)}${info.help ? ` \u2014 ${info.help}` : ""}`;
+      }
+    }
+  }
+
+  // marks: {"l,h": word}, shown as the cell's data-mark
+  mark(marks) {
+    for (const t of this.thumbs) {
+      const mark = marks[`${t.l},${t.h}`];
+      if (mark) t.node.dataset.mark = mark; else delete t.node.dataset.mark;
+    }
+  }
+}
+
 class Explorer {
   // data: {tokens, L, H, T, roles, colormap}. Call setFrame(frame, scores, label) to show one forward pass, and
   // setData(data) to show another text (the live lab): the page's fixed elements keep the listeners bound here
@@ -128,6 +199,7 @@ class Explorer {
     this.big = null;
     this.L = this.H = this.T = -1;
     this.tokens = []; this.roleKeys = ""; this.tokNodes = []; this.cells = []; this.thumbs = []; this.headChips = [];
+    this.grid = new HeadGrid(document.getElementById("grid"), (l, h) => this.clickHead(l, h));
     this.bindControls();
     this.bindHeadView();
     this.bindBigView();
@@ -176,11 +248,7 @@ class Explorer {
     this.roleSelect.value = keep in this.roles ? keep : "";
   }
 
-  score(role, l, h) {
-    const s = this.scores && this.scores[role];
-    const v = s && s[l] ? s[l][h] : null;
-    return v == null ? null : v;
-  }
+  score(role, l, h) { return roleScore(this.scores, role, l, h); }
 
   passes(l, h) {
     const role = this.roleSelect.value;
@@ -349,29 +417,8 @@ class Explorer {
 
   // --- model view: every layer x head as a small heatmap, its scores under it ------------------------------
   buildModelView() {
-    const grid = document.getElementById("grid");
-    grid.style.gridTemplateColumns = `max-content repeat(${this.H}, max-content)`;
-    this.thumbs = [];
-    const nodes = [el("div")];
-    for (let h = 0; h < this.H; h++) {
-      nodes.push(el("div", { class: "col-head", style: `color:${headColour(h, this.H)}`, text: `head ${h}` }));
-    }
-    for (let l = 0; l < this.L; l++) {
-      nodes.push(el("div", { class: "layer-label", "data-layer": l, text: `layer ${l}` }));
-      for (let h = 0; h < this.H; h++) {
-        const canvas = el("canvas", { width: 1, height: 1 });
-        const chips = Object.entries(this.roles).map(([role, info]) =>
-          el("span", { class: "sc", "data-role": role, title: "" }, `${info.short} `, el("b", { text: "\u2013" })));
-        const node = el("figure", { class: "thumb", "data-layer": l, "data-head": h, tabindex: 0,
-                                    title: `layer ${l}, head ${h}: click to open it large` },
-          canvas, el("figcaption", { text: headName(l, h) }), el("div", { class: "scores" }, ...chips));
-        node.addEventListener("click", () => this.clickHead(l, h));
-        node.addEventListener("keydown", (e) => { if (e.key === "Enter") this.clickHead(l, h); });
-        nodes.push(node);
-        this.thumbs.push({ l, h, node, canvas, chips });
-      }
-    }
-    grid.replaceChildren(...nodes);
+    this.grid.build(this.L, this.H, this.roles);
+    this.thumbs = this.grid.thumbs;
     const items = Object.values(this.roles).map((info) =>
       el("span", { class: "legend-item", title: info.help || "" }, el("b", { text: info.short }), ` ${info.label}` +
          (info.unit === "nats" ? " (loss change in nats when the head is zeroed)" : "")));
@@ -386,25 +433,11 @@ class Explorer {
   // marks: {"l,h": word} (a word per head the lab intervenes on); shown as the thumb's data-mark
   setHeadMarks(marks) {
     this.headMarks = marks || {};
-    for (const t of this.thumbs) {
-      const mark = this.headMarks[`${t.l},${t.h}`];
-      if (mark) t.node.dataset.mark = mark; else delete t.node.dataset.mark;
-    }
+    this.grid.mark(this.headMarks);
   }
 
   renderModelView() {
-    for (const t of this.thumbs) {
-      if (this.frame) drawHeatmap(t.canvas, this.frame, t.l, t.h, 0, this.T, 96, this.cmap);
-      t.node.classList.toggle("empty", !this.frame);
-      for (const chip of t.chips) {
-        const role = chip.dataset.role, info = this.roles[role], v = this.score(role, t.l, t.h);
-        chip.lastChild.textContent = fmtScore(v, info.unit);
-        const strength = v == null ? 0 : info.unit === "nats" ? Math.min(1, Math.abs(v) / 0.5) : Math.min(1, Math.max(0, v));
-        chip.style.setProperty("--s", strength.toFixed(3));
-        chip.classList.toggle("neg", v != null && v < 0); // zeroing the head lowers the loss
-        chip.title = `${info.label}: ${v == null ? "not measured" : v.toFixed(4)}${info.help ? ` \u2014 ${info.help}` : ""}`;
-      }
-    }
+    this.grid.draw(this.frame, this.scores, this.cmap);
     this.setHeadMarks(this.headMarks);
   }
 
@@ -441,8 +474,10 @@ class Explorer {
     document.getElementById("big-start-label").hidden = count >= this.T;
   }
 
-  openBig(l, h) {
-    this.big = { l, h };
+  // source: another forward pass of the same tokens to show instead of this one's ({frame, scores, label}: the
+  // lab's second model); its head (l, h) then fills the large view, with its own scores
+  openBig(l, h, source = null) {
+    this.big = { l, h, source };
     this.bigNode.hidden = false;
     this.placeWindow();
     this.renderBig();
@@ -453,17 +488,18 @@ class Explorer {
   renderBig() {
     if (!this.big) return;
     const { l, h } = this.big, count = +this.bigWindow.value, start = +this.bigStart.value;
+    const src = this.bigSource();
     document.getElementById("big-title").textContent =
-      `layer ${l}, head ${h} (${headName(l, h)}) \u00b7 ${this.label} \u00b7 queries down, keys across`;
+      `layer ${l}, head ${h} (${headName(l, h)}) \u00b7 ${src.label} \u00b7 queries down, keys across`;
     document.getElementById("big-range").textContent = count < this.T ? `tokens ${start}\u2013${start + count - 1} of ${this.T}` : "";
     const scores = document.getElementById("big-scores");
     scores.replaceChildren(...Object.entries(this.roles).map(([role, info]) =>
-      el("span", { class: "sc", title: info.help || "" }, `${info.label} `, el("b", { text: fmtScore(this.score(role, l, h), info.unit) }))));
+      el("span", { class: "sc", title: info.help || "" }, `${info.label} `, el("b", { text: fmtScore(roleScore(src.scores, role, l, h), info.unit) }))));
     const maxPx = 560, cell = Math.max(1, Math.min(22, Math.floor(maxPx / count)));
     const size = Math.min(maxPx, cell * count);
     this.bigSize = size;
-    if (this.frame) {
-      const p = drawHeatmap(this.bigCanvas, this.frame, l, h, start, count, maxPx, this.cmap);
+    if (src.frame) {
+      const p = drawHeatmap(this.bigCanvas, src.frame, l, h, start, count, maxPx, this.cmap);
       if (p > 1) document.getElementById("big-range").textContent += ` (max-pooled ${p}x${p})`;
     }
     this.bigCanvas.style.width = `${size}px`; this.bigCanvas.style.height = `${size}px`;
@@ -480,13 +516,24 @@ class Explorer {
     ys.replaceChildren(...yl); xs.replaceChildren(...xl);
   }
 
+  // what the large view shows: this explorer's pass, or the source it was opened with (its frame only while it
+  // holds as many tokens as the text shown: an answer for an older text is not drawn under this one's labels)
+  bigSource() {
+    const src = (this.big && this.big.source) || this;
+    const frame = src.frame && src.frame.T === this.T && src.frame.H > this.big.h && src.frame.L > this.big.l
+      ? src.frame : null;
+    return { frame, scores: src.scores, label: src.label };
+  }
+
   bigTooltip(e) {
-    if (!this.big || !this.frame) return;
+    if (!this.big) return;
+    const frame = this.bigSource().frame;
+    if (!frame) return;
     const rect = this.bigCanvas.getBoundingClientRect(), count = +this.bigWindow.value, start = +this.bigStart.value;
     const q = start + Math.min(count - 1, Math.floor(((e.clientY - rect.top) / rect.height) * count));
     const k = start + Math.min(count - 1, Math.floor(((e.clientX - rect.left) / rect.width) * count));
     const { l, h } = this.big;
-    const what = k > q ? "<i>masked (the future)</i>" : `weight <b>${fmtWeight(this.frame.weight(l, h, q, k))}</b>`;
+    const what = k > q ? "<i>masked (the future)</i>" : `weight <b>${fmtWeight(frame.weight(l, h, q, k))}</b>`;
     tooltip.show(e, `query #${q} ${escapeHtml(axisLabel(this.tokens[q], 16))} &rarr; key #${k} ` +
                     `${escapeHtml(axisLabel(this.tokens[k], 16))}<br>${what}`);
   }

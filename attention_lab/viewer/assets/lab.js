@@ -3,7 +3,10 @@
 // colormap, roles, frames, scores, inside) plus `live`: {model, checkpoint, step, ids, loss: [T - 1] nats of token
 // t + 1 given 0..t, loss_mean, top: [T][10] of [token, p] (the next-token distribution after each position), ms,
 // and with interventions before: {loss, loss_mean, top} of the clean model}. It is drawn by the same components
-// as the static page (SampleView in main.js), re-rendered in place at every answer.
+// as the static page (SampleView in main.js), re-rendered in place at every answer. With a second model chosen,
+// its own /api/analyze answer for the same text is drawn beside the first one's model view by the same grid code
+// (HeadGrid in explorer.js): the same layer rows and head columns, each of its heads with the difference of one
+// score (this model minus the first), and the loss difference per token over the text.
 //
 // Requests: one analysis in flight at a time; what the user changes meanwhile is sent when it returns (the newest
 // state only), and an answer for a state older than the one shown is dropped. Every render ends by raising
@@ -84,7 +87,21 @@ class Lab {
     this.text.addEventListener("input", () => this.changed(LAB_DEBOUNCE_MS));
     $("lab-model").addEventListener("change", () => this.pickModel($("lab-model").value));
     $("lab-ckpt").addEventListener("input", () => this.pickCheckpoint(+$("lab-ckpt").value));
-    $("lab-compare").addEventListener("change", () => { this.compareWith = $("lab-compare").value; this.sideRequests(0); });
+    $("lab-compare").addEventListener("change", () => {
+      this.compareWith = $("lab-compare").value;
+      if (!this.compareWith) this.hideOther();
+      this.sideRequests(0);
+    });
+    // the second model's heads beside the first's: #grid and #lab-cmp-side side by side in the model view
+    const grid = $("grid"), row = el("div", { class: "lab-grids" });
+    const mine = el("div", { class: "lab-grid-col" }, el("h3", { id: "lab-grid-title", hidden: "" }));
+    grid.before(row);
+    mine.append(grid);
+    row.append(mine, $("lab-cmp-side"));
+    this.cmpGrid = new HeadGrid($("lab-cmp-grid"), (l, h) => this.openOther(l, h));
+    this.cmp = null; // the second model's answer drawn beside: {data, text, frame, scores, source}
+    this.cmpCmap = null; this.cmpCmapText = null;
+    $("lab-cmp-role").addEventListener("change", () => this.renderDeltas());
     $("lab-generate").addEventListener("click", () => (this.generating ? this.generating.abort() : this.generate()));
     $("lab-iv-clear").addEventListener("click", () => this.setInterventions([]));
     const strip = $("lab-tokens");
@@ -140,6 +157,12 @@ class Lab {
 
   modelInfo(id = this.model) { return this.models.find((m) => m.id === id) || null; }
 
+  // an answer's model as people read it: its label and the step of the checkpoint that answered
+  modelName(live) {
+    const label = (this.modelInfo(live.model) || { label: live.model ?? "?" }).label;
+    return `${label}${live.step != null ? ` (step ${live.step})` : ""}`;
+  }
+
   pickModel(id) {
     const m = this.modelInfo(id);
     if (!m) return;
@@ -157,7 +180,7 @@ class Lab {
     const others = this.models.filter((o) => o.id !== id);
     this.$("lab-compare").replaceChildren(el("option", { value: "", text: "no second model" }),
       ...others.map((o) => el("option", { value: o.id, text: o.label })));
-    if (!others.some((o) => o.id === this.compareWith)) this.compareWith = "";
+    if (!others.some((o) => o.id === this.compareWith)) { this.compareWith = ""; this.hideOther(); }
     this.$("lab-compare").value = this.compareWith;
     this.$("lab-generate").disabled = false;
     if (changed) this.interventions = []; // its heads and keys belong to the other model
@@ -218,6 +241,8 @@ class Lab {
     const t1 = performance.now();
     this.data = data; this.shownKey = key;
     const live = data.live || {};
+    // the model's name on its maps (the head view, the large view): two models' heads can be open in turn
+    if (data.frames && data.frames[0]) data.frames[0].label = `${this.modelName(live)} \u00b7 this text`;
     this.view.show(data);
     const explorer = this.view.explorer;
     if (explorer) {
@@ -226,6 +251,11 @@ class Lab {
     }
     this.renderStrip();
     this.renderAB();
+    if (this.cmp) { // the second model's heads stay until its answer for this text comes; faded meanwhile
+      const stale = this.cmp.text !== JSON.parse(key).text;
+      this.$("lab-cmp-side").classList.toggle("stale", stale);
+      if (!stale) this.renderDeltas();
+    }
     const T = data.T;
     const shownAt = this.pointer != null && this.pointer < T ? this.pointer : T - 1;
     this.pointerAt(shownAt);
@@ -401,23 +431,99 @@ class Lab {
     }
     this.$("lab-cmp").hidden = !this.compareWith;
     if (this.compareWith && current()) {
-      try {
-        const r = await labFetch("/api/compare", { text: body.text, models: [body.model, this.compareWith],
-                                                   checkpoints: [body.checkpoint, null] });
-        if (current()) this.renderCompare(r);
-      } catch (e) { if (current()) this.showError(e.message); }
+      const other = this.compareWith;
+      try { // the second model's own analysis of the same text, clean, at its default checkpoint
+        const r = await labFetch("/api/analyze", { text: body.text, model: other, checkpoint: null, interventions: [] });
+        if (current() && other === this.compareWith) this.renderCompare(r, body.text);
+      } catch (e) { if (current()) this.showError(`the second model: ${e.message}`); }
     }
   }
 
-  renderCompare(r) {
-    const [a, b] = r.runs, label = (run) => (this.modelInfo(run.model) || { label: run.model }).label;
+  // the second model's answer for the text on the page: the loss difference per token, its heads beside the first's
+  renderCompare(b, text) {
+    const live = this.data.live || {}, other = b.live || {}, name = (m) => this.modelName(m);
     const summary = this.$("lab-cmp-summary");
-    summary.textContent = `${label(a)}: ${a.loss_mean.toFixed(4)} nats/token \u00b7 ${label(b)}: ` +
-      `${b.loss_mean.toFixed(4)} \u00b7 difference ${(b.loss_mean - a.loss_mean).toFixed(4)}`;
-    this.$("lab-cmp-tokens").replaceChildren(...this.tokenSpans(r.tokens, r.diff, diffColour, (i, span) => {
+    if (JSON.stringify(live.ids) !== JSON.stringify(other.ids)) {
+      summary.textContent = `${name(other)} splits this text into other tokens than ${name(live)} (another ` +
+        "tokenizer): its tokens and heads do not line up with these; compare models trained on one tokenizer";
+      this.$("lab-cmp-tokens").replaceChildren();
+      this.hideOther();
+      return;
+    }
+    // the first model's clean numbers (with interventions, live.before): the comparison is of two models as trained
+    const clean = live.before || live;
+    const diff = other.loss.map((v, i) => v - clean.loss[i]);
+    summary.textContent = `${name(live)}: ${clean.loss_mean.toFixed(4)} nats/token \u00b7 ${name(other)}: ` +
+      `${other.loss_mean.toFixed(4)} \u00b7 difference ${(other.loss_mean - clean.loss_mean).toFixed(4)}`;
+    this.$("lab-cmp-tokens").replaceChildren(...this.tokenSpans(b.tokens, diff, diffColour, (i, span) => {
       span.title = i === 0 ? "the first token has no loss" :
-        `#${i}: ${label(a)} ${a.loss[i - 1].toFixed(3)}, ${label(b)} ${b.loss[i - 1].toFixed(3)} nats`;
+        `#${i}: ${name(live)} ${clean.loss[i - 1].toFixed(3)}, ${name(other)} ${other.loss[i - 1].toFixed(3)} nats`;
     }));
+
+    if (!b.L || !b.frames || !b.frames.length) { this.hideOther(); return; }
+    if (b.colormap !== this.cmpCmapText) { this.cmpCmap = decodeBase64(b.colormap); this.cmpCmapText = b.colormap; }
+    const frame = new Frame(b.frames[0].attn, b.L, b.H, b.T);
+    const scores = b.scores.length ? b.scores[0].roles : null;
+    this.cmpGrid.build(b.L, b.H, b.roles || {});
+    this.cmpGrid.draw(frame, scores, this.cmpCmap);
+    this.cmp = { data: b, text, frame, scores, source: { other: true, frame, scores, label: `${name(other)} \u00b7 this text` } };
+    const select = this.$("lab-cmp-role"), keep = select.value;
+    if (select.options.length !== Object.keys(b.roles || {}).length) {
+      select.replaceChildren(...Object.entries(b.roles || {}).map(([role, info]) => el("option", { value: role, text: info.label })));
+      select.value = keep || ("ablation" in (b.roles || {}) ? "ablation" : Object.keys(b.roles || {})[0] || "");
+    }
+    this.$("lab-grid-title").textContent = name(live);
+    this.$("lab-cmp-title").textContent = name(other);
+    this.$("lab-grid-title").hidden = false;
+    this.$("lab-cmp-side").hidden = false;
+    this.$("lab-cmp-side").classList.remove("stale");
+    this.renderDeltas();
+    this.alignRows();
+    const ex = this.view.explorer; // a head of the second model open large: now with this answer's weights
+    if (ex && ex.big && ex.big.source && ex.big.source.other) { ex.big.source = this.cmp.source; ex.renderBig(); }
+  }
+
+  // each head of the second grid: its score minus the first model's head at the same layer and index
+  renderDeltas() {
+    if (!this.cmp || !this.data) return;
+    const role = this.$("lab-cmp-role").value, info = (this.cmp.data.roles || {})[role] || {};
+    const mine = this.data.scores && this.data.scores.length ? this.data.scores[0].roles : null;
+    for (const t of this.cmpGrid.thumbs) {
+      const a = roleScore(mine, role, t.l, t.h), b = roleScore(this.cmp.scores, role, t.l, t.h);
+      const d = a == null || b == null ? null : b - a;
+      let span = t.node.querySelector(".lab-delta");
+      if (!span) { span = el("span", { class: "lab-delta" }); t.node.querySelector("figcaption").append(span); }
+      span.textContent = d == null ? "\u0394 \u2013" : `\u0394 ${d >= 0 ? "+" : "\u2212"}${Math.abs(d).toFixed(2)}`;
+      if (d == null) delete span.dataset.value; else span.dataset.value = `${d}`;
+      span.style.backgroundColor = d == null ? "" : diffColour(info.unit === "nats" ? 4 * d : 2 * d);
+      span.title = d == null ? `${info.label || role}: not measured in one of the two models` :
+        `${info.label || role}: ${b.toFixed(4)} here, ${a.toFixed(4)} in the first model's ${headName(t.l, t.h)}`;
+    }
+  }
+
+  // the two grids' layer rows at the same heights, so that layer l of one sits beside layer l of the other
+  alignRows() {
+    const grids = [this.view.explorer ? this.view.explorer.grid : null, this.cmpGrid].filter(Boolean);
+    for (const g of grids) g.container.style.gridTemplateRows = "";
+    if (this.$("lab-cmp-side").hidden || grids.length < 2) return;
+    const rows = Math.max(...grids.map((g) => g.L));
+    const heights = new Array(rows).fill(0);
+    for (const g of grids) for (const t of g.thumbs) heights[t.l] = Math.max(heights[t.l], t.node.offsetHeight);
+    const template = `auto ${heights.map((h) => `minmax(${h}px, auto)`).join(" ")}`;
+    for (const g of grids) g.container.style.gridTemplateRows = template;
+  }
+
+  openOther(l, h) {
+    if (this.cmp && this.view.explorer) this.view.explorer.openBig(l, h, this.cmp.source);
+  }
+
+  hideOther() {
+    this.cmp = null;
+    this.$("lab-cmp-side").hidden = true;
+    this.$("lab-grid-title").hidden = true;
+    this.alignRows();
+    const ex = this.view.explorer;
+    if (ex && ex.big && ex.big.source && ex.big.source.other) ex.closeBig();
   }
 
   // --- generation: streamed tokens join the text --------------------------------------------------------------------
