@@ -281,3 +281,18 @@ def test_an_edit_of_the_pattern_is_what_averages_the_values():
     z, v = cache["z", 0][0, 1], cache["v", 0][0, 1]  # (T, hs)
     close(z, v[0].expand_as(z), "z of a head whose weights all sit on key 0")
     assert cache["pattern", 0][0, 1, :, 0].min() == 1.0, "the recorded pattern is the edited one"
+
+
+def test_ablation_under_interventions_is_measured_on_the_edited_model():
+    """With interventions, each head's Δloss is the edited model with that head zeroed minus the edited model:
+    ablation_effects run under the same edits."""
+    model = build(pos_encoding="rope")
+    text = ids()
+    idx = torch.tensor([text])
+    items = [Intervention("uniform", 0, 1), Intervention("hide_key", key=3)]
+    found = analyze(model, text, interventions=items)
+    with hooked(model, intervention_edits(model.config, items)):
+        expected = ablation_effects(model, idx[:, :-1], idx[:, 1:])
+    close(found.ablation, expected, "ablation Δloss under interventions")
+    clean = analyze(model, text).ablation
+    assert np.abs(found.ablation - clean).max() > 1e-3, "the edits should change some head's Δloss"

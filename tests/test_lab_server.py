@@ -606,3 +606,26 @@ def test_circuits_remembered_across_texts_equal_the_texts_own(client, reference)
             got = json.loads(json.dumps(data["inside"][key]))
             assert got == json.loads(json.dumps(lab_app._plain(expected[key]))), \
                 f"{text!r}: the page's {key} differ from head_circuits of this text"
+
+
+def test_a_body_arriving_in_many_small_pieces_is_refused_past_the_limit():
+    """A chunked body reaches the app as many http.request messages (a real server passes pieces on as they
+    arrive): the limit is on their sum, and reading stops at the piece that crosses it."""
+    import asyncio
+
+    from starlette.requests import Request
+
+    from attention_lab.lab.requests import RequestError, read_json
+
+    piece, pieces = 1000, MAX_BODY // 1000 + 5
+    sent = []
+
+    async def receive():
+        sent.append(1)
+        return {"type": "http.request", "body": b"a" * piece, "more_body": len(sent) < pieces}
+
+    request = Request({"type": "http", "method": "POST", "headers": [(b"content-type", b"application/json")]}, receive)
+    with pytest.raises(RequestError) as caught:
+        asyncio.run(read_json(request))
+    assert caught.value.status == 413, f"status {caught.value.status}: {caught.value.message}"
+    assert len(sent) == MAX_BODY // piece + 1, f"read {len(sent)} pieces; it should stop at the one past the limit"
