@@ -629,3 +629,20 @@ def test_a_body_arriving_in_many_small_pieces_is_refused_past_the_limit():
         asyncio.run(read_json(request))
     assert caught.value.status == 413, f"status {caught.value.status}: {caught.value.message}"
     assert len(sent) == MAX_BODY // piece + 1, f"read {len(sent)} pieces; it should stop at the one past the limit"
+
+
+def test_every_heads_delta_equals_the_sample_reports_summary(client, reference, tmp_path):
+    """What the issue promises: zeroing a head in the lab moves the loss by the ablation Δloss that sample.py's
+    summary.json reports for the same text (rounded there to 4 decimals)."""
+    from attention_lab.viewer.report import dump_attention
+
+    model, tok = reference[STEPS[0]]
+    dump_attention(model, tok, tok.encode(TEXT), tmp_path, html=False)
+    rows = json.loads((tmp_path / "summary.json").read_text())["heads"]
+    for row in rows:
+        zero = [{"kind": "zero", "layer": row["layer"], "head": row["head"]}]
+        status, body = post(client, "/api/intervene", {"text": TEXT, "interventions": zero})
+        assert status == 200, body
+        assert abs(body["delta_loss_mean"] - row["ablation"]) <= 6e-5, (
+            f"L{row['layer']}H{row['head']}: the lab's Δloss {body['delta_loss_mean']:.5f}, summary.json "
+            f"{row['ablation']:.4f}")
