@@ -602,6 +602,11 @@ MUTATIONS = (
              '    p.add_argument("--host", default="127.0.0.1",',
              '    p.add_argument("--host", default="0.0.0.0",',
              ('tests/test_lab_server.py',), '`python -m attention_lab.lab` listens on every interface by default: anyone on the network can run the models (no login), contrary to the documented 127.0.0.1'),
+    Mutation("lab_sends_keys_past_the_end", "attention_lab/viewer/assets/lab.js",
+             "             interventions: this.sendable(this.text.value) };",
+             "             interventions: this.interventions.map((iv) => ({ ...iv })) };",
+             ("tests/test_lab_page.py::test_a_hidden_key_past_the_end_of_a_shorter_text_is_not_sent_and_comes_back",),
+             "a hidden key past the end of a shortened text is sent anyway (the page shows a 422)", browser=True),
 )
 
 

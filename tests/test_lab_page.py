@@ -449,3 +449,46 @@ def test_a_second_model_is_drawn_beside_the_first_head_for_head(browser, lab, sh
         css(browser, "#big-close")[0].click()
     assert not css(browser, ".thumb[data-mark]"), "with clicks set to open, no head is zeroed"
     no_console_errors(browser, "comparing two models")
+
+
+def test_a_hidden_key_past_the_end_of_a_shorter_text_is_not_sent_and_comes_back(browser, lab):
+    """Hide key 15, then cut the text to 10 tokens: the page sends no key past the end (no 422, no error), shows the
+    key struck out, and sends it again once the text reaches it: at once for a text it has seen, and after one
+    answer for a new text whose token count it learns from that answer."""
+    open_lab(browser, lab)
+    set_text(browser, TEXT)
+    drawn(browser, lab, TEXT)
+    css(browser, '#lab-tokens [data-i="15"]')[0].click()
+    hide = [{"kind": "hide_key", "key": 15}]
+    drawn(browser, lab, TEXT, interventions=hide)
+
+    short = TEXT[:10]  # 10 characters, 10 tokens
+    set_text(browser, short)
+    drawn(browser, lab, short, interventions=[])
+    chip = css(browser, "#lab-iv .lab-iv")[0]
+    assert chip.get_attribute("data-off") == "1" and "past the end" in chip.get_attribute("title"), (
+        f"the key past the end should be listed, struck out, saying why: {chip.get_attribute('outerHTML')}")
+    assert not css(browser, "#lab-error")[0].is_displayed(), css(browser, "#lab-error")[0].text
+    assert not css(browser, "#lab-ab")[0].is_displayed(), "no intervention was applied: no before/after"
+
+    set_text(browser, TEXT)  # a text the page has an answer for: the key goes with the first request
+    drawn(browser, lab, TEXT, interventions=hide)
+    assert css(browser, "#lab-iv .lab-iv")[0].get_attribute("data-off") is None
+    longer = TEXT + " through"  # new: its count is learnt from the answer, and the key sent with the next request
+    set_text(browser, longer)
+    drawn(browser, lab, longer, interventions=hide)
+    assert "hidden-key" in css(browser, '#lab-tokens [data-i="15"]')[0].get_attribute("class")
+    sent = browser.execute_script("return window.labTimings.length")
+    assert sent <= 6, f"{sent} answers drawn for 5 states: the page should not loop"
+    no_console_errors(browser, "a hidden key past the end of the text")  # a 422 would be a console error
+
+    # a count guessed too high (a tokenizer the page's rule misjudges): the server's 422 is not shown; the page asks
+    # again without the guessed keys, learns the count and strikes the key out
+    browser.execute_script("const known = lab.tokensAtLeast.bind(lab); lab.tokensAtLeast = (t) => "
+                           "lab.counts.has(`${lab.model}\\0${t}`) ? known(t) : 1000")
+    cut = TEXT[:8]
+    set_text(browser, cut)
+    drawn(browser, lab, cut, interventions=[])
+    assert css(browser, "#lab-iv .lab-iv")[0].get_attribute("data-off") == "1"
+    assert not css(browser, "#lab-error")[0].is_displayed(), css(browser, "#lab-error")[0].text
+    no_console_errors(browser, "a count guessed too high", expected="status of 422")

@@ -16,7 +16,9 @@
 const LAB_DEBOUNCE_MS = 150; // after the last key, before the text is sent
 const LAB_AFTER_MS = 350; // after a render, before the slower side requests (continuations, the comparison)
 
-class LabError extends Error {}
+class LabError extends Error {
+  constructor(message, status = null) { super(message); this.status = status; } // status: the HTTP status, if any
+}
 
 // POST (or GET without body) to the lab's API: the parsed JSON, or a LabError whose message says what went wrong in
 // words (the server's {"error": ...} when it sent one).
@@ -29,7 +31,7 @@ async function labFetch(path, body, signal) {
     if (e.name === "AbortError") throw e;
     throw new LabError(`the lab's server does not answer (${e.message}): is it still running?`);
   }
-  if (!response.ok) throw new LabError(await labErrorText(response));
+  if (!response.ok) throw new LabError(await labErrorText(response), response.status);
   try { return await response.json(); }
   catch (e) { throw new LabError(`the server's answer to ${path} is not JSON (${e.message})`); }
 }
@@ -59,6 +61,23 @@ function diffColour(d) {
   const a = Math.min(1, Math.abs(d) / 2).toFixed(3);
   return d < 0 ? `rgba(41, 98, 200, ${a})` : `rgba(192, 57, 43, ${a})`;
 }
+// [start, end) of each token in `text` when the tokens' labels spell it (tokenizer.token_strings escapes newlines,
+// tabs and control characters as \\n, \\t, \\xNN), else null (a character split over byte-level tokens, an unknown
+// character, a literal backslash that reads as an escape)
+function tokenOffsets(tokens, text) {
+  const unescape = (t) => t.replace(/\\(n|t|r|x[0-9a-f]{2})/g, (_, c) =>
+    c === "n" ? "\n" : c === "t" ? "\t" : c === "r" ? "\r" : String.fromCharCode(parseInt(c.slice(1), 16)));
+  const out = [];
+  let at = 0;
+  for (const t of tokens) {
+    const piece = unescape(String(t));
+    if (!piece || !text.startsWith(piece, at)) return null;
+    out.push([at, at + piece.length]);
+    at += piece.length;
+  }
+  return at === text.length ? out : null;
+}
+
 function ivLabel(iv) {
   if (iv.kind === "hide_key") return `hide key #${iv.key}`;
   return `${iv.kind === "zero" ? "zero" : "uniform"} ${headName(iv.layer, iv.head)}`;
@@ -78,6 +97,8 @@ class Lab {
     this.sideSeq = 0; this.renders = 0; this.pointer = null; this.drawn = null;
     this.streamed = 0; // tokens of the last generation appended to the text as they came
     this.generating = null; // the AbortController of a running generation
+    this.counts = new Map(); // model + "\0" + text -> how many tokens that text surely has (exact once answered)
+    this.offsets = null; // [start, end) of each shown token in the shown text (tokenOffsets), or null
     window.labTimings = [];
     const $ = (id) => document.getElementById(id);
     this.$ = $;
@@ -114,8 +135,45 @@ class Lab {
   // --- what the page asks for -------------------------------------------------------------------------------
   request() {
     return { text: this.text.value, model: this.model, checkpoint: this.checkpoint,
-             interventions: this.interventions.map((iv) => ({ ...iv })) };
+             interventions: this.sendable(this.text.value) };
   }
+
+  // --- hidden keys past the end of the text ---------------------------------------------------------------------
+  // A hidden key names a token position; when the text shortens below it, sending it would get a 422. The page cannot
+  // tokenize, so it sends only the keys below a count the text surely reaches: the exact count of a text it has an
+  // answer for, else the shown tokens that end before the last run of whitespace the new text shares with the
+  // shown one (no tokenizer here merges across the whitespace before a word: byte-level BPE splits words first, a
+  // char tokenizer never merges). The answer tells the exact count; a key that fits after all goes with the next
+  // request (analyze sends it at once), one past the end stays listed, struck out, and comes back when the text
+  // reaches it again.
+  tokensAtLeast(text) {
+    const exact = this.counts.get(`${this.model}\0${text}`);
+    if (exact != null) return exact;
+    if (!this.data || !this.offsets || !this.shownKey) return 0;
+    const shown = JSON.parse(this.shownKey);
+    if (shown.model !== this.model) return 0;
+    let p = 0;
+    while (p < text.length && p < shown.text.length && text[p] === shown.text[p]) p++;
+    let b = -1; // the start of the last whitespace run inside the shared start
+    for (let i = p - 1; i >= 0; i--) {
+      if (/\s/.test(text[i])) { b = i; while (b > 0 && /\s/.test(text[b - 1])) b--; break; }
+    }
+    if (b < 0) return 0;
+    let n = 0;
+    while (n < this.offsets.length && this.offsets[n][1] <= b) n++;
+    return n;
+  }
+
+  noteCount(model, text, n) {
+    const key = `${model}\0${text}`;
+    this.counts.delete(key);
+    this.counts.set(key, n);
+    if (this.counts.size > 64) this.counts.delete(this.counts.keys().next().value); // the oldest
+  }
+
+  fits(iv, text) { return iv.kind !== "hide_key" || iv.key < this.tokensAtLeast(text); }
+
+  sendable(text) { return this.interventions.filter((iv) => this.fits(iv, text)).map((iv) => ({ ...iv })); }
 
   sampling() {
     const num = (id) => { const v = this.$(id).value.trim(); return v === "" ? null : Number(v); };
@@ -218,11 +276,21 @@ class Lab {
     const key = JSON.stringify(body);
     if (!body.text) { this.$("lab-status").textContent = "type a text"; return; }
     if (key === this.shownKey) return;
+    if (this.hiddenKeys().length) this.renderInterventions(); // the keys this text does not reach, struck out
     this.busy = true; this.dirty = false;
     const t0 = performance.now();
     let data = null;
     try { data = await labFetch("/api/analyze", body); this.showError(""); }
-    catch (e) { this.showError(e.message); }
+    catch (e) {
+      // a hidden key thought to fit a text whose count was not known yet: know nothing of it, and ask again
+      // without the keys (the answer gives the count); any other error is said in words
+      const guessed = body.interventions.some((iv) => iv.kind === "hide_key") &&
+                      !this.counts.has(`${body.model}\0${body.text}`);
+      if (e.status === 422 && guessed) { this.noteCount(body.model, body.text, 0); this.dirty = true; }
+      else this.showError(e.message);
+    }
+    if (data && data.live) this.noteCount(body.model, body.text, data.T);
+    if (this.hiddenKeys().length) this.renderInterventions(); // a count learnt: which keys are sent may change
     this.busy = false;
     const newer = this.dirty || key !== JSON.stringify(this.request());
     if (newer) this.analyze(); // sent before drawing this one: the server works while the page draws
@@ -240,6 +308,7 @@ class Lab {
   async render(data, key, t0) {
     const t1 = performance.now();
     this.data = data; this.shownKey = key;
+    this.offsets = tokenOffsets(data.tokens, JSON.parse(key).text);
     const live = data.live || {};
     // the model's name on its maps (the head view, the large view): two models' heads can be open in turn
     if (data.frames && data.frames[0]) data.frames[0].label = `${this.modelName(live)} \u00b7 this text`;
@@ -367,9 +436,15 @@ class Lab {
   }
 
   renderInterventions() {
-    const chips = this.interventions.map((iv, n) => el("button", { type: "button", class: `lab-iv ${iv.kind}`,
-      title: "remove this intervention", text: `${ivLabel(iv)} \u00d7`,
-      onclick: () => this.setInterventions(this.interventions.filter((_, m) => m !== n)) }));
+    const text = this.text.value, exact = this.counts.get(`${this.model}\0${text}`);
+    const chips = this.interventions.map((iv, n) => {
+      const off = !this.fits(iv, text);
+      const why = !off ? "" : exact != null ? ` (past the end: the text has ${exact} tokens; not sent until it has ` +
+        `${iv.key + 1})` : " (waiting for the text's token count before it is sent)";
+      return el("button", { type: "button", class: `lab-iv ${iv.kind}${off ? " off" : ""}`, "data-off": off ? "1" : null,
+        title: `remove this intervention${why}`, text: `${ivLabel(iv)} \u00d7`,
+        onclick: () => this.setInterventions(this.interventions.filter((_, m) => m !== n)) });
+    });
     this.$("lab-iv").replaceChildren(...(chips.length ? chips : [el("span", { class: "lab-note", text: "no intervention" })]));
     this.$("lab-iv-clear").hidden = !this.interventions.length;
   }
@@ -392,7 +467,7 @@ class Lab {
     const p = this.$("lab-delta");
     p.dataset.value = `${delta}`;
     p.textContent = `\u0394loss ${delta >= 0 ? "+" : ""}${delta.toFixed(4)} nats/token (edited \u2212 clean) with ` +
-      this.interventions.map(ivLabel).join(", ");
+      JSON.parse(this.shownKey).interventions.map(ivLabel).join(", ");
   }
 
   renderABNext(i) {
@@ -531,7 +606,7 @@ class Lab {
     if (this.model == null || !this.text.value) { this.showError("type a text for the model to continue"); return; }
     const base = this.text.value;
     const body = { text: base, model: this.model, checkpoint: this.checkpoint, ...this.sampling(),
-                   interventions: this.interventions.map((iv) => ({ ...iv })) };
+                   interventions: this.sendable(base) };
     const ctrl = new AbortController();
     this.generating = ctrl;
     const button = this.$("lab-generate"), out = this.$("lab-gen-out");
