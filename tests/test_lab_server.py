@@ -646,3 +646,35 @@ def test_every_heads_delta_equals_the_sample_reports_summary(client, reference, 
         assert abs(body["delta_loss_mean"] - row["ablation"]) <= 6e-5, (
             f"L{row['layer']}H{row['head']}: the lab's Δloss {body['delta_loss_mean']:.5f}, summary.json "
             f"{row['ablation']:.4f}")
+
+
+def test_the_latency_benchmark_draws_every_text_in_the_browser(runs, capsys):
+    """bench/lab_latency.py at tiny settings: every text drawn at its size, the page's times consistent."""
+    from test_viewer import _find_browser
+
+    if _find_browser()[2]:
+        pytest.skip(f"the latency benchmark needs {_find_browser()[2]}")
+    from bench import lab_latency
+
+    table = lab_latency.main(["--run", str(runs["gpt"]), "--tokens", "8", "20", "100", "--repeats", "3",
+                              "--warmup", "1"])
+    out = capsys.readouterr().out
+    assert [(r["tokens"], r["n"]) for r in table.rows] == [(8, 3), (20, 3), (BLOCK, 3)], table.rows
+    assert "100 tokens: cut to the model's context of 32" in out, out
+    for r in table.rows:
+        assert 0 < r["server_p50"] <= r["request_p50"] and r["draw_p50"] > 0, r
+        assert r["total_p95"] >= r["total_p50"] >= r["request_p50"], r
+        assert r["kib"] > 0, r
+    assert table.rows[0]["kib"] < table.rows[-1]["kib"], "a longer text's answer should be larger"
+    assert f"### {table.title}" in out and "CPU " in out and "Chromium" in out, out
+
+
+def test_the_latency_benchmarks_texts_have_exactly_the_tokens_asked_and_differ():
+    """A byte-level BPE window re-tokenizes differently at its ends at times: each text is checked to have n."""
+    from bench.lab_latency import texts_of
+
+    tok = Tokenizer.train_bpe([[CORPUS * 3, "It was the best of times, it was the worst of times."]], 300)
+    for n in (5, 40):
+        texts = texts_of(tok, n, 6)
+        assert [len(tok.encode(t)) for t in texts] == [n] * 6, texts
+        assert all(a != b for a, b in zip(texts, texts[1:])), texts

@@ -11,7 +11,9 @@
 // Requests: one analysis in flight at a time; what the user changes meanwhile is sent when it returns (the newest
 // state only), and an answer for a state older than the one shown is dropped. Every render ends by raising
 // document.body.dataset.rendered (a counter) once the browser has drawn it, with window.lab.drawn the request it
-// answered: tests and the latency benchmark wait for them; window.labTimings holds each render's times.
+// answered: tests and the latency benchmark (bench/lab_latency.py) wait for them; window.labTimings holds each
+// render's {tokens, server_ms (live.ms), request_ms (the request sent to its answer parsed), draw_ms (to the browser's
+// next paint), total_ms, bytes (the answer's size)}.
 
 const LAB_DEBOUNCE_MS = 150; // after the last key, before the text is sent
 const LAB_AFTER_MS = 350; // after a render, before the slower side requests (continuations, the comparison)
@@ -21,8 +23,8 @@ class LabError extends Error {
 }
 
 // POST (or GET without body) to the lab's API: the parsed JSON, or a LabError whose message says what went wrong in
-// words (the server's {"error": ...} when it sent one).
-async function labFetch(path, body, signal) {
+// words (the server's {"error": ...} when it sent one). info, when given, gets the answer's size in bytes.
+async function labFetch(path, body, signal, info) {
   let response;
   try {
     response = await fetch(path, body === undefined ? { signal } : {
@@ -32,6 +34,7 @@ async function labFetch(path, body, signal) {
     throw new LabError(`the lab's server does not answer (${e.message}): is it still running?`);
   }
   if (!response.ok) throw new LabError(await labErrorText(response), response.status);
+  if (info) info.bytes = Number(response.headers.get("content-length")) || null;
   try { return await response.json(); }
   catch (e) { throw new LabError(`the server's answer to ${path} is not JSON (${e.message})`); }
 }
@@ -280,7 +283,8 @@ class Lab {
     this.busy = true; this.dirty = false;
     const t0 = performance.now();
     let data = null;
-    try { data = await labFetch("/api/analyze", body); this.showError(""); }
+    const info = {};
+    try { data = await labFetch("/api/analyze", body, undefined, info); this.showError(""); }
     catch (e) {
       // a hidden key thought to fit a text whose count was not known yet: know nothing of it, and ask again
       // without the keys (the answer gives the count); any other error is said in words
@@ -294,7 +298,7 @@ class Lab {
     this.busy = false;
     const newer = this.dirty || key !== JSON.stringify(this.request());
     if (newer) this.analyze(); // sent before drawing this one: the server works while the page draws
-    if (data && !this.stale(data, body)) await this.render(data, key, t0);
+    if (data && !this.stale(data, body)) await this.render(data, key, t0, info.bytes ?? null);
   }
 
   // an answer for another model, checkpoint or interventions than the page now asks for is not drawn: the page
@@ -305,7 +309,7 @@ class Lab {
            JSON.stringify(body.interventions) !== JSON.stringify(now.interventions);
   }
 
-  async render(data, key, t0) {
+  async render(data, key, t0, bytes = null) {
     const t1 = performance.now();
     this.data = data; this.shownKey = key;
     this.offsets = tokenOffsets(data.tokens, JSON.parse(key).text);
@@ -332,7 +336,7 @@ class Lab {
     const t2 = performance.now();
     this.renders++;
     const timing = { tokens: T, server_ms: live.ms ?? null, request_ms: +(t1 - t0).toFixed(1),
-                     draw_ms: +(t2 - t1).toFixed(1), total_ms: +(t2 - t0).toFixed(1) };
+                     draw_ms: +(t2 - t1).toFixed(1), total_ms: +(t2 - t0).toFixed(1), bytes };
     window.labTimings.push(timing);
     const ckpt = live.step != null ? ` \u00b7 step ${live.step}` : "";
     const loss = live.loss_mean != null ? ` \u00b7 loss ${live.loss_mean.toFixed(3)} nats/token` : "";
