@@ -607,6 +607,10 @@ MUTATIONS = (
              "             interventions: this.interventions.map((iv) => ({ ...iv })) };",
              ("tests/test_lab_page.py::test_a_hidden_key_past_the_end_of_a_shorter_text_is_not_sent_and_comes_back",),
              "a hidden key past the end of a shortened text is sent anyway (the page shows a 422)", browser=True),
+    Mutation('labjs_stale_ignores_checkpoint', 'attention_lab/viewer/assets/lab.js',
+             '    return body.model !== now.model || body.checkpoint !== now.checkpoint ||\n           JSON.stringify(body.interventions) !== JSON.stringify(now.interventions);',
+             '    return body.model !== now.model ||\n           JSON.stringify(body.interventions) !== JSON.stringify(now.interventions);',
+             ('tests/test_lab_page.py::test_an_answer_for_the_checkpoint_left_behind_is_never_drawn',), "moving the checkpoint slider while an analysis is in flight draws the old checkpoint's maps and losses under the new checkpoint's label (window.lab.drawn names the old checkpoint)", browser=True),
 )
 
 

@@ -492,3 +492,33 @@ def test_a_hidden_key_past_the_end_of_a_shorter_text_is_not_sent_and_comes_back(
     assert css(browser, "#lab-iv .lab-iv")[0].get_attribute("data-off") == "1"
     assert not css(browser, "#lab-error")[0].is_displayed(), css(browser, "#lab-error")[0].text
     no_console_errors(browser, "a count guessed too high", expected="status of 422")
+
+
+def test_an_answer_for_the_checkpoint_left_behind_is_never_drawn(browser, lab):
+    """Move the slider while an analysis is on its way: the answer for the old checkpoint must not be drawn under
+    the new one's name (the next request's answer is)."""
+    open_lab(browser, lab)
+    set_text(browser, TEXT)
+    drawn(browser, lab, TEXT)
+    # log, at each render, the checkpoint the answer is for and the one the slider names
+    browser.execute_script("""
+        window.renderLog = [];
+        const lab = window.lab, render = lab.render.bind(lab);
+        lab.render = (data, key, ...rest) => {
+          window.renderLog.push([JSON.parse(key).checkpoint, lab.checkpoint]);
+          return render(data, key, ...rest);
+        };""")
+    browser.execute_async_script("""
+        const done = arguments[arguments.length - 1];
+        const t = document.getElementById('lab-text');
+        t.value = arguments[0]; t.dispatchEvent(new Event('input'));
+        const wait = setInterval(() => {  // the analysis has left: now the slider moves
+          if (!window.lab.busy) return;
+          clearInterval(wait);
+          const s = document.getElementById('lab-ckpt');
+          s.value = 0; s.dispatchEvent(new Event('input'));
+          done();
+        }, 1);""", TEXT + " x")
+    drawn(browser, lab, TEXT + " x", checkpoint=STEPS[0])
+    log = browser.execute_script("return window.renderLog")
+    assert log and all(a == b for a, b in log), f"an answer was drawn under another checkpoint's name: {log}"
