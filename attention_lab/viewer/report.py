@@ -181,16 +181,16 @@ def lens_lines(lens, tokenizer: Tokenizer, labels: list[str]) -> str:
 
 def inside_data(model: GPT, qkv: np.ndarray, shares: np.ndarray, tokenizer: Tokenizer, lens, circuits: dict) -> dict:
     """What the page's "step inside" panel computes with: every head's q, k, v (T, hs) as the dot products and the
-    weighted sum see them (float32; head_vectors), the kind of attention and its per-layer/per-head constants, the
-    norm of each head's share of the output projection at every query (head_shares), the logit lens and the
-    circuits."""
+    weighted sum see them (float32, from the analysis' cache), the kind of attention and its per-layer/per-head
+    constants, the norm of each head's share of the output projection at every query (the analysis' shares), the
+    logit lens and the circuits."""
     cfg = model.config
     n_layer, n_head, hs = cfg.n_layer, cfg.n_head, cfg.head_size
     qkv = qkv.astype(np.float32)
     share_norm = np.linalg.norm(shares, axis=-1)  # (L, nh, T)
     pe = model.transformer.wpe
     slopes = pe.slopes.tolist() if hasattr(pe, "slopes") else [0.0] * n_head
-    sinks = [[float(s) for s in block.attn.sink] if getattr(block.attn, "sink", None) is not None else None
+    sinks = [block.attn.sink.detach().float().tolist() if getattr(block.attn, "sink", None) is not None else None
              for block in model.transformer.h]
     vocab = sorted({int(i) for i in lens.ids.reshape(-1)})
     strings = dict(zip(vocab, tokenizer.token_strings(vocab)))
