@@ -73,17 +73,24 @@ def count_calls(model):
 @pytest.mark.parametrize("variant", ["learned", "linear", "window+alibi"])
 def test_no_point_is_called_outside_hooked_in_training_evaluation_or_decoding(variant):
     model = build(**VARIANTS[variant])
-    analyze(model, ids())  # hooked() on and off again, as the lab does between training runs of the same model
-    calls, handles = count_calls(model)
     x = torch.tensor([ids()])
-    model.train()
-    model(x, x).loss.backward()  # a training step's forward and backward
-    model.eval()
-    model(x, return_attention=True)
-    generate(model, x[:, :5], 6, greedy=True)  # KV-cached decoding
-    for h in handles:
-        h.remove()
-    assert calls == [], f"hook points were called outside hooked(): {calls[:4]}"
+
+    def everything_but_analysis() -> list[str]:
+        calls, handles = count_calls(model)
+        model.train()
+        model(x, x).loss.backward()  # a training step's forward and backward
+        model.eval()
+        model(x, return_attention=True)
+        generate(model, x[:, :5], 6, greedy=True)  # KV-cached decoding
+        for h in handles:
+            h.remove()
+        return calls
+
+    fresh = everything_but_analysis()
+    assert fresh == [], f"hook points were called outside hooked() in a model never hooked: {fresh[:4]}"
+    analyze(model, ids())  # hooked() on and off again, as the lab does with a model it keeps
+    after = everything_but_analysis()
+    assert after == [], f"hook points were called outside hooked() after an analysis: {after[:4]}"
     assert not any(getattr(m, "hooked", False) or getattr(m, "explicit_path", False) for m in model.modules()), \
         "a module was left switched on"
 
