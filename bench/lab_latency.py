@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import shutil
-import threading
 import time
 import warnings
 from contextlib import contextmanager
@@ -34,7 +33,7 @@ bound_spinning()  # before torch loads OpenMP, as the lab's command does (no eff
 
 import numpy as np  # noqa: E402
 
-from attention_lab.lab.app import create_app, make_server, open_socket, url_of  # noqa: E402
+from attention_lab.lab.app import create_app, serving_in_thread  # noqa: E402
 from attention_lab.lab.models import Registry  # noqa: E402
 from attention_lab.runtime.device import pick_device  # noqa: E402
 
@@ -86,24 +85,9 @@ def find_chromium() -> tuple[str, str]:
     return chrome, driver
 
 
-@contextmanager
 def serving(registry: Registry):
     """The lab's app under uvicorn on 127.0.0.1 (a free port), in a thread; yields its URL."""
-    sock = open_socket("127.0.0.1", 0)
-    server = make_server(create_app(registry))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 30
-        while not server.started and time.monotonic() < deadline and thread.is_alive():
-            time.sleep(0.02)
-        if not server.started:
-            raise RuntimeError("the lab's server did not start within 30 s")
-        yield url_of(sock)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
+    return serving_in_thread(create_app(registry))
 
 
 @contextmanager

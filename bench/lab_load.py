@@ -28,7 +28,7 @@ bound_spinning()  # before torch loads OpenMP, as the lab's command does (no eff
 
 import numpy as np  # noqa: E402
 
-from attention_lab.lab.app import create_app, make_server, open_socket, url_of  # noqa: E402
+from attention_lab.lab.app import create_app, serving_in_thread  # noqa: E402
 from attention_lab.lab.models import Registry  # noqa: E402
 from attention_lab.runtime.device import pick_device  # noqa: E402
 
@@ -84,17 +84,7 @@ def run_load(registry: Registry, *, clients: int, requests: int, text_tokens: in
     tokenizer = registry.load("0", None).tokenizer  # before serving: the worker does not exist yet
     texts = _texts(tokenizer, text_tokens, clients * requests)
     app = create_app(registry)
-    sock = open_socket("127.0.0.1", 0)
-    server = make_server(app)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 30
-        while not server.started and time.monotonic() < deadline and thread.is_alive():
-            time.sleep(0.02)
-        if not server.started:
-            raise RuntimeError("the lab's server did not start within 30 s")
-        url = url_of(sock)
+    with serving_in_thread(app) as url:
         warm: list = []
         _client(url, [("analyze", {"text": texts[0]}), ("generate", {"text": texts[0], "max_new_tokens": 2})],
                 warm, threading.Barrier(1))  # the model, its circuits and the code paths warm
@@ -125,10 +115,6 @@ def run_load(registry: Registry, *, clients: int, requests: int, text_tokens: in
         wall = time.perf_counter() - t0
         rss_after = _rss()
         rss_half = rss_half if rss_half is not None else rss_after
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
     return {"results": results, "wall_s": wall, "rss_before": rss_before, "rss_half": rss_half, "rss_after": rss_after,
             "jobs": app.state.worker.jobs, "url": url}
 

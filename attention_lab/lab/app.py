@@ -383,3 +383,26 @@ def make_server(app: Starlette, **config):
 def url_of(sock: socket.socket) -> str:
     host, port = sock.getsockname()[:2]
     return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+
+
+@contextlib.contextmanager
+def serving_in_thread(app: Starlette, host: str = "127.0.0.1", start_timeout: float = 30.0):
+    """The app under uvicorn on host and a free port, in a daemon thread: yields its URL, stops it on exit
+    (the benchmarks' real server on loopback)."""
+    import threading
+
+    sock = open_socket(host, 0)
+    server = make_server(app)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + start_timeout
+        while not server.started and time.monotonic() < deadline and thread.is_alive():
+            time.sleep(0.02)
+        if not server.started:
+            raise RuntimeError(f"the lab's server did not start within {start_timeout:g} s")
+        yield url_of(sock)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
