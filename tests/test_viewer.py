@@ -738,7 +738,7 @@ def test_step_inside_shows_the_computation_with_the_models_own_numbers(browser, 
             assert "sink" in rows, f"{at}: the model has sink logits but the table has no sink row"
             share = 1.0 - want.weights.sum()  # what the keys do not take goes to the sink
             assert share > 0.01, f"fixture: the sink should take a visible share, took {share}"
-            for col, expected in (("masked", float(sink[head])), ("weight", share)):
+            for col, expected in (("masked", float(sink[head].detach())), ("weight", share)):
                 got = float(rows["sink"][col][1])
                 assert _same(got, expected), f"{at}: the sink's {col} is {got!r} on the page, expected {expected!r}"
         head_out = np.array(json.loads(css(browser, "#in-out canvas")[0].get_attribute("data-values")))
