@@ -522,3 +522,104 @@ def test_an_answer_for_the_checkpoint_left_behind_is_never_drawn(browser, lab):
     drawn(browser, lab, TEXT + " x", checkpoint=STEPS[0])
     log = browser.execute_script("return window.renderLog")
     assert log and all(a == b for a, b in log), f"an answer was drawn under another checkpoint's name: {log}"
+
+
+def _next_probs(driver, selector: str) -> list[float]:
+    """The probabilities of a next-token table on the page (each cell's full value in its title)."""
+    return driver.execute_script(f"return [...document.querySelectorAll({selector!r})].map(td => +td.title)")
+
+
+def _top10(model, ids: list[int], position: int, layer_head: tuple[int, int] | None = None) -> np.ndarray:
+    idx = torch.tensor([ids])
+    with torch.no_grad():
+        if layer_head is None:
+            logits = model(idx).logits[0, position]
+        else:
+            with HeadAblation(model, *layer_head):
+                logits = model(idx).logits[0, position]
+    return F.softmax(logits.float(), dim=-1).topk(10).values.numpy()
+
+
+def test_the_next_token_tables_are_the_models_at_the_pointer_before_and_after(browser, lab):
+    """The pointer on token i shows the top 10 after token i: in the pointer's pane (clean, then clean and edited
+    with an intervention) and in the before/after panel, each equal to a forward pass of that model."""
+    open_lab(browser, lab)
+    set_text(browser, TEXT)
+    drawn(browser, lab, TEXT)
+    model, ids = lab.model(), lab.tok.encode(TEXT)
+    for i in (0, 6, len(ids) - 1):
+        browser.execute_script("window.lab.pointerAt(arguments[0])", i)
+        got = _next_probs(browser, "#lab-next td.p")
+        assert np.allclose(got, _top10(model, ids, i), atol=2e-5), (
+            f"the pointer on token {i}: the page's next-token probabilities {got} are not the model's after token {i}")
+    css(browser, '.thumb[data-layer="0"][data-head="1"]')[0].click()
+    drawn(browser, lab, TEXT, interventions=[{"kind": "zero", "layer": 0, "head": 1}])
+    browser.execute_script("window.lab.pointerAt(6)")
+    clean, edited = _top10(model, ids, 6), _top10(model, ids, 6, (0, 1))
+    assert not np.allclose(clean, edited, atol=1e-4), "fixture: zeroing L0H1 should move the distribution at 6"
+    for where, want in (("#lab-ab [data-side='before'] .lab-ab-next td.p", clean),
+                        ("#lab-ab [data-side='after'] .lab-ab-next td.p", edited),
+                        ("#lab-next .lab-next-cols > div:nth-child(1) td.p", clean),
+                        ("#lab-next .lab-next-cols > div:nth-child(2) td.p", edited)):
+        got = _next_probs(browser, where)
+        assert np.allclose(got, want, atol=2e-5), f"{where}: the page shows {got}, the model {want.round(5).tolist()}"
+    no_console_errors(browser, "the next-token tables")
+
+
+def test_a_hidden_key_exactly_one_past_the_end_is_not_sent(browser, lab):
+    """The boundary: hide key 15, then cut the text to exactly 15 tokens (keys 0..14): key 15 is past the end."""
+    open_lab(browser, lab)
+    set_text(browser, TEXT)
+    drawn(browser, lab, TEXT)
+    css(browser, '#lab-tokens [data-i="15"]')[0].click()
+    drawn(browser, lab, TEXT, interventions=[{"kind": "hide_key", "key": 15}])
+    cut = TEXT[:15]  # a character a token: 15 tokens
+    assert len(lab.tok.encode(cut)) == 15, "fixture: one token a character"
+    set_text(browser, cut)
+    drawn(browser, lab, cut, interventions=[])
+    assert css(browser, "#lab-iv .lab-iv")[0].get_attribute("data-off") == "1", "key 15 should be struck out"
+    assert not css(browser, "#lab-error")[0].is_displayed(), css(browser, "#lab-error")[0].text
+    no_console_errors(browser, "a key one past the end")
+
+
+def test_step_inside_follows_the_checkpoint_slider_at_the_same_length(browser, lab):
+    """The same text at another checkpoint has as many tokens: the step-inside panel must compute with that
+    checkpoint's q, k, v, not keep the ones it decoded before."""
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import Select
+
+    open_lab(browser, lab)
+    set_text(browser, TEXT)
+    drawn(browser, lab, TEXT)
+    ids = lab.tok.encode(TEXT)
+    layer, head, query = 1, 2, len(ids) - 1
+
+    def check(step: int) -> None:
+        Select(css(browser, "#hv-layer")[0]).select_by_value(str(layer))
+        Select(css(browser, "#in-head")[0]).select_by_value(str(head))
+        hover(browser, css(browser, "#tokens .tok")[query])
+        want = step_inside(lab.model("a", step), ids, layer, head, query)
+        rows = {r["key"]: r for r in _panel_rows(browser)}
+        for j in range(query + 1):
+            got = float(rows[str(j)]["weight"][1])
+            assert _same(got, float(want.weights[j])), (
+                f"checkpoint step {step}, key {j}: the panel's weight {got!r}, step_inside {float(want.weights[j])!r}")
+
+    check(STEPS[-1])
+    css(browser, "#lab-ckpt")[0].send_keys(Keys.HOME)
+    drawn(browser, lab, TEXT, checkpoint=STEPS[0])
+    check(STEPS[0])
+
+
+def test_a_text_replaced_from_its_first_token_is_drawn_once(browser, lab):
+    """Paste a text over another (no token in common at the start): the head view shows the new tokens, once."""
+    open_lab(browser, lab)
+    set_text(browser, TEXT)
+    drawn(browser, lab, TEXT)
+    other = "It is the east, and Juliet"
+    set_text(browser, other)
+    drawn(browser, lab, other)
+    shown = browser.execute_script("return [...document.querySelectorAll('#tokens .tok')].map(t => t.textContent)")
+    assert len(shown) == len(lab.tok.encode(other)), (
+        f"the head view shows {len(shown)} tokens for a text of {len(lab.tok.encode(other))}: {''.join(shown)!r}")
+    assert_weights(browser, capture_attention(lab.model(), lab.tok.encode(other)), "the replaced text")
