@@ -53,6 +53,11 @@ def point_name(kind: str, layer: int) -> str:
     raise KeyError(f"no activation point {kind!r}; the points are {ATTENTION_POINTS + BLOCK_POINTS}")
 
 
+def residual_names(n_layer: int) -> list[str]:
+    """The residual stream's points in order: entering each block, then leaving the last (ln_f's input)."""
+    return [point_name("resid_pre", layer) for layer in range(n_layer)] + [point_name("resid_post", n_layer - 1)]
+
+
 def hook_points(model: nn.Module) -> dict[str, HookPoint]:
     """name -> point, every HookPoint of the model, named relative to model.transformer ("h.0.attn.hook_q")."""
     return {name.removeprefix("transformer."): m for name, m in model.named_modules() if isinstance(m, HookPoint)}
@@ -86,6 +91,10 @@ class ActivationCache(Mapping):
     def stack(self, kind: str) -> Tensor:
         """Every layer's activation of one kind, stacked on a new first axis: (L, ...)."""
         return torch.stack([self[kind, layer] for layer in range(self.n_layer)])
+
+    def residual_stream(self) -> Tensor:
+        """(L + 1, B, T, C): row l < L enters block l (row 0: the embeddings), row L leaves the last block."""
+        return torch.stack([self[name] for name in residual_names(self.n_layer)])
 
 
 def _modules_with_points(model: nn.Module) -> list[nn.Module]:

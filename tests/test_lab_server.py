@@ -33,6 +33,7 @@ from attention_lab.lab import app as lab_app
 from attention_lab.lab.app import create_app
 from attention_lab.lab.models import NotFound, Registry
 from attention_lab.lab.requests import MAX_BODY
+from attention_lab.viewer.page import json_safe
 from attention_lab.sampling import generate_text
 from attention_lab.store.checkpoint import load_checkpoint, save_checkpoint
 from data.tokenizer import Tokenizer
@@ -604,7 +605,7 @@ def test_circuits_remembered_across_texts_equal_the_texts_own(client, reference)
         expected = head_circuits(model, tok.encode(text), tok)
         for key in ("copying", "qk_pairs", "ov_writes"):
             got = json.loads(json.dumps(data["inside"][key]))
-            assert got == json.loads(json.dumps(lab_app._plain(expected[key]))), \
+            assert got == json.loads(json.dumps(json_safe(expected[key]))), \
                 f"{text!r}: the page's {key} differ from head_circuits of this text"
 
 

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attention_lab.interp.capture import plain_module
+from attention_lab.interp.capture import plain_module, token_window
 from attention_lab.interp.interventions import Intervention, intervention_edits
 from attention_lab.interp.lens import LensTop, lens_of_stream
 from attention_lab.interp.roles import role_scores
@@ -55,14 +55,6 @@ class TextAnalysis:
     interventions: tuple[Intervention, ...] = ()
 
 
-def _window(model, ids) -> Tensor:
-    device = next(model.parameters()).device
-    idx = torch.as_tensor(list(ids) if not isinstance(ids, Tensor) else ids, dtype=torch.long, device=device)
-    if idx.dim() != 1 or idx.numel() == 0:
-        raise ValueError(f"token ids must be one non-empty sequence (T,), got shape {tuple(idx.shape)}")
-    return idx[-model.config.block_size :][None]  # (1, T)
-
-
 def _losses_and_top(logits: Tensor, idx: Tensor, top_k: int) -> tuple[np.ndarray, float, np.ndarray, np.ndarray]:
     """logits (1, T, V), idx (1, T) -> per-token loss (T - 1,), its mean, top ids and probs (T, k)."""
     logits = logits[0].float()
@@ -77,7 +69,7 @@ def text_losses(model, ids, *, interventions: Sequence[Intervention] = (), top_k
     """One forward pass, no cache: (loss (T - 1,), loss_mean, top_ids (T, k), top_probs (T, k)) of the model with
     the interventions applied."""
     model = plain_module(model)
-    idx = _window(model, ids)
+    idx = token_window(model, ids)[None]  # (1, T)
     edits = intervention_edits(model.config, interventions)
     with eval_mode(model), torch.autocast(device_type=idx.device.type, enabled=False), hooked(model, edits):
         logits = model(idx).logits
@@ -127,14 +119,14 @@ def analyze(model, ids, *, interventions: Sequence[Intervention] = (), ablation:
     """Everything the pages show about one text, from one recorded forward pass (module docstring)."""
     model = plain_module(model)
     cfg = model.config
-    idx = _window(model, ids)
+    idx = token_window(model, ids)[None]  # (1, T)
     edits = intervention_edits(cfg, interventions)
     with eval_mode(model), torch.autocast(device_type=idx.device.type, enabled=False):
         out, cache = run_with_cache(model, idx, edits=edits)
     loss, loss_mean, top_ids, top_probs = _losses_and_top(out.logits, idx, top_k)
     weights = cache.stack("pattern")[:, 0].cpu().numpy()  # (L, nh, T, T)
     ids_np = idx[0].cpu().numpy()
-    resid = torch.cat([cache.stack("resid_pre")[:, 0], cache["resid_post", -1]], dim=0)  # (L + 1, T, C)
+    resid = cache.residual_stream()[:, 0]  # (L + 1, T, C)
     q = cache.stack("q")[:, 0]  # (L, nh, T, hs)
     k = expand_kv(cache.stack("k")[:, 0], cfg.n_head)  # (L, nkv, T, hs) -> (L, nh, T, hs): dim 1 is the heads
     v = expand_kv(cache.stack("v")[:, 0], cfg.n_head)

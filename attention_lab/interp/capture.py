@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from attention_lab.runtime.device import eval_mode
-from model.hooks import point_name, run_with_cache
+from model.hooks import point_name, residual_names, run_with_cache
 
 
 def plain_module(model: torch.nn.Module) -> torch.nn.Module:
@@ -19,6 +19,16 @@ def plain_module(model: torch.nn.Module) -> torch.nn.Module:
         if not isinstance(inner, torch.nn.Module):
             return model
         model = inner
+
+
+def token_window(model: torch.nn.Module, ids) -> torch.Tensor:
+    """ids: a list of ints, an array or a 1-D tensor -> (T,) int64 on the model's device, its last block_size
+    tokens; ValueError for anything but one non-empty sequence."""
+    device = next(model.parameters()).device
+    idx = torch.as_tensor(ids, dtype=torch.long, device=device)
+    if idx.dim() != 1 or idx.numel() == 0:
+        raise ValueError(f"token ids must be one non-empty sequence (T,), got shape {tuple(idx.shape)}")
+    return idx[-model.config.block_size :]
 
 
 @torch.no_grad()
@@ -49,8 +59,6 @@ def residual_streams(model, x: torch.Tensor) -> torch.Tensor:
     enters block l (row 0: the embeddings); row L leaves the last block (ln_f's input). Recorded at the model's
     hook points (model/hooks.py), eval mode, float32."""
     model = plain_module(model)
-    n_layer = model.config.n_layer
-    names = [point_name("resid_pre", i) for i in range(n_layer)] + [point_name("resid_post", n_layer - 1)]
     with eval_mode(model), torch.autocast(device_type=x.device.type, enabled=False):
-        _, cache = run_with_cache(model, x, names=names)
-    return torch.stack([cache[n] for n in names], dim=1)
+        _, cache = run_with_cache(model, x, names=residual_names(model.config.n_layer))
+    return cache.residual_stream().transpose(0, 1)

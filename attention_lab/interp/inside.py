@@ -49,7 +49,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from attention_lab.interp.capture import plain_module, residual_streams
+from attention_lab.interp.capture import plain_module, residual_streams, token_window
 from attention_lab.runtime.device import eval_mode
 from model.attention import expand_kv, qk_norm, split_qkv
 from model.hooks import ActivationCache, point_name, run_with_cache
@@ -148,15 +148,6 @@ def _weights(masked: np.ndarray, sink: float | None) -> np.ndarray:
 # the activations: what one recorded forward pass holds (model/hooks.py)
 
 
-def _token_ids(model, ids) -> Tensor:
-    """ids: a list of ints or a 1-D tensor -> (T,) int64 on the model's device, its last block_size tokens."""
-    device = next(model.parameters()).device
-    idx = torch.as_tensor(ids, dtype=torch.long, device=device)
-    if idx.dim() != 1 or idx.numel() == 0:
-        raise ValueError(f"token ids must be one non-empty sequence (T,), got shape {tuple(idx.shape)}")
-    return idx[-model.config.block_size :]
-
-
 @torch.no_grad()
 def residual_stream(model, ids) -> Tensor:
     """The residual stream of one sequence: float32 (L + 1, T, C) on the model's device.
@@ -166,7 +157,7 @@ def residual_stream(model, ids) -> Tensor:
     its blocks do. ids: a list or 1-D tensor, cropped to the last block_size tokens. Eval mode, float32.
     """
     model = plain_module(model)
-    return residual_streams(model, _token_ids(model, ids)[None])[0]
+    return residual_streams(model, token_window(model, ids)[None])[0]
 
 
 @torch.no_grad()
@@ -229,14 +220,14 @@ def _alibi_row(pe, head: int, query: int, device: torch.device) -> np.ndarray:
     return np.zeros(query + 1) if bias is None else _np(bias[head, 0])
 
 
-def _projections(model, layer: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """q, k, v straight from c_attn for the stream x (n, C) entering block `layer`: the block's own ln_1, c_attn
-    and head split, (nh, n, hs), (nkv, n, hs), (nkv, n, hs). What the cache's q, k, v were before QK-norm, RoPE
-    and the value mix."""
+def _projections(model, layer: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """ln_1(x) (n, C) and q, k, v straight from c_attn for the stream x (n, C) entering block `layer`: the block's
+    own ln_1, c_attn and head split, (nh, n, hs), (nkv, n, hs), (nkv, n, hs). What the cache's q, k, v were before
+    QK-norm, RoPE and the value mix."""
     cfg, attn = model.config, model.transformer.h[layer].attn
     x_ln = model.transformer.h[layer].ln_1(x)
     q, k, v = split_qkv(attn.c_attn(x_ln)[None], cfg.n_head, cfg.kv_heads, cfg.qk_tied)
-    return q[0], k[0], v[0]
+    return x_ln, q[0], k[0], v[0]
 
 
 def _head_steps(model, layer: int, head: int, vec: dict, query: int, t: int) -> dict:
@@ -290,7 +281,7 @@ def head_vectors(model, ids) -> np.ndarray:
     (3, L, nh, T, hs), read from one recorded forward pass. What the page's "step inside" panel computes with."""
     model = plain_module(model)
     cfg = model.config
-    idx = _token_ids(model, ids)
+    idx = token_window(model, ids)
     cache = _recorded(model, idx, [point_name(kind, layer) for layer in range(cfg.n_layer) for kind in "qkv"])
     q, k, v = (cache.stack(kind)[:, 0] for kind in "qkv")  # (L, nh | nkv, T, hs)
     return _np(torch.stack([q, expand_kv(k, cfg.n_head), expand_kv(v, cfg.n_head)]))
@@ -335,7 +326,7 @@ def step_inside(model, ids, layer: int, head: int, query: int) -> Inside:
     if steppable(cfg) is not None:
         raise ValueError(steppable(cfg))
     _check_head(cfg, layer, head)
-    idx = _token_ids(model, ids)
+    idx = token_window(model, ids)
     t = idx.numel()
     if not -t <= query < t:
         raise ValueError(f"query must index the {t} tokens given (0..{t - 1}, or negative from the end), got {query}")
@@ -344,10 +335,10 @@ def step_inside(model, ids, layer: int, head: int, query: int) -> Inside:
     cache = _recorded(model, idx, [point_name(kind, layer) for kind in ("resid_pre", "q", "k", "v")]
                       + [point_name("resid_pre", 0)])
     x = cache["resid_pre", layer][0, : i + 1]  # (n, C)
-    q_proj, k_proj, v_own = _projections(model, layer, x)  # causal: positions 0..i need nothing after i
+    x_ln, q_proj, k_proj, v_own = _projections(model, layer, x)  # causal: positions 0..i need nothing after i
     q_normed, k_normed = (qk_norm(q_proj), qk_norm(k_proj)) if cfg.qk_norm else (q_proj, k_proj)
     attn = blocks[layer].attn
-    v_first = _projections(model, 0, cache["resid_pre", 0][0, : i + 1])[2] if attn.value_lambda is not None else None
+    v_first = _projections(model, 0, cache["resid_pre", 0][0, : i + 1])[3] if attn.value_lambda is not None else None
     vec = dict(q_proj=_np(q_proj), k_proj=_np(k_proj), q_normed=_np(q_normed), k_normed=_np(k_normed),
                q=_np(cache["q", layer][0, :, : i + 1]), k=_np(cache["k", layer][0, :, : i + 1]),
                v=_np(cache["v", layer][0, :, : i + 1]), v_own=_np(v_own),
@@ -358,5 +349,5 @@ def step_inside(model, ids, layer: int, head: int, query: int) -> Inside:
     proj = attn.c_proj
     proj_bias = _np(proj.bias) if proj.bias is not None else np.zeros(cfg.n_embd)
     return Inside(layer=layer, head=head, query=i, ids=idx.cpu().numpy(), x=_np(x),
-                  x_ln=_np(blocks[layer].ln_1(x)), **steps[head], shares=shares, proj_bias=proj_bias,
+                  x_ln=_np(x_ln), **steps[head], shares=shares, proj_bias=proj_bias,
                   attn_out=shares.sum(0) + proj_bias)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import socket
 import time
 from collections.abc import Callable
@@ -51,7 +50,7 @@ from attention_lab.lab.requests import (
     token_ids,
 )
 from attention_lab.sampling import generate_text
-from attention_lab.viewer.page import lab_page
+from attention_lab.viewer.page import json_safe, lab_page
 from attention_lab.viewer.report import model_circuits, page_data, text_circuits
 from model import hooked
 
@@ -84,25 +83,8 @@ class Worker:
 # JSON out
 
 
-def _plain(obj):
-    """numpy arrays and scalars as lists and numbers; NaN and infinities as null (JSON has neither)."""
-    if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return _plain(obj.tolist())
-    if isinstance(obj, (np.floating, float)):
-        return float(obj) if math.isfinite(obj) else None
-    if isinstance(obj, np.integer):
-        return int(obj)
-    if isinstance(obj, np.bool_):
-        return bool(obj)
-    return obj
-
-
 def json_response(obj, status: int = 200) -> Response:
-    return Response(json.dumps(_plain(obj), separators=(",", ":"), allow_nan=False), status_code=status,
+    return Response(json.dumps(json_safe(obj), separators=(",", ":"), allow_nan=False), status_code=status,
                     media_type="application/json")
 
 

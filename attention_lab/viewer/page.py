@@ -101,14 +101,21 @@ def _finite(x):
     return round(v, 4) if math.isfinite(v) else None
 
 
-def _clean(obj):
-    """obj with every non-finite float replaced by None, so that it can travel as JSON."""
+def json_safe(obj):
+    """obj as JSON can carry it: numpy arrays and scalars as lists and numbers, every non-finite float as None
+    (JSON has no NaN or infinity), keys as strings. The pages' islands and the live lab's answers."""
     if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
+        return {str(k): json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return json_safe(obj.tolist())
+    if isinstance(obj, (np.floating, float)):
+        return float(obj) if math.isfinite(obj) else None
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.bool_):
+        return bool(obj)
     return obj
 
 
@@ -156,7 +163,7 @@ def lab_page(limits: Mapping | None = None, *, title: str = "attention lab", tex
     text: what the text box holds when the page opens (analysed at once; empty: nothing until the user types).
     Nothing is fetched but the lab's own /api."""
     data = {"kind": "lab", "subtitle": "type a text: every pause redraws the maps", "notes": [],
-            "limits": _clean(dict(limits or {})), "text": str(text)}
+            "limits": json_safe(dict(limits or {})), "text": str(text)}
     return render_page(data, title, lab=True)
 
 
@@ -198,10 +205,14 @@ def write_sample_page(path, attention, tokens: Sequence[str], head_scores: Mappi
     tokens are cut.
     """
     data = sample_data(attention, tokens, head_scores, max_bytes=max_bytes, inside=inside)
+    return write_page(path, data, title or f"attention over {data['T']} tokens")
+
+
+def write_page(path, data: dict, title: str) -> Path:
+    """render_page(data, title) written to path atomically; returns the path."""
     path = Path(path)
-    page = render_page(data, title or f"attention over {data['T']} tokens")
     with atomic_write(path) as f:
-        f.write(page)
+        f.write(render_page(data, title))
     return path
 
 
@@ -418,7 +429,7 @@ def film_data(run_dir, *, max_bytes: int = FILM_MAX_BYTES) -> tuple[dict, str]:
         "frames_total": total,
         "scores": scores,
         "curves": {k: [[s, _finite(v)] for s, v in sorted(d.items())] for k, d in curves.items() if d},
-        "phase_changes": [_clean(c) for c in changes],
+        "phase_changes": [json_safe(c) for c in changes],
     }
     name = "/".join(run_dir.resolve().parts[-2:])
     return data, f"{name}: attention over training"
@@ -431,11 +442,7 @@ def build_film(run_dir, *, max_bytes: int = FILM_MAX_BYTES) -> Path:
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir} is not a folder")
     data, title = film_data(run_dir, max_bytes=max_bytes)
-    path = RunLayout(run_dir).film
-    page = render_page(data, title)
-    with atomic_write(path) as f:
-        f.write(page)
-    return path
+    return write_page(RunLayout(run_dir).film, data, title)
 
 
 # ------------------------------------------------------------------------------------------------------------

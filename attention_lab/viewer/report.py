@@ -28,8 +28,8 @@ from attention_lab.interp.heads import format_head_table, head_rows
 from attention_lab.interp.inside import steppable
 from attention_lab.interp.roles import ROLE_HELP
 from attention_lab.store.layout import SampleLayout
-from attention_lab.viewer.page import render_page, sample_data
-from data.files import atomic_write, write_json_atomic
+from attention_lab.viewer.page import sample_data, write_page
+from data.files import write_json_atomic
 from data.tokenizer import Tokenizer
 from model import GPT
 
@@ -85,10 +85,7 @@ def dump_attention(
                                                               "p": lens.probs[:, -1, 0].round(4).tolist()}})
     out.summary_text.write_text(table + "\n", encoding="utf-8")
     if html:
-        data = page_data(model, tokenizer, found, circuits)
-        with atomic_write(out.page) as f:
-            f.write(render_page(data, title or "attention"))
-        files.append(out.page)
+        files.append(write_page(out.page, page_data(model, tokenizer, found, circuits), title or "attention"))
 
     for layer in range(weights.shape[0]):
         fig = attention_figure(weights[layer], labels, f"{title}, layer {layer}".lstrip(", "), dpi=dpi)
