@@ -43,6 +43,7 @@ CORPUS = "ROMEO:\nBut soft, what light through yonder window breaks?\nJULIET:\nA
 BLOCK = 32
 TEXT = "ROMEO: But soft, what light"  # 27 tokens, all in the vocabulary
 STEPS = ("step_00000100", "step_00000200")
+LOCAL = "http://127.0.0.1:8008"  # the TestClient's address: a loopback name and a port, as the lab's own page sends
 
 
 def _peaked(model: torch.nn.Module) -> torch.nn.Module:
@@ -70,7 +71,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def client(runs):
-    with TestClient(create_app(Registry.open([runs["gpt"], runs["lstm"]]))) as c:
+    with TestClient(create_app(Registry.open([runs["gpt"], runs["lstm"]])), base_url=LOCAL) as c:
         yield c
 
 
@@ -355,7 +356,7 @@ def test_a_chunked_body_is_counted_as_it_arrives(client):
 
 def test_unknown_routes_and_methods_are_json_errors(client):
     for method, path, status in (("GET", "/api/analyze", 405), ("GET", "/nowhere", 404), ("POST", "/api/models", 405)):
-        r = client.request(method, path)
+        r = client.request(method, path, headers={"content-type": "application/json"} if method == "POST" else {})
         assert r.status_code == status and "error" in r.json(), (method, path, r.status_code, r.text)
 
 
@@ -376,7 +377,7 @@ def test_every_model_computation_runs_on_the_one_worker_thread(runs):
 
     reg = Spy.open([runs["gpt"]])
     answers = []
-    with TestClient(create_app(reg)) as c:
+    with TestClient(create_app(reg), base_url=LOCAL) as c:
         def ask(i: int):
             if i % 2:
                 answers.append(c.post("/api/analyze", json={"text": TEXT, "checkpoint": STEPS[i % 4 // 2]}).status_code)
@@ -411,7 +412,7 @@ class SlowRegistry(Registry):
 
 def test_a_client_that_disconnects_stops_its_generation(runs):
     SlowRegistry.forwards = 0
-    with TestClient(create_app(SlowRegistry.open([runs["gpt"]]))) as c:
+    with TestClient(create_app(SlowRegistry.open([runs["gpt"]])), base_url=LOCAL) as c:
         with c.stream("POST", "/api/generate", json={"text": "ROMEO:", "max_new_tokens": 256}) as r:
             lines = r.iter_lines()
             first = [json.loads(next(lines)) for _ in range(3)]
@@ -485,7 +486,7 @@ def test_a_transformers_model_is_served_by_id_and_its_loss_is_its_own(runs, tmp_
     with torch.no_grad():
         want = F.cross_entropy(hf(torch.tensor([ids])).logits[0, :-1].float(), torch.tensor(ids[1:]), reduction="none")
     reg = Registry.open([runs["gpt"]], [str(tmp_path / "gpt2")], capacity=1)
-    with TestClient(create_app(reg)) as c:
+    with TestClient(create_app(reg), base_url=LOCAL) as c:
         listed = c.get("/api/models").json()["models"][1]
         assert (listed["kind"], listed["checkpoints"], listed["checkpoint"]) == ("transformers", [], None), listed
         for _ in range(2):  # the second time after model 0 took the one place in memory

@@ -12,6 +12,7 @@ be listened on, is one `error:` line and exit code 2 (attention_lab/runtime/cli.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -77,11 +78,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.host not in LOOPBACK:
         say(f"warning: --host {args.host} serves the lab beyond this machine: anyone who can reach this address "
-            "can run the models (there is no login). Use the default 127.0.0.1 unless you mean it.")
+            "can run the models (there is no login). Use the default 127.0.0.1 unless you mean it. It answers "
+            f"requests naming it as {args.host} or a loopback name only (docs/lab.md).")
     for e in registry.entries.values():
         what = f"step {e.step}, {e.default}" if e.kind == "run" else "transformers"
         say(f"model {e.id}: {e.label} ({what}; {len(e.checkpoints()) or 1} checkpoint(s)) on {device}")
-    server = make_server(create_app(registry))
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("attention_lab.lab").setLevel(logging.INFO)  # "client left: ..." one line each
+    server = make_server(create_app(registry, hosts=[args.host]))
     print(f"attention lab: {url_of(sock)}  (Ctrl-C stops it)", flush=True)
     try:
         server.run(sockets=[sock])  # uvicorn handles Ctrl-C: stops taking requests, lets open ones finish

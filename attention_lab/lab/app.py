@@ -3,7 +3,10 @@
     GET  /               the page (attention_lab.viewer.page.lab_page)
     GET  /api/models     the models named at start, their checkpoints and configs, and the limits
     POST /api/analyze    one text: the sample page's data island (interp.analysis.analyze, viewer.report.page_data)
-                         and `live` (loss per token, the next-token distributions; `before` with interventions)
+                         and `live` (loss per token, the next-token distributions; `before` with interventions);
+                         "ablation": false leaves out the ablation pass, the slowest part (the page's maps first)
+    POST /api/ablation   one text: every head's Δloss when zeroed (interp.analysis.batched_ablation), the model
+                         view's ablation column, asked for by the page once the maps are drawn
     POST /api/generate   a continuation, streamed as NDJSON one token a line (sampling.generate_text, one step
                          at a time); a client that disconnects stops it
     POST /api/intervene  the clean and the edited model on one text (interp.analysis.text_losses), and their
@@ -14,6 +17,11 @@ One thread touches the models (Worker): every computation is a job submitted to 
 failing and no two forward passes share a model at once. A generation is one job per token, so an analysis
 asked for meanwhile waits one token, not a whole continuation. Everything a request sends is checked in
 requests.py before it reaches the worker; an error is {"error": "..."} with a 4xx status, and the server goes on.
+
+No work nobody waits for: guard.py refuses what is not the lab's own page before any route runs; a request's
+Watch listens for its client leaving, and a job whose client has gone is dropped before it starts and stopped
+between its steps (Gone: one INFO line, no traceback); at most MAX_WAITING requests hold work at once (429 with
+Retry-After past it); make_server times out idle and slow connections.
 """
 
 from __future__ import annotations
@@ -21,27 +29,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import socket
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.middleware import Middleware
+from starlette.middleware.gzip import DEFAULT_EXCLUDED_CONTENT_TYPES, GZipMiddleware
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from attention_lab.interp.analysis import analyze, text_losses
+from attention_lab.interp.analysis import analyze, batched_ablation, text_losses
+from attention_lab.interp.capture import token_window
 from attention_lab.interp.interventions import intervention_edits, parse_interventions
+from attention_lab.lab.guard import Guard
 from attention_lab.lab.models import Loaded, NotFound, Registry
 from attention_lab.lab.requests import (
     LIMITS,
+    MAX_WAITING,
     Invalid,
     RequestError,
     Sampling,
     check_sampling,
+    parse_ablation,
     parse_analyze,
     parse_compare,
     parse_generate,
@@ -50,26 +66,96 @@ from attention_lab.lab.requests import (
     token_ids,
 )
 from attention_lab.sampling import generate_text
-from attention_lab.viewer.page import json_safe, lab_page
+from attention_lab.viewer.page import json_safe, lab_page, role_info
 from attention_lab.viewer.report import model_circuits, page_data, text_circuits
 from model import hooked
 
 TOP_K = 10  # next-token predictions reported after each position
+IDLE_SECONDS = 5  # a connection with no request under way is closed after this long (uvicorn's keep-alive timeout)
+HEAD_SECONDS = 10  # a request's head (its line and headers) must arrive within this long of the connection being free
+GZIP_LEVEL = 1  # zlib's fastest: most of an answer is base64 of floats, which a higher level shrinks little more
+MAX_CONNECTIONS = 64  # uvicorn's limit_concurrency: past it, a new request is answered 503 at once
 
+log = logging.getLogger("attention_lab.lab")
+
+
+class Gone(Exception):
+    """The client of a request has left: its work is dropped (before a job starts) or stopped (between steps)."""
+
+
+class Watch:
+    """Whether the client of one request is still there. Once the body has been read, the server's next message
+    on the request's channel is http.disconnect when the client leaves: a task waits for it and sets `gone`, which
+    the worker thread reads between steps (a flag set once: no lock needed). Not for a streamed response, which
+    listens for the disconnect itself (Starlette's StreamingResponse)."""
+
+    def __init__(self, request: Request):
+        self.request = request
+        self.gone = False
+        self._task: asyncio.Task | None = None
+
+    async def __aenter__(self) -> "Watch":
+        self._task = asyncio.get_running_loop().create_task(self._listen())
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _listen(self) -> None:
+        while True:
+            message = await self.request.receive()
+            if message["type"] == "http.disconnect":
+                self.gone = True
+                return
+
+    def check(self) -> None:
+        """Raise Gone if the client has left (called between the steps of a job, on the worker thread)."""
+        if self.gone:
+            raise Gone()
 
 
 class Worker:
     """The one thread that touches models: a single-thread executor every model computation is submitted to.
-    A job waiting in the queue whose request is gone (the client hung up) is dropped before it runs."""
 
-    def __init__(self):
+    A job whose request is gone (the client hung up) is dropped before it runs. At most `max_waiting` jobs of new
+    requests wait in the queue: past it a request is refused (429, Retry-After) rather than queued behind work
+    that may take minutes; the later jobs of a request already under way (a generation's next token) are not
+    refused (`admit=False`), so a stream is never cut by a full queue. Counters for the tests and the load
+    benchmark: `started` jobs begun, `jobs` finished (or failed), `dropped` never begun because the client had
+    left, `queued` waiting now."""
+
+    def __init__(self, max_waiting: int = MAX_WAITING):
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lab-model")
-        self.jobs = 0  # jobs run to completion, for tests and the load benchmark
+        self._lock = threading.Lock()
+        self.max_waiting = max_waiting
+        self.queued = self.started = self.jobs = self.dropped = 0
 
-    async def run(self, fn: Callable, *args):
-        return await asyncio.wrap_future(self._pool.submit(self._count, fn, *args))
+    async def run(self, fn: Callable, *args, watch: Watch | None = None, admit: bool = True):
+        if watch is not None:
+            watch.check()
+        with self._lock:
+            if admit and self.queued >= self.max_waiting:
+                raise RequestError(429, f"the lab is busy: {self.queued} requests wait for the model (at most "
+                                        f"{self.max_waiting}); try again in a second", headers={"Retry-After": "1"})
+            self.queued += 1
+        future = self._pool.submit(self._job, watch, fn, *args)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            if future.cancel():  # still queued: it never starts
+                with self._lock:
+                    self.queued -= 1
+                    self.dropped += 1
+            raise
 
-    def _count(self, fn, *args):
+    def _job(self, watch, fn, *args):
+        with self._lock:
+            self.queued -= 1
+            if watch is not None and watch.gone:
+                self.dropped += 1
+                raise Gone()
+            self.started += 1
         try:
             return fn(*args)
         finally:
@@ -88,12 +174,25 @@ def json_response(obj, status: int = 200) -> Response:
                     media_type="application/json")
 
 
-def error_response(status: int, message: str) -> Response:
-    return json_response({"error": message}, status)
+MAX_MESSAGE = 600  # characters of an error message: whatever a request holds, what is said back stays short
+
+
+def error_response(status: int, message: str, headers: dict | None = None) -> Response:
+    if len(message) > MAX_MESSAGE:
+        message = message[: MAX_MESSAGE - 3] + "..."
+    response = json_response({"error": message}, status)
+    response.headers.update(headers or {})
+    return response
 
 
 async def _request_error(request: Request, exc: RequestError) -> Response:
-    return error_response(exc.status, exc.message)
+    return error_response(exc.status, exc.message, exc.headers)
+
+
+async def _gone(request: Request, exc: Exception) -> Response:
+    """The client left (Gone, or the body cut off): one INFO line; the answer goes nowhere."""
+    log.info("client left: %s %s dropped", request.method, request.url.path)
+    return Response(status_code=499)
 
 
 async def _invalid(request: Request, exc: Invalid) -> Response:
@@ -207,10 +306,11 @@ def _prepare(registry: Registry, target, text: str, items, sampling: Sampling | 
 # the app
 
 
-def create_app(registry: Registry, *, worker: Worker | None = None, page: Callable[[], str] | None = None
-               ) -> Starlette:
+def create_app(registry: Registry, *, worker: Worker | None = None, page: Callable[[], str] | None = None,
+               hosts: Iterable[str] = ()) -> Starlette:
     """The lab over `registry`. worker: the thread the models run on (a fresh one by default); page: a function
-    returning the HTML of GET / (default: viewer.page.lab_page with the limits)."""
+    returning the HTML of GET / (default: viewer.page.lab_page with the limits); hosts: the names it answers to
+    besides the loopback ones (the --host given; guard.py)."""
     worker = worker or Worker()
 
     html: list[str] = []  # the page, rendered on the first GET /
@@ -228,19 +328,39 @@ def create_app(registry: Registry, *, worker: Worker | None = None, page: Callab
         registry.resolve(req.target.model, req.target.checkpoint)  # 404 (and 422 for an LSTM) before the queue
         registry.require_attention(req.target.model, "analyze")
 
-        def job():
+        def job(watch: Watch):
             lm, ids, items = _prepare(registry, req.target, req.text, req.interventions)
             t0 = time.perf_counter()
-            found = analyze(lm.model, ids, interventions=items, top_k=TOP_K)
+            found = analyze(lm.model, ids, interventions=items, top_k=TOP_K, ablation=req.ablation)
+            watch.check()  # the client left during the pass: the page's data is not built for nobody
             data = page_data(lm.model, lm.tokenizer, found, _circuits(lm, ids))
             live = {"model": req.target.model, "checkpoint": lm.checkpoint, "step": lm.step, "ids": ids,
                     **_losses(lm.tokenizer, (found.loss, found.loss_mean, found.top_ids, found.top_probs))}
             if items:
+                watch.check()
                 live["before"] = _losses(lm.tokenizer, text_losses(lm.model, ids, top_k=TOP_K))
             live["ms"] = round((time.perf_counter() - t0) * 1000, 1)
             return data | {"live": live}
 
-        return json_response(await worker.run(job))
+        async with Watch(request) as watch:
+            return json_response(await worker.run(job, watch, watch=watch))
+
+    async def ablation(request: Request) -> Response:
+        req = parse_ablation(await read_json(request))
+        registry.resolve(req.target.model, req.target.checkpoint)
+        registry.require_attention(req.target.model, "ablate")
+
+        def job():
+            lm, ids, items = _prepare(registry, req.target, req.text, req.interventions)
+            t0 = time.perf_counter()
+            idx = token_window(lm.model, ids)[None]  # (1, T)
+            values = batched_ablation(lm.model, idx, items) if len(ids) > 1 else None
+            return {"model": req.target.model, "checkpoint": lm.checkpoint, "step": lm.step, "ids": ids,
+                    "ablation": None if values is None else np.round(values, 5), "role": role_info(["ablation"]),
+                    "ms": round((time.perf_counter() - t0) * 1000, 1)}
+
+        async with Watch(request) as watch:
+            return json_response(await worker.run(job, watch=watch))
 
     async def generate(request: Request) -> Response:
         req = parse_generate(await read_json(request))
@@ -250,14 +370,18 @@ def create_app(registry: Registry, *, worker: Worker | None = None, page: Callab
             lm, ids, items = _prepare(registry, req.target, req.text, req.interventions, req.sampling)
             return Generation(lm, ids, req.sampling, intervention_edits(lm.config, items) if items else {})
 
-        gen = await worker.run(prepare)  # a bad request fails here, with its status, before the stream starts
+        async with Watch(request) as watch:  # the stream listens for the disconnect itself once it has started
+            gen = await worker.run(prepare, watch=watch)  # a bad request fails here, with its status
 
         async def lines():
             try:
                 for _ in range(req.sampling.max_new_tokens):
-                    nxt, piece = await worker.run(gen.step)  # cancelled here when the client disconnects
+                    nxt, piece = await worker.run(gen.step, admit=False)  # cancelled when the client disconnects
                     yield json.dumps({"id": nxt, "text": piece}) + "\n"
                 yield json.dumps({"done": True, "text": gen.finish(), "ids": gen.new}) + "\n"
+            except asyncio.CancelledError:
+                log.info("client left: POST /api/generate stopped after %d tokens", len(gen.new))
+                raise
             except Exception as e:  # noqa: BLE001 - the status line has gone: the error is the stream's last line
                 yield json.dumps({"error": f"generation stopped ({type(e).__name__}: {e})"}) + "\n"
 
@@ -268,22 +392,24 @@ def create_app(registry: Registry, *, worker: Worker | None = None, page: Callab
         registry.resolve(req.target.model, req.target.checkpoint)
         registry.require_attention(req.target.model, "intervene on")
 
-        def job():
+        def job(watch: Watch):
             lm, ids, items = _prepare(registry, req.target, req.text, req.interventions, req.generate, "generate.")
-            return lm, ids, items, (_losses(lm.tokenizer, text_losses(lm.model, ids, top_k=TOP_K)),
-                                    _losses(lm.tokenizer, text_losses(lm.model, ids, interventions=items,
-                                                                      top_k=TOP_K)))
+            before = _losses(lm.tokenizer, text_losses(lm.model, ids, top_k=TOP_K))
+            watch.check()
+            after = _losses(lm.tokenizer, text_losses(lm.model, ids, interventions=items, top_k=TOP_K))
+            return lm, ids, items, (before, after)
 
-        lm, ids, items, (before, after) = await worker.run(job)
-        if req.generate is not None:  # both continuations with the same seed, a token per job
-            for side, edits in ((before, {}), (after, intervention_edits(lm.config, items) if items else {})):
-                gen = Generation(lm, ids, req.generate, edits)
-                for _ in range(req.generate.max_new_tokens):
-                    await worker.run(gen.step)
-                side["continuation"] = gen.finish()
-                side["continuation_ids"] = gen.new
-        else:
-            before["continuation"] = after["continuation"] = None
+        async with Watch(request) as watch:
+            lm, ids, items, (before, after) = await worker.run(job, watch, watch=watch)
+            if req.generate is not None:  # both continuations with the same seed, a token per job
+                for side, edits in ((before, {}), (after, intervention_edits(lm.config, items) if items else {})):
+                    gen = Generation(lm, ids, req.generate, edits)
+                    for _ in range(req.generate.max_new_tokens):
+                        await worker.run(gen.step, watch=watch, admit=False)  # Gone once the client has left
+                    side["continuation"] = gen.finish()
+                    side["continuation_ids"] = gen.new
+            else:
+                before["continuation"] = after["continuation"] = None
         delta = after["loss_mean"] - before["loss_mean"]
         return json_response({"before": before, "after": after, "delta_loss_mean": delta,
                               "interventions": [it.label() for it in items]})
@@ -293,22 +419,27 @@ def create_app(registry: Registry, *, worker: Worker | None = None, page: Callab
         for t in req.targets:
             registry.resolve(t.model, t.checkpoint)
 
-        def job():
+        def job(watch: Watch):
             (a, b) = [registry.load(t.model, t.checkpoint) for t in req.targets]
             if a.tokenizer.to_str() != b.tokenizer.to_str():
                 raise Invalid(f"models {req.targets[0].model} and {req.targets[1].model} use different tokenizers, "
                               "so their tokens do not line up; compare models trained on one tokenizer")
+            # the shorter context bounds the text: past it one model would read a cropped window, and the
+            # per-token difference would pair different positions
             block = min(a.config.block_size, b.config.block_size)
             ids = token_ids(a.tokenizer, req.text, block)
             runs = []
             for t, lm in zip(req.targets, (a, b)):
+                watch.check()
                 loss, loss_mean, _, _ = text_losses(lm.model, ids, top_k=1)
                 runs.append({"model": t.model, "checkpoint": lm.checkpoint, "step": lm.step,
                              "loss": [float(x) for x in loss], "loss_mean": loss_mean})
             diff = [lb - la for la, lb in zip(runs[0]["loss"], runs[1]["loss"])]
-            return {"tokens": a.tokenizer.token_strings(ids), "ids": ids, "runs": runs, "diff": diff}
+            return {"tokens": a.tokenizer.token_strings(ids), "ids": ids, "runs": runs, "diff": diff,
+                    "block_size": block}
 
-        return json_response(await worker.run(job))
+        async with Watch(request) as watch:
+            return json_response(await worker.run(job, watch, watch=watch))
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -322,12 +453,20 @@ def create_app(registry: Registry, *, worker: Worker | None = None, page: Callab
             Route("/", index, methods=["GET"]),
             Route("/api/models", models, methods=["GET"]),
             Route("/api/analyze", analyze_text, methods=["POST"]),
+            Route("/api/ablation", ablation, methods=["POST"]),
             Route("/api/generate", generate, methods=["POST"]),
             Route("/api/intervene", intervene, methods=["POST"]),
             Route("/api/compare", compare, methods=["POST"]),
         ],
+        middleware=[
+            Middleware(Guard, hosts=list(hosts)),  # outermost: a refused request reaches nothing
+            # answers of a few MiB: compressed when the client accepts it (fast level; a thread past 128 KiB);
+            # the generation's stream is left alone, so each token arrives when made
+            Middleware(GZipMiddleware, minimum_size=1024, compresslevel=GZIP_LEVEL,
+                       exclude_content_types=(*DEFAULT_EXCLUDED_CONTENT_TYPES, "application/x-ndjson")),
+        ],
         exception_handlers={RequestError: _request_error, Invalid: _invalid, NotFound: _not_found,
-                            HTTPException: _http_error, Exception: _bug},
+                            Gone: _gone, ClientDisconnect: _gone, HTTPException: _http_error, Exception: _bug},
         lifespan=lifespan,
     )
     app.state.registry, app.state.worker = registry, worker
@@ -355,11 +494,50 @@ def open_socket(host: str, port: int) -> socket.socket:
 
 def make_server(app: Starlette, **config):
     """A uvicorn server for the app (started with .run(sockets=[open_socket(...)]); stopped with
-    .should_exit = True or Ctrl-C). A few seconds' grace for open streams on the way out."""
+    .should_exit = True or Ctrl-C). A few seconds' grace for open streams on the way out. Idle and slow
+    connections time out: IDLE_SECONDS with no request under way (uvicorn's timeout_keep_alive), HEAD_SECONDS for a
+    request's head to arrive (Impatient), BODY_SECONDS for its body (requests.read_json); past MAX_CONNECTIONS
+    connections or tasks a request is answered 503 at once (uvicorn's limit_concurrency)."""
     import uvicorn
 
-    settings = dict(log_level="warning", timeout_graceful_shutdown=3, lifespan="on", access_log=False)
+    settings = dict(log_level="warning", timeout_graceful_shutdown=3, lifespan="on", access_log=False,
+                    timeout_keep_alive=IDLE_SECONDS, limit_concurrency=MAX_CONNECTIONS, http=_impatient())
     return uvicorn.Server(uvicorn.Config(app, **(settings | config)))
+
+
+def _impatient():
+    """uvicorn's h11 protocol with a deadline for each request's head: uvicorn times out a connection only after a
+    response (keep-alive), and a byte a second resets even that, so a connection that sends nothing, or its
+    headers a byte at a time, would be held for ever. Here one that has no request under way HEAD_SECONDS after it
+    opened (or after its last answer) is closed, however many bytes trickled in."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class Impatient(H11Protocol):
+        def connection_made(self, transport):
+            super().connection_made(transport)
+            self._deadline()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._deadline()
+
+        def connection_lost(self, exc) -> None:
+            if getattr(self, "_head_timer", None) is not None:
+                self._head_timer.cancel()
+            super().connection_lost(exc)
+
+        def _deadline(self) -> None:
+            if getattr(self, "_head_timer", None) is not None:
+                self._head_timer.cancel()
+            self._head_timer = self.loop.call_later(HEAD_SECONDS, self._head_late)
+
+        def _head_late(self) -> None:
+            self._head_timer = None
+            under_way = self.cycle is not None and not self.cycle.response_complete
+            if not under_way and not self.transport.is_closing():
+                self.transport.close()
+
+    return Impatient
 
 
 def url_of(sock: socket.socket) -> str:

@@ -5,9 +5,14 @@ Two steps, because some bounds belong to the request and some to the model it na
 
     read_json(request)          the body: its size from Content-Length and from the bytes actually read (413 past
                                 MAX_BODY, so a text far past the context is refused before it is parsed or
-                                tokenized), UTF-8 (400), JSON (400), an object (400)
+                                tokenized), all of it within BODY_SECONDS (408: a body a byte a second holds no
+                                connection), UTF-8 (400), JSON (400, a number of thousands of digits included), an
+                                object (400)
     parse_<endpoint>(body)      the fields: types and the fixed ranges (ValueError -> 422, naming the field and
-                                what to send instead); unknown fields are refused, so a typo is not ignored
+                                what to send instead); unknown fields are refused, so a typo is not ignored; a text
+                                must be encodable (no lone surrogate such as "\ud800", which JSON can carry)
+
+Every value said back in an error is cut short (_show): a request of 60 KiB of digits gets a line, not an echo.
     token_ids / check_sampling  what needs the model: the text's token count against its block_size, top_k
                                 against its vocabulary (parse_interventions in interp/ checks layer, head, key)
 
@@ -17,6 +22,7 @@ both up among what was named at start).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import warnings
@@ -28,6 +34,8 @@ MAX_BODY = 64 * 1024  # bytes of a request body
 MAX_NEW_TOKENS = 256
 MAX_TEMPERATURE = 5.0
 MAX_SEED = 2**31 - 1
+BODY_SECONDS = 10.0  # the whole body must arrive within this long (408 otherwise)
+MAX_WAITING = 8  # jobs of new requests waiting for the model (app.Worker): 429 past it
 
 LIMITS = {  # what GET /api/models reports, so a page or a script can stay inside them
     "body_bytes": MAX_BODY,
@@ -38,16 +46,18 @@ LIMITS = {  # what GET /api/models reports, so a page or a script can stay insid
     "seed": [0, MAX_SEED],
     "interventions": MAX_INTERVENTIONS,
     "text": "1 .. block_size tokens",
+    "waiting": MAX_WAITING,
 }
 
 
 class RequestError(Exception):
     """A request the server refuses before it is understood: the HTTP status and the message for the user."""
 
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
+        self.headers = headers or {}
 
 
 class Invalid(ValueError):
@@ -58,22 +68,32 @@ class Invalid(ValueError):
 # the body
 
 
-async def read_json(request, max_bytes: int = MAX_BODY) -> dict:
-    """The request's body as a JSON object; RequestError 413 / 400 before anything larger than max_bytes is held
-    or anything malformed is parsed."""
+async def read_json(request, max_bytes: int = MAX_BODY, seconds: float = BODY_SECONDS) -> dict:
+    """The request's body as a JSON object; RequestError 413 / 408 / 400 before anything larger than max_bytes is
+    held, a slow body holds the connection past `seconds`, or anything malformed is parsed. A client that leaves
+    while sending raises starlette's ClientDisconnect (the app logs one line)."""
     declared = request.headers.get("content-length")
     if declared is not None:
-        if not declared.strip().isdigit():
-            raise RequestError(400, f"Content-Length {declared[:40]!r} is not a number of bytes")
+        if not (declared.strip().isascii() and declared.strip().isdigit()) or len(declared.strip()) > 18:
+            raise RequestError(400, f"Content-Length {_cut(declared)} is not a number of bytes")
         if int(declared) > max_bytes:
             raise RequestError(413, f"the request body is {int(declared)} bytes; the lab accepts at most {max_bytes} "
                                     "(a text longer than any model's context does not need more)")
-    chunks, size = [], 0
-    async for chunk in request.stream():  # a chunked body has no Content-Length: count what arrives
-        size += len(chunk)
-        if size > max_bytes:
-            raise RequestError(413, f"the request body is over {max_bytes} bytes, the most the lab accepts")
-        chunks.append(chunk)
+    chunks: list[bytes] = []
+
+    async def receive() -> None:
+        size = 0
+        async for chunk in request.stream():  # a chunked body has no Content-Length: count what arrives
+            size += len(chunk)
+            if size > max_bytes:
+                raise RequestError(413, f"the request body is over {max_bytes} bytes, the most the lab accepts")
+            chunks.append(chunk)
+
+    try:
+        await asyncio.wait_for(receive(), seconds)
+    except asyncio.TimeoutError:
+        raise RequestError(408, f"the request body did not arrive within {seconds:g} s; send it at once",
+                           headers={"Connection": "close"}) from None
     raw = b"".join(chunks)
     try:
         text = raw.decode("utf-8")
@@ -88,6 +108,9 @@ async def read_json(request, max_bytes: int = MAX_BODY) -> dict:
         raise RequestError(400, f"the request body is not JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
     except RecursionError:
         raise RequestError(400, "the request body is JSON nested too deeply") from None
+    except ValueError as e:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise RequestError(400, f"the request body holds a number the lab cannot read ({_cut(str(e))}); every "
+                                "number it takes is small") from None
     if not isinstance(body, dict):
         raise RequestError(400, f"the request body must be a JSON object, got {_json_type(body)}")
     return body
@@ -120,6 +143,7 @@ class AnalyzeRequest:
     text: str
     target: Target
     interventions: tuple[dict, ...] = ()
+    ablation: bool = True  # the ablation pass (every head's Δloss) in the answer
 
 
 @dataclass(frozen=True)
@@ -148,6 +172,15 @@ SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed")
 
 
 def parse_analyze(body: dict) -> AnalyzeRequest:
+    _only(body, ("text", "model", "checkpoint", "interventions", "ablation"))
+    ablation = body.get("ablation", True)
+    if not isinstance(ablation, bool):
+        raise Invalid(f"ablation must be true (every head's Δloss in the answer) or false (left out: "
+                      f"POST /api/ablation), got {_show(ablation)}")
+    return AnalyzeRequest(_text(body), _target(body), _interventions(body), ablation)
+
+
+def parse_ablation(body: dict) -> AnalyzeRequest:
     _only(body, ("text", "model", "checkpoint", "interventions"))
     return AnalyzeRequest(_text(body), _target(body), _interventions(body))
 
@@ -197,11 +230,16 @@ def _text(body: dict) -> str:
         raise Invalid(f"text must be a string, got {_json_type(text)}")
     if not text:
         raise Invalid("text is empty: send at least one token of text (at most the model's block_size)")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:  # JSON can carry "\ud800" alone; no text of any tokenizer holds it
+        raise Invalid(f"text holds a lone surrogate ({_show(text[e.start])} at character {e.start}), which is no "
+                      "character: send the pair it belongs to, or leave it out") from None
     return text
 
 
 def _model_id(value, field: str = "model") -> str:
-    if isinstance(value, int) and not isinstance(value, bool):
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 10**6:
         value = str(value)  # 0 for "0": an id, not a position in a list the client has to guess at
     if not isinstance(value, str) or not value:
         raise Invalid(f'{field} must be a model id such as "0" (GET /api/models lists them), got {_show(value)}')
@@ -232,6 +270,14 @@ def _interventions(body: dict) -> tuple[dict, ...]:
         if not isinstance(item, dict):
             raise Invalid(f'interventions[{i}] must be an object such as {{"kind": "zero", "layer": 0, "head": 1}}, '
                           f"got {_json_type(item)}")
+        for name in ("layer", "head", "key"):  # the model's bounds come later (interp/interventions.py): the
+            value = item.get(name)  # sizes here, so no number of thousands of digits is said back
+            if isinstance(value, int) and not isinstance(value, bool) and not -10**6 < value < 10**6:
+                raise Invalid(f"interventions[{i}].{name} must be a small integer (a layer, head or token "
+                              f"position), got {_show(value)}")
+        if not isinstance(item.get("kind", ""), str) or len(item.get("kind", "")) > 40:
+            raise Invalid(f'interventions[{i}].kind must be "zero", "uniform" or "hide_key", got '
+                          f"{_show(item.get('kind'))}")
     return tuple(items)
 
 
@@ -251,7 +297,7 @@ def _integer(body: dict, name: str, default, lo: int, hi: int | None, prefix: st
     value = body.get(name, default)
     if value is None and nullable:
         return None
-    if isinstance(value, float) and value.is_integer() and math.isfinite(value):
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         value = int(value)  # 40.0 is 40 (a script's arithmetic), 40.5 is not
     allowed = f"an integer in [{lo}, {hi}]" if hi is not None else f"an integer >= {lo}"
     if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
@@ -262,8 +308,8 @@ def _integer(body: dict, name: str, default, lo: int, hi: int | None, prefix: st
 
 def _number(body: dict, name: str, default: float, lo: float, hi: float, prefix: str = "", hint: str = "") -> float:
     value = body.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or not lo <= value <= hi:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi \
+            or not math.isfinite(value):  # the range first: an int of 400 digits is no float (OverflowError)
         raise Invalid(f"{prefix}{name} must be a number in [{lo:g}, {hi:g}]{f' ({hint})' if hint else ''}, "
                       f"got {_show(value)}")
     return float(value)
@@ -273,8 +319,8 @@ def _top_p(body: dict, prefix: str) -> float | None:
     value = body.get("top_p")
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or not 0.0 < value <= 1.0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value <= 1.0 \
+            or not math.isfinite(value):
         raise Invalid(f"{prefix}top_p must be a number in (0, 1], such as 0.9, or null (every token), "
                       f"got {_show(value)}")
     return float(value)
@@ -312,5 +358,11 @@ def _json_type(value) -> str:
 
 def _show(value) -> str:
     """A value for an error message: short, whatever the client sent."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**60:
+        return f"an integer of {len(str(abs(value)))} digits"  # (str() of 4,000 digits is allowed; of 5,000 not)
     text = json.dumps(value) if isinstance(value, (str, int, float, bool, type(None))) else _json_type(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return _cut(text)
+
+
+def _cut(text: str, n: int = 60) -> str:
+    return text if len(text) <= n else text[: n - 3] + "..."
