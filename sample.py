@@ -17,7 +17,6 @@ stdout, everything else to stderr, so `python sample.py ... > out.txt` keeps onl
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import random
 import sys
@@ -31,13 +30,11 @@ bound_spinning()  # before torch loads OpenMP: a waiting thread spins briefly, t
 
 import torch  # noqa: E402
 
-from attention_lab.interp.figures import markdown_code  # noqa: E402
 from attention_lab.runtime import cli  # noqa: E402
 from attention_lab.runtime.device import pick_device  # noqa: E402
-from attention_lab.sampling import Source, encode_prompt, generate_text, open_source  # noqa: E402
+from attention_lab.sampling import encode_prompt, generate_text, open_source  # noqa: E402
 from attention_lab.store.checkpoint import CheckpointError  # noqa: E402
-from attention_lab.store.layout import RunLayout  # noqa: E402
-from attention_lab.viewer.report import dump_attention  # noqa: E402
+from attention_lab.viewer.report import write_samples  # noqa: E402
 from model import has_attention  # noqa: E402
 
 
@@ -60,9 +57,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--greedy", action="store_true", help="always take the most likely token")
     p.add_argument("--num-samples", type=int, default=1, help="samples, one after the other (default: 1)")
     p.add_argument("--seed", type=int, default=None, help="same seed, same text (default: a random one, printed)")
-    p.add_argument("--device", default="auto", help="auto (default: cuda if available, else cpu), cpu, cuda, cuda:N")
+    p.add_argument("--device", default="auto",
+                   help="auto (default: cuda if available, else Apple's mps, else cpu), cpu, cuda, cuda:N, mps")
     p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
-                   help="autocast dtype; auto: bf16 on GPUs and on CPUs with native bf16, else float32")
+                   help="autocast dtype; auto: bf16 on CUDA GPUs and on CPUs with native bf16, else float32 (MPS too)")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole context at every step")
     p.add_argument("--keep-first", type=int, default=0,
                    help="past the context, keep the first N tokens in the window (StreamingLLM's sinks; default 0)")
@@ -164,36 +162,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not has_attention(src.config):  # the maps, summary, page, step inside, circuits and lens all read attention
         say("no attention maps, head summary or page: the run is an LSTM (model.arch=lstm), it has no attention")
         return 0
-    return dump_samples(args, src, samples, seed)
-
-
-def dump_samples(args: argparse.Namespace, src: Source, samples: list[list[int]], seed: int) -> int:
-    """Each sample's attention report into the output folder, and into TensorBoard beside the run's curves."""
-    run = RunLayout(src.run_dir)
-    name = run.new_sample_name(time.strftime("%Y%m%d-%H%M%S"))
-    out_dir, tb_dir = args.out or run.samples / name, run.tb_samples / name
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        tb_dir.mkdir(parents=True, exist_ok=True)
+    header = (f"{src.label} (step {src.step})\nseed {seed}, temperature {args.temperature}, top_k {args.top_k}, "
+              f"top_p {args.top_p}, greedy {args.greedy}")
+    try:  # the report of each sample: files in the output folder, and TensorBoard beside the run's curves
+        write_samples(model, tok, samples, src.run_dir, src.step, header, args.out, not args.no_html, say)
     except OSError as e:
-        return cli.fail(f"cannot create the output folders ({e}); pass --out with a writable folder")
-    from torch.utils.tensorboard import SummaryWriter  # imported late: it takes a second
-
-    several = len(samples) > 1
-    with contextlib.closing(SummaryWriter(log_dir=str(tb_dir))) as writer:
-        writer.add_text("checkpoint", markdown_code(
-            f"{src.label} (step {src.step})\nseed {seed}, temperature {args.temperature}, "
-            f"top_k {args.top_k}, top_p {args.top_p}, greedy {args.greedy}"), src.step)
-        for i, ids in enumerate(samples):
-            result = dump_attention(
-                src.model, src.tokenizer, ids, out_dir / f"sample_{i:02d}" if several else out_dir, writer=writer,
-                tag_prefix=f"sample_{i:02d}/" if several else "", step=src.step, html=not args.no_html,
-                title=f"{run.root.name} step {src.step}" + (f", sample {i}" if several else ""))
-            say(f"\nattention heads{f' (sample {i})' if several else ''}, last {len(result['token_ids'])} tokens:")
-            say(result["table"])
-            for page in (p for p in result["files"] if p.name == "attention.html"):
-                say(f"attention page: {page}  (open it in a browser; it works offline)")
-    say(f"\nattention maps: {out_dir}\ntensorboard:    tensorboard --logdir {run.root}  (samples under {tb_dir})")
+        return cli.fail(e)
     return 0
 
 

@@ -17,7 +17,6 @@ import gc
 import math
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from attention_lab.runtime.omp import bound_spinning
@@ -25,8 +24,6 @@ from attention_lab.runtime.omp import bound_spinning
 bound_spinning()  # before torch loads OpenMP: a waiting thread spins briefly, then sleeps (attention_lab/runtime/omp.py)
 
 import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 from attention_lab.runtime import cli, distributed  # noqa: E402
 from attention_lab.runtime.device import eval_mode, pick_device, pick_dtype  # noqa: E402
@@ -35,15 +32,16 @@ from attention_lab.store.checkpoint import CheckpointError, find_checkpoint, sav
 from attention_lab.store.layout import RunLayout  # noqa: E402
 from attention_lab.store.logger import RunLogger  # noqa: E402
 from attention_lab.store.runlock import RunLock, RunLocked  # noqa: E402
-from attention_lab.training.callbacks import Callback, EvalContext, Film, build_callbacks  # noqa: E402
+from attention_lab.training.callbacks import EvalContext, build_callbacks  # noqa: E402
 from attention_lab.training.config import Config, register_configs, to_config  # noqa: E402
 from attention_lab.training.loop import StopRequest, Throughput, schedule_position, train_step, validation_loss  # noqa: E402,E501
 from attention_lab.training.optim import configure_optimizer, lr_at, lr_multiplier  # noqa: E402
+from attention_lab.training.run import Run, finish, wrap_model  # noqa: E402
 from attention_lab.training.start import TrainingError, load_model, resolve_model_config  # noqa: E402
 from attention_lab.training.state import TrainState  # noqa: E402
 from data.batches import BatchSampler, eval_batches  # noqa: E402
-from data.prepare import PreparedData, bits_per_byte, prepare_data  # noqa: E402
-from model import GPT, GPTConfig, LSTMConfig, arch_of, flops_per_token, num_params  # noqa: E402
+from data.prepare import bits_per_byte, prepare_data  # noqa: E402
+from model import arch_of, num_params  # noqa: E402
 
 
 def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dict:
@@ -51,9 +49,7 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
     tc = cfg.train
     info = distributed.init(tc.device)
     run_dir = distributed.same_on_all(str(run_dir), info)  # each rank's Hydra picked a time stamp: use rank 0's
-    device = pick_device(tc.device, "train.device")
-    if info.enabled and device.type == "cuda":
-        device = torch.device("cuda", info.local_rank)
+    device = distributed.process_device(pick_device(tc.device, "train.device"), info)  # auto: CUDA, MPS, CPU
     dtype = pick_dtype(tc.dtype, device)
     if tc.num_threads:
         torch.set_num_threads(tc.num_threads)
@@ -76,52 +72,13 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
         distributed.shutdown(wait_for_all=finished)
 
 
-@dataclass
-class Run:
-    """Everything the loop reads and updates: built by setup_run, advanced by run_loop."""
-
-    cfg: Config
-    layout: RunLayout
-    overrides: list[str]
-    info: distributed.DistInfo
-    device: torch.device
-    dtype: torch.dtype
-    log: RunLogger
-    data: PreparedData
-    model_cfg: GPTConfig | LSTMConfig  # model.arch: the GPT, or the LSTM baseline
-    raw_model: GPT  # the plain module (or an LSTMLM): checkpoints and evaluation use it, never the compiled/DDP wrapper
-    model: nn.Module  # what the training step calls (maybe compiled, maybe DDP)
-    state: TrainState  # step, best loss, tokens, optimizer, sampler, RNG: what a checkpoint restores
-    scaler: torch.amp.GradScaler | None
-    val_batches: list
-    callbacks: list[Callback]
-    n_params: int
-    peak_flops: float  # the matmul peak in the run's dtype: the MFU denominator
-    last_eval: dict = field(default_factory=dict)  # the latest evaluation's metrics (also from a checkpoint)
-    session_start: float = field(default_factory=time.time)  # when this process's loop began (time budget)
-
-    @property
-    def tokens_per_step(self) -> int:
-        tc = self.cfg.train
-        return tc.batch_size * tc.grad_accum * self.info.world_size * self.model_cfg.block_size
-
-    @property
-    def flops_per_step(self) -> float:
-        return flops_per_token(self.model_cfg, self.n_params) * self.tokens_per_step
-
-
 def setup_run(cfg: Config, run_dir: Path, overrides: list[str], info, device, dtype, log: RunLogger) -> Run:
     """Data, model (fresh, resumed or from GPT-2), optimizer, batch streams and callbacks, ready to loop."""
     tc = cfg.train
     data = prepare_data(cfg.data, log=log.print)  # one process prepares; the others wait on the cache's lock
     model, model_cfg, saved, saved_meta = load_model(cfg, resolve_model_config(cfg, data), data, run_dir, log.print)
     raw_model = model.to(device).train()
-    if tc.compile:
-        if device.type == "cpu":
-            log.print("note: torch.compile on CPU compiles for a minute or more before the first step")
-        model = torch.compile(model)
-    if info.enabled:
-        model = DDP(model, device_ids=[info.local_rank] if device.type == "cuda" else None)
+    model = wrap_model(raw_model, tc, device, info, log.print)  # compiled and/or DDP; raw_model stays plain
     # data streams: one global random stream, each process reads its own slice of every global batch
     sampler = BatchSampler(data.tokens("train"), model_cfg.block_size, tc.batch_size, seed=tc.seed, rank=info.rank,
                            world_size=info.world_size, repeat_frac=tc.repeat_frac)
@@ -253,28 +210,6 @@ def save(run: Run, best: bool, extra: dict) -> Path | None:
         return None
     return save_checkpoint(run.layout.checkpoints, run.state.step, run.raw_model, run.data.tokenizer.to_str(), extra,
                            run.state.state_dict(), best=best, keep_last=run.cfg.train.keep_checkpoints)
-
-
-def finish(run: Run, start_step: int, elapsed: float, interrupted: bool) -> dict:
-    """The final metrics, TensorBoard's hparams entry and the closing console line."""
-    state, trained = run.state, run.state.step - start_step
-    film = next((c for c in run.callbacks if isinstance(c, Film)), None)
-    final = {"step": state.step, "val_loss": run.last_eval.get("val_loss", float("nan")),
-             "val_bpb": run.last_eval.get("val_bpb", float("nan")), "best_val_loss": state.best_val,
-             "minutes": elapsed / 60, "steps_this_session": trained, "seconds_film": film.seconds if film else 0.0}
-    if run.info.is_main and not interrupted and trained > 0:
-        run.log.hparams(run.cfg.hparams(run.model_cfg), {"val_loss": final["val_loss"], "val_bpb": final["val_bpb"], "best_val_loss": state.best_val})
-    where = run.layout.checkpoints
-    if trained == 0:
-        last = (f"; last evaluation: val loss {final['val_loss']:.4f} nats/token, {final['val_bpb']:.3f} bits/byte"
-                if run.last_eval else "")
-        run.log.print(f"done: nothing trained (the run is at step {state.step} of {run.cfg.train.max_steps}){last}; "
-                      f"checkpoints in {where}")
-    else:
-        run.log.print(f"done: {state.step} steps in {elapsed / 60:.1f} min; val loss {final['val_loss']:.4f} "
-                      f"nats/token, {final['val_bpb']:.3f} bits/byte (best {state.best_val:.4f}); checkpoints in {where}"
-                      + (f"; attention film {film.path}" if film and film.path else ""))
-    return final
 
 
 register_configs()

@@ -11,8 +11,80 @@ from attention_lab.runtime.device import autocast, pick_device, pick_dtype
 
 
 def test_auto_picks_cuda_only_when_there_is_one():
-    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    expected = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     assert pick_device("auto").type == expected
+
+
+@pytest.mark.parametrize("cuda, mps, expected", [(True, True, "cuda"), (True, False, "cuda"), (False, True, "mps"),
+                                                 (False, False, "cpu")])
+def test_auto_picks_cuda_then_apples_mps_then_the_cpu(monkeypatch, cuda, mps, expected):
+    """Mocked backends (no Mac ran this): CUDA first, then MPS, then the CPU; asking for mps by name works where
+    MPS is, and says to use the CPU where it is not."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
+    assert pick_device("auto").type == expected, f"cuda {cuda}, mps {mps}: auto must pick {expected}"
+    if mps:
+        assert pick_device("mps", "train.device") == torch.device("mps")
+    else:
+        with pytest.raises(ValueError, match=r"train.device mps asks for Apple's MPS.*use cpu"):
+            pick_device("mps", "train.device")
+
+
+@pytest.mark.parametrize("macos14", [True, False])
+def test_mps_trains_in_float32_by_default_and_bf16_only_where_macos_has_it(monkeypatch, macos14):
+    """auto on MPS is float32 (no autocast): bf16 needs macOS 14 and has no hardware units on M1/M2, float16 needs a
+    GradScaler; neither was measured on a Mac. float16 by name is allowed; bfloat16 by name before macOS 14 is an
+    error in words. Muon's Newton-Schulz iteration stays in float32 on MPS too."""
+    from attention_lab.training.optim import ns_dtype_for
+
+    mps = torch.device("mps")
+    monkeypatch.setattr(torch.backends.mps, "is_macos_or_newer", lambda major, minor: macos14 or major < 14)
+    assert pick_dtype("auto", mps) == torch.float32
+    assert pick_dtype("float32", mps) == torch.float32
+    assert pick_dtype("float16", mps) == torch.float16
+    if macos14:
+        assert pick_dtype("bfloat16", mps) == torch.bfloat16
+    else:
+        with pytest.raises(ValueError, match="bfloat16 on Apple's MPS needs macOS 14"):
+            pick_dtype("bfloat16", mps)
+    assert ns_dtype_for("auto", mps) == torch.float32
+    assert isinstance(autocast(mps, torch.float32), contextlib.nullcontext), "float32 on MPS runs without autocast"
+
+
+def test_mps_runs_keep_the_cuda_only_paths_off(monkeypatch):
+    """On MPS: the for-each AdamW (not the fused kernel), gloo (never NCCL) for a process group, no compile unless
+    asked, a refusal in words for several processes on one Mac GPU, and the GPU's queue waited on before a timer
+    stops. All with the backend mocked: nothing here ran on a Mac."""
+    from attention_lab.runtime import device as device_mod
+    from attention_lab.runtime import distributed
+    from attention_lab.training.config import OptimConfig, TrainConfig
+    from attention_lab.training.optim import configure_optimizer
+    from model import GPT, GPTConfig
+
+    mps = torch.device("mps")
+    model = GPT(GPTConfig(vocab_size=32, block_size=8, n_layer=1, n_head=2, n_embd=16))
+    opt = configure_optimizer(model, OptimConfig(name="adamw"), mps)
+    adamw = [o for o in getattr(opt, "optimizers", [opt]) if isinstance(o, torch.optim.AdamW)]
+    assert adamw and not any(o.defaults.get("fused") for o in adamw), "fused AdamW is for CPU and CUDA only"
+    on_cpu = configure_optimizer(model, OptimConfig(name="adamw"), torch.device("cpu"))
+    assert all(o.defaults.get("fused") for o in getattr(on_cpu, "optimizers", [on_cpu])
+               if isinstance(o, torch.optim.AdamW)), "the CPU keeps the fused kernel"
+    assert TrainConfig().compile is False, "torch.compile is off by default (so never on MPS unless asked)"
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert distributed.backend(use_cuda=False) == "gloo" and distributed.backend(use_cuda=True) == "nccl"
+    one, two = distributed.DistInfo(), distributed.DistInfo(rank=1, local_rank=1, world_size=2)
+    assert distributed.process_device(mps, one) == mps
+    assert distributed.process_device(torch.device("cuda"), two) == torch.device("cuda", 1)
+    assert distributed.process_device(torch.device("cpu"), two) == torch.device("cpu")
+    with pytest.raises(ValueError, match=r"train.device mps: several processes .* use train.device=cpu"):
+        distributed.process_device(mps, two)
+
+    waited = []
+    monkeypatch.setattr(torch.mps, "synchronize", lambda: waited.append("mps"))
+    device_mod.synchronize(mps)
+    device_mod.synchronize(torch.device("cpu"))
+    assert waited == ["mps"], "timers on MPS must wait for the GPU's queue (and only there)"
 
 
 @pytest.mark.parametrize("name, match", [("quantum", "not a device"), ("tpu", "not a device|only cpu")])

@@ -75,7 +75,8 @@ def test_the_gates_weights_and_the_embeddings_keep_their_documented_init(size):
             w = getattr(lstm, f"{which}_l{layer}").detach()
             assert w.shape == (4 * c, c), f"{which}_l{layer}: (4C, C), got {tuple(w.shape)}"
             assert w.abs().max() <= bound and abs(w.std() / (bound / math.sqrt(3)) - 1) < 0.1, \
-                f"{which}_l{layer} must be torch's U(-{bound:.3f}, {bound:.3f}): max {w.abs().max():.3f}, std {w.std():.4f}"
+                f"{which}_l{layer} must be torch's U(-{bound:.3f}, {bound:.3f}): max {w.abs().max():.3f}, " \
+                f"std {w.std():.4f}"
     heads = [("wte", model.rnn.wte.weight)] + ([] if cfg.tie_embeddings else [("lm_head", model.lm_head.weight)])
     for name, w in heads:
         w = w.detach()

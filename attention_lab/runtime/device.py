@@ -11,9 +11,15 @@ import torch
 
 
 def pick_device(name: str, flag: str = "device") -> torch.device:
-    """auto (cuda if available, else cpu), cpu, cuda, cuda:N or mps; ValueError naming `flag` otherwise."""
+    """auto (CUDA if available, else Apple's MPS if available, else the CPU), cpu, cuda, cuda:N or mps;
+    ValueError naming `flag` otherwise. Nothing here has run on a Mac: the MPS branch is tested with the backend
+    mocked (tests/test_device.py)."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
     try:
         device = torch.device(name)
     except RuntimeError as e:
@@ -38,10 +44,14 @@ def cpu_has_native_bf16() -> bool:
 
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:
     """The autocast dtype. auto: bf16 where the hardware has it (a GPU that supports it, a CPU with AMX-BF16 or
-    AVX512-BF16), float32 (no autocast) elsewhere.
+    AVX512-BF16), float32 (no autocast) elsewhere, Apple's MPS included.
 
     Emulated bf16 on a CPU without those units is slower than float32, so auto never picks it there; a bf16
     matmul on AMX is 4-8x a float32 one. The loss is always computed in float32 (model/gpt.py).
+
+    MPS: auto is float32. bf16 autocast needs macOS 14 or newer and M1/M2 GPUs have no bf16 units (emulated,
+    as on a CPU without them); float16 needs a GradScaler and was never measured here (no Mac). Either can be
+    asked for by name; bfloat16 on an older macOS is refused here, in words, instead of deep inside torch.
     """
     if name == "auto":
         if device.type == "cuda":
@@ -49,6 +59,8 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
         if device.type == "cpu" and cpu_has_native_bf16():
             return torch.bfloat16
         return torch.float32
+    if name == "bfloat16" and device.type == "mps" and not torch.backends.mps.is_macos_or_newer(14, 0):
+        raise ValueError("dtype bfloat16 on Apple's MPS needs macOS 14 or newer; use float32 (auto) or float16")
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
@@ -79,9 +91,11 @@ def decoding_threads(device: torch.device, cached: bool):
 
 
 def synchronize(device: torch.device) -> None:
-    """Wait for queued GPU work, so a timer stopped afterwards measures it; a no-op on the CPU."""
+    """Wait for queued GPU work (CUDA or MPS), so a timer stopped afterwards measures it; a no-op on the CPU."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
 
 
 @contextlib.contextmanager

@@ -1,4 +1,5 @@
-"""torchrun process groups: NCCL on GPUs, gloo on CPUs; a single process needs none of it."""
+"""torchrun process groups: NCCL on CUDA GPUs, gloo everywhere else (CPUs, and Macs: NCCL is CUDA's); a single
+process needs none of it."""
 
 from __future__ import annotations
 
@@ -33,8 +34,26 @@ def init(device_name: str) -> DistInfo:
     if use_cuda:
         torch.cuda.set_device(info.local_rank)
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+        dist.init_process_group(backend=backend(use_cuda))
     return info
+
+
+def backend(use_cuda: bool) -> str:
+    """NCCL only for CUDA tensors; gloo for the rest (on a Mac, where `auto` may pick MPS, too)."""
+    return "nccl" if use_cuda else "gloo"
+
+
+def process_device(device: torch.device, info: DistInfo, flag: str = "train.device") -> torch.device:
+    """This process's device: its own GPU (LOCAL_RANK) under torchrun on CUDA. Several processes on Apple's MPS
+    are refused: gloo moves CPU (and CUDA) tensors only, and a Mac has one GPU."""
+    if not info.enabled:
+        return device
+    if device.type == "cuda":
+        return torch.device("cuda", info.local_rank)
+    if device.type == "mps":
+        raise ValueError(f"{flag} {device.type}: several processes (torchrun) cannot share Apple's MPS; "
+                         f"use {flag}=cpu for a multi-process run, or one process on MPS")
+    return device
 
 
 def shutdown(wait_for_all: bool = True) -> None:

@@ -60,7 +60,7 @@ def matmul_rates(device: torch.device | str, dtype: torch.dtype, sizes: tuple[in
                  samples: int = 5, min_s: float = MIN_SAMPLE_S) -> dict[int, list[float]]:
     """FLOP/s of every timed sample, per matmul size (default sizes: the device's)."""
     device = torch.device(device)
-    sizes = sizes or (GPU_SIZES if device.type == "cuda" else CPU_SIZES)
+    sizes = sizes or (GPU_SIZES if device.type in ("cuda", "mps") else CPU_SIZES)
     rates: dict[int, list[float]] = {}
     for n in sizes:
         fn, flops = matmul_probe(n, device, dtype)

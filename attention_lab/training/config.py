@@ -73,9 +73,9 @@ class OptimConfig:
 @dataclass
 class TrainConfig:
     seed: int = 1337
-    device: str = "auto"  # auto: cuda if available, else cpu
+    device: str = "auto"  # auto: cuda if available, else Apple's mps if available, else cpu
     dtype: str = "auto"  # auto: bf16 autocast on a GPU that has it or a CPU with AMX/AVX512-BF16; float32 elsewhere
-    compile: bool = False  # torch.compile the model (GPU; slow to start on CPU)
+    compile: bool = False  # torch.compile the model (CUDA; slow to start on CPU; never by default on MPS)
     batch_size: int = 16  # sequences per micro-batch per process
     grad_accum: int = 1  # micro-batches per optimizer step
     repeat_frac: float = 0.0  # share of training windows that hold a passage twice (induction curriculum)

@@ -29,10 +29,11 @@ class TrainState:
     tokens_seen: int = 0
 
     def state_dict(self) -> dict:
-        cuda = self.device.type == "cuda"
+        cuda, mps = self.device.type == "cuda", self.device.type == "mps"  # a GPU's dropout draws from its own RNG
         return {
             "step": self.step, "optimizer": self.optimizer.state_dict(), "sampler": self.sampler.state_dict(),
-            "rng": {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(self.device) if cuda else None},
+            "rng": {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(self.device) if cuda else None,
+                    "mps": torch.mps.get_rng_state() if mps else None},
             "best_val_loss": self.best_val, "tokens_seen": self.tokens_seen,
         }
 
@@ -43,4 +44,6 @@ class TrainState:
         torch.set_rng_state(state["rng"]["torch"])
         if self.device.type == "cuda" and state["rng"].get("cuda") is not None:
             torch.cuda.set_rng_state(state["rng"]["cuda"], self.device)
+        if self.device.type == "mps" and state["rng"].get("mps") is not None:
+            torch.mps.set_rng_state(state["rng"]["mps"])
         self.step, self.best_val, self.tokens_seen = state["step"], state["best_val_loss"], state["tokens_seen"]

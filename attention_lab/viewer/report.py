@@ -8,12 +8,15 @@
     attention.html          all of it in one interactive page that opens offline (--no-html: none), with the
                             "step inside" panel: one head's computation for one query with the model's own numbers
 
-and, given a TensorBoard SummaryWriter, the same heatmaps, the text and the summary table.
+and, given a TensorBoard SummaryWriter, the same heatmaps, the text and the summary table. write_samples does it for
+each of sample.py's samples, into the run's samples/ folder and its TensorBoard.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -27,7 +30,7 @@ from attention_lab.interp.figures import attention_figure, figure_to_array, mark
 from attention_lab.interp.heads import format_head_table, head_rows
 from attention_lab.interp.inside import steppable
 from attention_lab.interp.roles import ROLE_HELP
-from attention_lab.store.layout import SampleLayout
+from attention_lab.store.layout import RunLayout, SampleLayout
 from attention_lab.viewer.page import sample_data, write_page
 from data.files import write_json_atomic
 from data.tokenizer import Tokenizer
@@ -99,6 +102,38 @@ def dump_attention(
         writer.add_text(f"{tag_prefix}head_summary", markdown_code(table), step)
     return {"weights": weights, "token_ids": window, "tokens": labels, "text": text, "summary": rows, "table": table,
             "scores": scores, "ablation": ablation, "files": files}
+
+
+def write_samples(model: GPT, tokenizer: Tokenizer, samples: Sequence[Sequence[int]], run_dir: Path, step: int,
+                  header: str, out_dir: Path | None = None, html: bool = True, say=print) -> Path:
+    """Each sample's report (dump_attention) into out_dir (default <run>/samples/<YYYYmmdd-HHMMSS>/; sample_00/,
+    sample_01/, ... when there are several), and into TensorBoard under <run>/tb/samples/<same name>/, beside the
+    run's curves, `header` (checkpoint, seed, sampling settings) as its first text. `say` gets the head tables and
+    where everything went. Returns out_dir; OSError, in words, when the folders cannot be made."""
+    run = RunLayout(run_dir)
+    name = run.new_sample_name(time.strftime("%Y%m%d-%H%M%S"))
+    out_dir, tb_dir = out_dir or run.samples / name, run.tb_samples / name
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tb_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OSError(f"cannot create the output folders ({e}); pass --out with a writable folder") from None
+    from torch.utils.tensorboard import SummaryWriter  # imported late: it takes a second
+
+    several = len(samples) > 1
+    with contextlib.closing(SummaryWriter(log_dir=str(tb_dir))) as writer:
+        writer.add_text("checkpoint", markdown_code(header), step)
+        for i, ids in enumerate(samples):
+            result = dump_attention(
+                model, tokenizer, ids, out_dir / f"sample_{i:02d}" if several else out_dir, writer=writer,
+                tag_prefix=f"sample_{i:02d}/" if several else "", step=step, html=html,
+                title=f"{run.root.name} step {step}" + (f", sample {i}" if several else ""))
+            say(f"\nattention heads{f' (sample {i})' if several else ''}, last {len(result['token_ids'])} tokens:")
+            say(result["table"])
+            for page in (p for p in result["files"] if p.name == "attention.html"):
+                say(f"attention page: {page}  (open it in a browser; it works offline)")
+    say(f"\nattention maps: {out_dir}\ntensorboard:    tensorboard --logdir {run.root}  (samples under {tb_dir})")
+    return out_dir
 
 
 def in_text_copying(model: GPT, found: TextAnalysis) -> np.ndarray | None:
