@@ -64,7 +64,7 @@ def wrap_model(model: nn.Module, tc: TrainConfig, device: torch.device, info: di
         if device.type == "cpu":
             say("note: torch.compile on CPU compiles for a minute or more before the first step")
         if device.type == "mps":  # never on by default: no preset compiles on a Mac, and none was tried on one
-            say("note: torch.compile on Apple's MPS is experimental in torch; train.compile=false if it fails")
+            say("note: torch.compile on Apple's MPS was never tried here; train.compile=false if it fails")
         model = torch.compile(model)
     if info.enabled:
         model = DDP(model, device_ids=[info.local_rank] if device.type == "cuda" else None)
