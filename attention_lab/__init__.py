@@ -5,6 +5,8 @@
     attention_lab/
       runtime/            device and dtype, autocast, eval_mode, OpenMP, distributed, FLOPs and the matmul peak,
                           the CLI error line                                       imports nothing of the project
+      exercises/          write attention yourself: checks against model/ that name the mistake; the learner's
+                          file loaded with guards and plugged into a model                  imports model, runtime
       store/              what a run folder holds: its layout (one module names every path), the run lock,
                           checkpoints, the logger (console, metrics.jsonl, TensorBoard, provenance)
       interp/             what the heads do: the role table, scores, the probe, ablation, phase changes, attention
@@ -32,12 +34,14 @@ ROOMS: dict[str, tuple[str, ...]] = {
     "model": (),
     "data": (),
     "attention_lab.runtime": (),
-    "attention_lab.store": ("model", "data", "attention_lab.runtime"),
+    # write attention yourself: the exercises checked against model/, the learner's file loaded and plugged in
+    "attention_lab.exercises": ("model", "attention_lab.runtime"),
+    "attention_lab.store": ("model", "data", "attention_lab.runtime", "attention_lab.exercises"),
     "attention_lab.interp": ("model", "data", "attention_lab.runtime"),
     "attention_lab.sampling": ("model", "data", "attention_lab.runtime", "attention_lab.store", "attention_lab.interop"),
     "attention_lab.viewer": ("model", "data", "attention_lab.runtime", "attention_lab.store", "attention_lab.interp"),
     "attention_lab.interop": ("model", "data", "attention_lab.runtime", "attention_lab.store"),
-    "attention_lab.training": ("model", "data", "attention_lab.runtime", "attention_lab.store",
+    "attention_lab.training": ("model", "data", "attention_lab.runtime", "attention_lab.exercises", "attention_lab.store",
                                "attention_lab.interp", "attention_lab.viewer", "attention_lab.interop"),
     # experiments: the tutorials' claims as arms trained by train.py (subprocesses), measured and reported
     "attention_lab.claims": ("model", "data", "attention_lab.runtime", "attention_lab.store", "attention_lab.interp",

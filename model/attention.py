@@ -25,6 +25,9 @@ The experiment switches (GPTConfig; each default is the line above), to test wha
               none            w = softmax(scores over every key): the future leaks into each prediction
   qk_tied     one projection for queries and keys: c_attn's rows are [q: nh heads | v: nh heads] and k = q
               (before positions and QK-norm), so the scores q_i . q_j are symmetric before positions
+A learner's attention (attn_fn): a function attention(q, k, v) -> y of their own (attention_lab/exercises) in
+place of softmax(mask(Q K^T / sqrt(hs))) V; `learner_attention` calls it. The model only takes the callable:
+loading it from the learner's file happens outside model/.
 Linear attention, which has no softmax, is model/linear_attention.py.
 """
 
@@ -98,6 +101,36 @@ def math_attention(q: Tensor, k: Tensor, v: Tensor, visible: Tensor, bias: Tenso
         weights = on_weights(weights)
     y = dropout(weights, dropout_p, training=True) @ v  # (B, nh, T, hs); the caller passes 0 in eval
     return y, weights
+
+
+def learner_attention(fn, q: Tensor, k: Tensor, v: Tensor, weights_too: bool = False,
+                      on_scores: nn.Module | None = None, on_weights: nn.Module | None = None
+                      ) -> tuple[Tensor, Tensor | None]:
+    """A learner's fn(q, k, v) -> y, causal attention over square inputs (B, nh, T, hs), in the model.
+    q (B, nh, T, hs), k and v (B, nkv, S, hs) with S >= T (after a cache the queries are the last T positions)
+    -> y (B, nh, T, hs), and with weights_too the weights (B, nh, T, S) the function gives each key.
+
+    The function always sees S queries for S keys: queries after a cache get S - T zero queries in front and only
+    the last T rows are kept, so its own causal mask lines up (an exact function gives the cached = uncached
+    tokens). Its weights are its output for one-hot values (v = the identity): attention is linear in v. When a
+    hook reads or edits the scores (on_scores), it sees log-weights, the scores up to a constant per row, and the
+    edited weights keep each row's sum; y is then the (edited) weights times v."""
+    b, nh, t, hs = q.shape
+    k, v = expand_kv(k, nh), expand_kv(v, nh)
+    s = k.size(2)
+    if s > t:
+        q = torch.cat([q.new_zeros(b, nh, s - t, hs), q], dim=2)  # (B, nh, S, hs)
+    if not weights_too:
+        return fn(q, k, v)[:, :, s - t:], None
+    eye = torch.eye(s, dtype=v.dtype, device=v.device).expand(b, nh, s, s)
+    weights = fn(q, k, eye)[:, :, s - t:]  # (B, nh, T, S): the output for one-hot values is each key's weight
+    if on_scores is None and on_weights is None:
+        return fn(q, k, v)[:, :, s - t:], weights
+    if on_scores is not None:
+        weights = F.softmax(on_scores(weights.log()), dim=-1) * weights.sum(-1, keepdim=True)
+    if on_weights is not None:
+        weights = on_weights(weights)
+    return weights @ v, weights
 
 
 def one_query_gqa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, scale: float | None = None) -> Tensor:
@@ -307,6 +340,9 @@ class CausalSelfAttention(nn.Module):
         self.window = cfg.layer_window(layer)
         self.scale, self.causal_mask = cfg.score_scale, cfg.causal_mask
         self.qk_tied = cfg.qk_tied  # keys are the queries: c_attn has no key rows
+        # a learner's attention(q, k, v) -> y in place of the built-in (learner_attention); set from outside
+        # (attention_lab/exercises loads it from their file), never saved with the weights
+        self.attn_fn = None
         # points to hook, no parameters (model/hooks.py): called only inside hooked(), which also makes the
         # explicit path run when the scores or weights are read or edited
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
@@ -357,7 +393,11 @@ class CausalSelfAttention(nn.Module):
         dropout_p = self.dropout_p if self.training else 0.0
 
         weights = None
-        if return_weights or (hooked and self.explicit_path) or self.backend == "math" or self.causal_mask == "after_softmax":
+        if self.attn_fn is not None:
+            explicit = hooked and self.explicit_path
+            y, weights = learner_attention(self.attn_fn, q, k, v, return_weights or explicit,
+                                           self.hook_scores if explicit else None, self.hook_pattern if hooked else None)
+        elif return_weights or (hooked and self.explicit_path) or self.backend == "math" or self.causal_mask == "after_softmax":
             visible = visible_keys(pos, k_pos, self.window)
             if self.causal_mask == "none":  # every key, the later ones too (GPTConfig refuses it with a window)
                 visible = torch.ones_like(visible)

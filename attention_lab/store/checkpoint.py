@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +31,7 @@ import torch.nn as nn
 from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 
+from attention_lab.exercises import learner
 from attention_lab.store.layout import STEP_PREFIX, CheckpointFiles, RunLayout, pointer_path, step_name
 from data.files import describe_disk, is_disk_full, make_temp_dir, publish_dir, write_json_atomic
 from data.tokenizer import Tokenizer
@@ -86,6 +88,7 @@ def save_checkpoint(
     """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
+    meta = {**meta, **learner.provenance(model)}  # a learner's attention: its file and hash, to reopen the run
     name = step_name(step)
     final = root / name
     tmp = make_temp_dir(root, prefix=f".{name}.")  # the umask's folder mode, not mkdtemp's private 0700
@@ -206,13 +209,21 @@ class Checkpoint:
     tokenizer_json: str
     step: int = field(default=0)
 
-    def build_model(self, device: str | torch.device = "cpu", config: GPTConfig | LSTMConfig | None = None
-                    ) -> nn.Module:
+    def build_model(self, device: str | torch.device = "cpu", config: GPTConfig | LSTMConfig | None = None,
+                    attn_impl: str | None = None) -> nn.Module:
         """The GPT (or LSTM) with this checkpoint's weights, on `device`, in eval mode.
 
         config: build from this instead of the checkpoint's own (same shapes; e.g. another dropout).
+        attn_impl: None runs the attention the checkpoint trained with (meta.json's attn_impl: a learner's file,
+        which must still be there); "" the built-in one.
         """
         model = build_model(config or self.config)
+        try:
+            _, note = learner.reopen(model, self.meta if attn_impl is None else {"attn_impl": attn_impl})
+        except ValueError as e:
+            raise CheckpointError(f"{self.path}: {e}") from e
+        if note:
+            warnings.warn(note, stacklevel=2)
         try:
             missing, unexpected = load_model(model, str(self.path / C.WEIGHTS), strict=False)
         except (SafetensorError, OSError, RuntimeError) as e:

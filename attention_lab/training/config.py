@@ -129,6 +129,9 @@ class ModelConfig(GPTConfig):
 
     arch: str = "gpt"  # gpt | lstm
     lstm_hidden: int = 0  # arch=lstm: its embedding and hidden size; 0 = as many parameters as the GPT
+    # your attention(q, k, v) -> y in place of the built-in, "path/to/file.py:attention" (attention_lab/exercises):
+    # loaded where the model is built, recorded in every checkpoint's meta.json; "" = the built-in attention
+    attn_impl: str = ""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -140,6 +143,11 @@ class ModelConfig(GPTConfig):
         if self.lstm_hidden and self.arch != "lstm":
             raise ValueError(f"model.lstm_hidden={self.lstm_hidden} sizes the LSTM only; add model.arch=lstm or "
                              "leave it at 0")
+        if self.attn_impl:
+            from attention_lab.exercises.learner import parse_spec, refuse_unsupported
+
+            parse_spec(self.attn_impl)
+            refuse_unsupported(self)
 
     def gpt(self, **changes) -> GPTConfig:
         """The GPT these fields describe, as a plain GPTConfig (without arch and lstm_hidden), with `changes`."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from attention_lab.exercises.learner import learner_of, plug
 from attention_lab.store.checkpoint import load_checkpoint
 from attention_lab.store.layout import RunLayout
 from attention_lab.training.config import Config
@@ -52,11 +53,20 @@ def check_resumable(saved: GPTConfig | LSTMConfig, wanted: GPTConfig | LSTMConfi
 
 
 def load_model(cfg: Config, model_cfg: GPTConfig | LSTMConfig, data: PreparedData, run_dir: Path, say=print):
-    """The model from this run's (or train.resume's) latest checkpoint, from GPT-2 weights, or fresh.
+    """The model from this run's (or train.resume's) latest checkpoint, from GPT-2 weights, or fresh, with the
+    learner's attention plugged in when model.attn_impl names one (this run's setting, also on resume).
 
     Returns (model on the CPU, its config, the checkpoint's train state (TrainState.state_dict) or None,
     the checkpoint's meta.json or {}).
     """
+    model, model_cfg, state, meta = _load_model(cfg, model_cfg, data, run_dir, say)
+    if cfg.model.attn_impl:
+        plug(model, cfg.model.attn_impl)
+        say(f"attention: your {learner_of(model).spec} (model.attn_impl), not the built-in")
+    return model, model_cfg, state, meta
+
+
+def _load_model(cfg: Config, model_cfg: GPTConfig | LSTMConfig, data: PreparedData, run_dir: Path, say=print):
     tc = cfg.train
     if tc.init_from and arch_of(model_cfg) != "gpt":
         raise TrainingError(f"train.init_from={tc.init_from} loads GPT-2 weights into a GPT; model.arch=lstm "
@@ -73,7 +83,8 @@ def load_model(cfg: Config, model_cfg: GPTConfig | LSTMConfig, data: PreparedDat
                 f"cannot resume from {ckpt.path}: it was trained with another tokenizer than the prepared data's "
                 f"({data.dir}). Use the same data settings as that run."
             )
-        model = ckpt.build_model("cpu", model_cfg)  # this run's dropout and backend, the checkpoint's weights
+        # this run's dropout, backend and attention (load_model plugs it), the checkpoint's weights
+        model = ckpt.build_model("cpu", model_cfg, attn_impl="")
         state = ckpt.train_state()
         say(f"resuming from {ckpt.path} (step {state['step']})")
         return model, model_cfg, state, ckpt.meta
