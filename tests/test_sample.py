@@ -216,6 +216,18 @@ def test_output_folders_never_collide(run_dir, tmp_path, capsys):
     assert sum((run_dir / "samples" / p.name / "attention.npy").exists() for p in new) == 2, new
 
 
+def test_an_output_folder_that_cannot_be_made_is_one_error_line(run_dir, tmp_path, capsys):
+    """--out under a file: exit 2 and one `error:` line saying to pass a writable folder, after the text (the
+    reports are written by attention_lab/viewer/report.py write_samples; the failure is said by sample.py)."""
+    (tmp_path / "a_file").write_text("x")
+    rc, out, err = run_main(capsys, "--run", run_dir, "--prompt", "RO", "--max-new-tokens", 3, "--seed", 0,
+                            "--out", tmp_path / "a_file" / "maps")
+    assert rc == 2, f"exit code {rc}; stderr:\n{err}"
+    assert out.startswith("RO"), f"the text is generated before the reports: {out!r}"
+    assert "error: cannot create the output folders" in err and "pass --out with a writable folder" in err, err
+    assert "Traceback" not in err, err
+
+
 # ----------------------------------------------------------------------------------------------------------
 # prompts at the edges
 
