@@ -89,8 +89,8 @@ class Watch:
     the worker thread reads between steps (a flag set once: no lock needed). Not for a streamed response, which
     listens for the disconnect itself (Starlette's StreamingResponse)."""
 
-    def __init__(self, request: Request):
-        self.request = request
+    def __init__(self, request: Request, worker: "Worker | None" = None):
+        self.request, self.worker = request, worker
         self.gone = False
         self._task: asyncio.Task | None = None
 
@@ -107,6 +107,8 @@ class Watch:
             message = await self.request.receive()
             if message["type"] == "http.disconnect":
                 self.gone = True
+                if self.worker is not None:
+                    self.worker.left += 1
                 return
 
     def check(self) -> None:
@@ -123,13 +125,14 @@ class Worker:
     that may take minutes; the later jobs of a request already under way (a generation's next token) are not
     refused (`admit=False`), so a stream is never cut by a full queue. Counters for the tests and the load
     benchmark: `started` jobs begun, `jobs` finished (or failed), `dropped` never begun because the client had
-    left, `queued` waiting now."""
+    left, `queued` waiting now, `left` requests whose client went away before the answer."""
 
     def __init__(self, max_waiting: int = MAX_WAITING):
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lab-model")
         self._lock = threading.Lock()
         self.max_waiting = max_waiting
         self.queued = self.started = self.jobs = self.dropped = 0
+        self.left = 0  # requests whose client left before their answer (Watch)
 
     async def run(self, fn: Callable, *args, watch: Watch | None = None, admit: bool = True):
         if watch is not None:
@@ -223,6 +226,13 @@ def _interventions(items, cfg, n_tokens: int):
         return parse_interventions(list(items), cfg, n_tokens)
     except (ValueError, TypeError, KeyError) as e:
         raise Invalid(str(e)) from None
+
+
+def _seen(items, n_tokens: int) -> list:
+    """The interventions that can change anything on a text of n_tokens: a hidden last key has no query after
+    it, so it is left out. (The ablation pass reads the text without its last token, where that key would be out
+    of range: interp.analysis.batched_ablation would fail on it.)"""
+    return [it for it in items if not (it.kind == "hide_key" and it.key >= n_tokens - 1)]
 
 
 def _top(tokenizer, top_ids: np.ndarray, top_probs: np.ndarray) -> list:
@@ -331,7 +341,7 @@ def create_app(registry: Registry, *, worker: Worker | None = None, page: Callab
         def job(watch: Watch):
             lm, ids, items = _prepare(registry, req.target, req.text, req.interventions)
             t0 = time.perf_counter()
-            found = analyze(lm.model, ids, interventions=items, top_k=TOP_K, ablation=req.ablation)
+            found = analyze(lm.model, ids, interventions=_seen(items, len(ids)), top_k=TOP_K, ablation=req.ablation)
             watch.check()  # the client left during the pass: the page's data is not built for nobody
             data = page_data(lm.model, lm.tokenizer, found, _circuits(lm, ids))
             live = {"model": req.target.model, "checkpoint": lm.checkpoint, "step": lm.step, "ids": ids,
@@ -342,7 +352,7 @@ def create_app(registry: Registry, *, worker: Worker | None = None, page: Callab
             live["ms"] = round((time.perf_counter() - t0) * 1000, 1)
             return data | {"live": live}
 
-        async with Watch(request) as watch:
+        async with Watch(request, worker) as watch:
             return json_response(await worker.run(job, watch, watch=watch))
 
     async def ablation(request: Request) -> Response:
@@ -354,12 +364,12 @@ def create_app(registry: Registry, *, worker: Worker | None = None, page: Callab
             lm, ids, items = _prepare(registry, req.target, req.text, req.interventions)
             t0 = time.perf_counter()
             idx = token_window(lm.model, ids)[None]  # (1, T)
-            values = batched_ablation(lm.model, idx, items) if len(ids) > 1 else None
+            values = batched_ablation(lm.model, idx, _seen(items, len(ids))) if len(ids) > 1 else None
             return {"model": req.target.model, "checkpoint": lm.checkpoint, "step": lm.step, "ids": ids,
                     "ablation": None if values is None else np.round(values, 5), "role": role_info(["ablation"]),
                     "ms": round((time.perf_counter() - t0) * 1000, 1)}
 
-        async with Watch(request) as watch:
+        async with Watch(request, worker) as watch:
             return json_response(await worker.run(job, watch=watch))
 
     async def generate(request: Request) -> Response:
@@ -370,7 +380,7 @@ def create_app(registry: Registry, *, worker: Worker | None = None, page: Callab
             lm, ids, items = _prepare(registry, req.target, req.text, req.interventions, req.sampling)
             return Generation(lm, ids, req.sampling, intervention_edits(lm.config, items) if items else {})
 
-        async with Watch(request) as watch:  # the stream listens for the disconnect itself once it has started
+        async with Watch(request, worker) as watch:  # the stream listens for the disconnect itself once it has started
             gen = await worker.run(prepare, watch=watch)  # a bad request fails here, with its status
 
         async def lines():
@@ -399,7 +409,7 @@ def create_app(registry: Registry, *, worker: Worker | None = None, page: Callab
             after = _losses(lm.tokenizer, text_losses(lm.model, ids, interventions=items, top_k=TOP_K))
             return lm, ids, items, (before, after)
 
-        async with Watch(request) as watch:
+        async with Watch(request, worker) as watch:
             lm, ids, items, (before, after) = await worker.run(job, watch, watch=watch)
             if req.generate is not None:  # both continuations with the same seed, a token per job
                 for side, edits in ((before, {}), (after, intervention_edits(lm.config, items) if items else {})):
@@ -438,7 +448,7 @@ def create_app(registry: Registry, *, worker: Worker | None = None, page: Callab
             return {"tokens": a.tokenizer.token_strings(ids), "ids": ids, "runs": runs, "diff": diff,
                     "block_size": block}
 
-        async with Watch(request) as watch:
+        async with Watch(request, worker) as watch:
             return json_response(await worker.run(job, watch, watch=watch))
 
     @contextlib.asynccontextmanager
@@ -553,7 +563,7 @@ def serving_in_thread(app: Starlette, host: str = "127.0.0.1", start_timeout: fl
 
     sock = open_socket(host, 0)
     server = make_server(app)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="lab-server")
     thread.start()
     try:
         deadline = time.monotonic() + start_timeout

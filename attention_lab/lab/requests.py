@@ -68,7 +68,7 @@ class Invalid(ValueError):
 # the body
 
 
-async def read_json(request, max_bytes: int = MAX_BODY, seconds: float = BODY_SECONDS) -> dict:
+async def read_json(request, max_bytes: int = MAX_BODY, seconds: float | None = None) -> dict:
     """The request's body as a JSON object; RequestError 413 / 408 / 400 before anything larger than max_bytes is
     held, a slow body holds the connection past `seconds`, or anything malformed is parsed. A client that leaves
     while sending raises starlette's ClientDisconnect (the app logs one line)."""
@@ -89,6 +89,7 @@ async def read_json(request, max_bytes: int = MAX_BODY, seconds: float = BODY_SE
                 raise RequestError(413, f"the request body is over {max_bytes} bytes, the most the lab accepts")
             chunks.append(chunk)
 
+    seconds = BODY_SECONDS if seconds is None else seconds
     try:
         await asyncio.wait_for(receive(), seconds)
     except asyncio.TimeoutError:
@@ -348,7 +349,7 @@ def check_sampling(sampling: Sampling, vocab_size: int, prefix: str = "") -> Non
     """The bound that depends on the model: top_k at most its vocabulary."""
     if sampling.top_k is not None and sampling.top_k > vocab_size:
         raise Invalid(f"{prefix}top_k must be in [1, {vocab_size}] (this model's vocab_size) or null, "
-                      f"got {sampling.top_k}")
+                      f"got {_show(sampling.top_k)}")
 
 
 def _json_type(value) -> str:
