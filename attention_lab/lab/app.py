@@ -350,6 +350,9 @@ def create_app(registry: Registry, *, worker: Worker | None = None, page: Callab
                 watch.check()
                 live["before"] = _losses(lm.tokenizer, text_losses(lm.model, ids, top_k=TOP_K))
             live["ms"] = round((time.perf_counter() - t0) * 1000, 1)
+            if not req.ablation and len(ids) > 1:  # the column is named now and filled by POST /api/ablation
+                data["roles"] = role_info([*data["roles"], "ablation"])
+                data["pending"] = ["ablation"]
             return data | {"live": live}
 
         async with Watch(request, worker) as watch:

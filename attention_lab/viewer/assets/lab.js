@@ -9,11 +9,18 @@
 // score (this model minus the first), and the loss difference per token over the text.
 //
 // Requests: one analysis in flight at a time; what the user changes meanwhile is sent when it returns (the newest
-// state only), and an answer for a state older than the one shown is dropped. Every render ends by raising
-// document.body.dataset.rendered (a counter) once the browser has drawn it, with window.lab.drawn the request it
-// answered: tests and the latency benchmark (bench/lab_latency.py) wait for them; window.labTimings holds each
-// render's {tokens, server_ms (live.ms), request_ms (the request sent to its answer parsed), draw_ms (to the browser's
-// next paint), total_ms, bytes (the answer's size)}.
+// state only), and an answer for a state older than the one shown is dropped. The maps come first: the analysis is
+// asked for without the ablation pass ("ablation": false, its slowest part), drawn, and then POST /api/ablation
+// brings the model view's Δloss column for the same request (aborted if the page asks for something else first, so
+// the server drops it). Every complete render (maps and ablation) ends by raising document.body.dataset.rendered (a
+// counter) once the browser has drawn it, with window.lab.drawn the request it answered (window.lab.mapsDrawn as
+// soon as the maps are): tests and the latency benchmark (bench/lab_latency.py) wait for them;
+// window.labTimings holds each maps render's {tokens, server_ms (live.ms), request_ms (the request sent to its
+// answer parsed), draw_ms (to the browser's next paint), total_ms, bytes (the answer's size on the wire)}.
+//
+// What it is doing is on the page: while an analysis is computing, and after an error, #lab carries data-state
+// ("computing" | "error") and the maps drawn are faded (.stale) under a line that says which text and step they are
+// for; the checkpoint slider's label names the step of the maps drawn when it differs from the one asked for.
 
 const LAB_DEBOUNCE_MS = 150; // after the last key, before the text is sent
 const LAB_AFTER_MS = 350; // after a render, before the slower side requests (continuations, the comparison)
@@ -57,7 +64,11 @@ function nextPaint() {
 }
 
 function fmtP(p) { return p >= 0.995 ? "1.00" : p.toFixed(2).replace(/^0/, ""); }
-function tokenText(t) { return typeof t === "number" ? `#${t}` : axisLabel(String(t), 16); }
+// a byte of a character split over byte-level tokens (token_strings writes \xe2) as people read it: ⟨E2⟩
+function readableBytes(t) { return String(t).replace(/\\x([89a-f][0-9a-f])/g, (_, h) => `\u27e8${h.toUpperCase()}\u27e9`); }
+function tokenText(t) { return typeof t === "number" ? `#${t}` : axisLabel(readableBytes(t), 16); }
+const LAB_EXAMPLE = "ROMEO: But soft, what light through yonder window breaks? It is the east, and Juliet is the sun.";
+const STALE_VIEWS = ["head-view", "model-view", "inside", "lab-tokens", "lab-next"];
 function lossColour(v) { return v == null ? "" : `rgba(192, 57, 43, ${Math.min(1, Math.max(0, v) / 6).toFixed(3)})`; }
 function diffColour(d) {
   if (d == null) return "";
@@ -102,6 +113,8 @@ class Lab {
     this.generating = null; // the AbortController of a running generation
     this.counts = new Map(); // model + "\0" + text -> how many tokens that text surely has (exact once answered)
     this.offsets = null; // [start, end) of each shown token in the shown text (tokenOffsets), or null
+    this.mapsDrawn = null; // the request whose maps are on the screen (the ablation column may still come)
+    this.ablating = null; // the AbortController of the /api/ablation request in flight
     window.labTimings = [];
     const $ = (id) => document.getElementById(id);
     this.$ = $;
@@ -109,6 +122,11 @@ class Lab {
     this.text = $("lab-text");
     this.text.value = config.text || "";
     this.text.addEventListener("input", () => this.changed(LAB_DEBOUNCE_MS));
+    // an example on the first screen: one click puts it in the box (and the maps follow)
+    $("lab-example").title = LAB_EXAMPLE;
+    $("lab-example").addEventListener("click", () => { this.text.value = LAB_EXAMPLE; this.changed(0); });
+    $("lab-click").addEventListener("change", () => this.captionClick());
+    this.captionClick();
     $("lab-model").addEventListener("change", () => this.pickModel($("lab-model").value));
     $("lab-ckpt").addEventListener("input", () => this.pickCheckpoint(+$("lab-ckpt").value));
     $("lab-compare").addEventListener("change", () => {
@@ -120,6 +138,7 @@ class Lab {
     const grid = $("grid"), row = el("div", { class: "lab-grids" });
     const mine = el("div", { class: "lab-grid-col" }, el("h3", { id: "lab-grid-title", hidden: "" }));
     grid.before(row);
+    row.before(el("p", { id: "lab-iv-note", hidden: "" })); // a click on a head: its result here, where one looks
     mine.append(grid);
     row.append(mine, $("lab-cmp-side"));
     this.cmpGrid = new HeadGrid($("lab-cmp-grid"), (l, h) => this.openOther(l, h));
@@ -198,6 +217,36 @@ class Lab {
     const line = this.$("lab-error");
     line.hidden = !message;
     line.textContent = message ? `\u26a0 ${message}` : "";
+    if (message && this.data) this.markStale("error");
+  }
+
+  // the maps on the screen are not the answer to what the page shows now: faded, with a line saying what they are
+  // ("computing": an answer is on its way; "error": the last request failed; "": up to date)
+  markStale(state) {
+    this.$("lab").dataset.state = state;
+    for (const id of STALE_VIEWS) { const n = this.$(id); if (n) n.classList.toggle("stale", !!state && !!this.data); }
+    const note = this.$("lab-stale");
+    const shown = this.shownKey ? JSON.parse(this.shownKey) : null;
+    const step = this.data && this.data.live && this.data.live.step != null ? `step ${this.data.live.step}` : "";
+    note.hidden = !state || !this.data;
+    if (!note.hidden) {
+      const what = `${shown ? `${this.data.T} tokens of the previous text` : "another text"}${step ? `, ${step}` : ""}`;
+      note.textContent = state === "computing" ? `computing\u2026 the maps below are still those of ${what}` :
+        `the maps below are out of date (the last request failed, see above): they show ${what}`;
+    }
+    this.labelCheckpoint();
+  }
+
+  // the model view's caption says what a click on a head does now
+  captionClick() {
+    const mode = this.$("lab-click").value;
+    const small = document.querySelector("#model-view h2 small");
+    if (!small) return;
+    if (!this.captionBase) this.captionBase = small.textContent.replace(/;?\s*click a head to open it large\s*$/, "");
+    const what = { zero: "click a head to zero it (its \u0394loss shows above the grid)",
+                   uniform: "click a head to make its weights uniform (the \u0394loss shows above the grid)",
+                   open: "click a head to open it large" }[mode];
+    small.textContent = `${this.captionBase}; ${what}`;
   }
 
   // --- models and checkpoints ---------------------------------------------------------------------------------
@@ -260,8 +309,13 @@ class Lab {
   labelCheckpoint() {
     const ckpts = (this.modelInfo() || {}).checkpoints || [];
     const i = ckpts.findIndex((c) => c.name === this.checkpoint);
-    this.$("lab-ckpt-label").textContent = i < 0 ? "" :
-      `step ${ckpts[i].step} (${ckpts[i].name}, ${i + 1} of ${ckpts.length})`;
+    const live = this.data && this.data.live ? this.data.live : null;
+    const drawnStep = live && live.model === this.model ? live.step : null;
+    let text = i < 0 ? "" : `step ${ckpts[i].step} (${ckpts[i].name}, ${i + 1} of ${ckpts.length})`;
+    // the slider moves at once; the maps follow when the answer comes: say which step they are until then
+    if (text && drawnStep != null && live.checkpoint !== this.checkpoint) text += ` \u00b7 the maps below: step ${drawnStep}`;
+    this.$("lab-ckpt-label").textContent = text;
+    this.$("lab-ckpt-label").dataset.drawnStep = drawnStep == null ? "" : `${drawnStep}`;
   }
 
   // --- the analysis: one in flight, the newest state next ------------------------------------------------------
@@ -280,11 +334,14 @@ class Lab {
     if (!body.text) { this.$("lab-status").textContent = "type a text"; return; }
     if (key === this.shownKey) return;
     if (this.hiddenKeys().length) this.renderInterventions(); // the keys this text does not reach, struck out
+    if (this.ablating) { this.ablating.abort(); this.ablating = null; } // its answer is no longer wanted
     this.busy = true; this.dirty = false;
+    this.markStale("computing");
+    this.$("lab-status").textContent = `computing the maps of ${body.text.length} characters\u2026`;
     const t0 = performance.now();
     let data = null;
     const info = {};
-    try { data = await labFetch("/api/analyze", body, undefined, info); this.showError(""); }
+    try { data = await labFetch("/api/analyze", { ...body, ablation: false }, undefined, info); this.showError(""); }
     catch (e) {
       // a hidden key thought to fit a text whose count was not known yet: know nothing of it, and ask again
       // without the keys (the answer gives the count); any other error is said in words
@@ -298,7 +355,8 @@ class Lab {
     this.busy = false;
     const newer = this.dirty || key !== JSON.stringify(this.request());
     if (newer) this.analyze(); // sent before drawing this one: the server works while the page draws
-    if (data && !this.stale(data, body)) await this.render(data, key, t0, info.bytes ?? null);
+    if (data && !this.stale(data, body)) await this.render(data, key, t0, info.bytes ?? null, newer);
+    else if (!data && !newer && this.$("lab").dataset.state === "computing") this.markStale(this.data ? "error" : "");
   }
 
   // an answer for another model, checkpoint or interventions than the page now asks for is not drawn: the page
@@ -309,9 +367,10 @@ class Lab {
            JSON.stringify(body.interventions) !== JSON.stringify(now.interventions);
   }
 
-  async render(data, key, t0, bytes = null) {
+  async render(data, key, t0, bytes = null, newer = false) {
     const t1 = performance.now();
     this.data = data; this.shownKey = key;
+    if (!newer) this.markStale("");
     this.offsets = tokenOffsets(data.tokens, JSON.parse(key).text);
     const live = data.live || {};
     // the model's name on its maps (the head view, the large view): two models' heads can be open in turn
@@ -324,6 +383,7 @@ class Lab {
     }
     this.renderStrip();
     this.renderAB();
+    this.renderIvNote();
     if (this.cmp) { // the second model's heads stay until its answer for this text comes; faded meanwhile
       const stale = this.cmp.text !== JSON.parse(key).text;
       this.$("lab-cmp-side").classList.toggle("stale", stale);
@@ -340,12 +400,59 @@ class Lab {
     window.labTimings.push(timing);
     const ckpt = live.step != null ? ` \u00b7 step ${live.step}` : "";
     const loss = live.loss_mean != null ? ` \u00b7 loss ${live.loss_mean.toFixed(3)} nats/token` : "";
-    this.$("lab-status").textContent = `${T} tokens${loss}${ckpt} \u00b7 answered in ${timing.request_ms} ms ` +
+    this.statusLine = `${T} tokens${loss}${ckpt} \u00b7 answered in ${timing.request_ms} ms ` +
       `(model ${live.ms != null ? Math.round(live.ms) : "?"} ms), drawn in ${timing.draw_ms} ms`;
-    this.drawn = JSON.parse(key); // the request whose answer is on the screen now
-    document.body.dataset.rendered = `${this.renders}`;
+    if (!newer) this.$("lab-status").textContent = this.statusLine;
+    this.mapsDrawn = JSON.parse(key);
     document.body.dataset.renderMs = `${timing.total_ms}`;
+    this.labelCheckpoint();
+    this.renderIvNote();
+    if ((data.pending || []).includes("ablation") && !newer) await this.ablation(key);
+    else if (!(data.pending || []).length) this.finishRender(key);
+  }
+
+  // the model view's ablation column for the answer on the screen (POST /api/ablation), then the render is complete
+  async ablation(key) {
+    const ctrl = new AbortController();
+    this.ablating = ctrl;
+    this.$("lab-status").textContent = `${this.statusLine} \u00b7 computing every head's \u0394loss\u2026`;
+    let r = null;
+    try { r = await labFetch("/api/ablation", JSON.parse(key), ctrl.signal); }
+    catch (e) { if (e.name !== "AbortError" && key === this.shownKey) this.showError(`every head's \u0394loss: ${e.message}`); }
+    if (this.ablating === ctrl) this.ablating = null;
+    if (!r || key !== this.shownKey || !this.data) return;
+    const d = this.data;
+    d.pending = (d.pending || []).filter((p) => p !== "ablation");
+    if (r.ablation && d.scores && d.scores[0]) d.scores[0].roles.ablation = r.ablation;
+    this.view.show(d);
+    if (this.view.explorer) this.view.explorer.setHeadMarks(this.headMarks());
+    this.renderIvNote();
+    await nextPaint();
+    if (key !== this.shownKey) return;
+    this.$("lab-status").textContent = `${this.statusLine} \u00b7 every head's \u0394loss in ${Math.round(r.ms ?? 0)} ms`;
+    this.finishRender(key);
+  }
+
+  finishRender(key) {
+    this.drawn = JSON.parse(key); // the request whose whole answer is on the screen now
+    this.renders++;
+    document.body.dataset.rendered = `${this.renders}`;
     this.sideRequests(LAB_AFTER_MS);
+  }
+
+  // where the user clicked a head: the result said above the grid (the before and after below it)
+  renderIvNote() {
+    const note = this.$("lab-iv-note");
+    const live = (this.data || {}).live || {};
+    const heads = this.interventions.filter((iv) => iv.kind !== "hide_key");
+    note.hidden = !heads.length || !live.before;
+    if (note.hidden) return;
+    const delta = live.loss_mean - live.before.loss_mean;
+    note.dataset.value = `${delta}`;
+    note.replaceChildren(el("b", { text: `${JSON.parse(this.shownKey).interventions.map(ivLabel).join(", ")}: ` +
+      `\u0394loss ${delta >= 0 ? "+" : ""}${delta.toFixed(4)} nats/token` }),
+      el("span", { class: "lab-note", text: ` (clean ${live.before.loss_mean.toFixed(4)}, edited ${live.loss_mean.toFixed(4)}) ` }),
+      el("a", { href: "#lab-ab", text: "before and after \u2193" }));
   }
 
   // --- the text as the model scores it: loss per token, hide a key ------------------------------------------------
