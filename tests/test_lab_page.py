@@ -42,8 +42,8 @@ WAIT = 20  # seconds for one answer (the page, the server and the model share tw
 
 
 class Lab:
-    def __init__(self, url: str, tokenizer: Tokenizer, runs: dict[str, Path]):
-        self.url, self.tok, self.runs = url, tokenizer, runs
+    def __init__(self, url: str, tokenizer: Tokenizer, runs: dict[str, Path], app=None):
+        self.url, self.tok, self.runs, self.app = url, tokenizer, runs, app
         self._models: dict[tuple[str, int], GPT] = {}
 
     def model(self, run: str = "a", step: int = STEPS[-1]) -> GPT:
@@ -83,7 +83,7 @@ def lab(tmp_path_factory):
     while not server.started:
         assert thread.is_alive() and time.monotonic() < deadline, "the lab's server did not start"
         time.sleep(0.05)
-    yield Lab(url_of(sock), tok, runs)
+    yield Lab(url_of(sock), tok, runs, app)
     server.should_exit = True
     thread.join(10)
 
@@ -624,3 +624,197 @@ def test_a_text_replaced_from_its_first_token_is_drawn_once(browser, lab):
     assert len(shown) == len(lab.tok.encode(other)), (
         f"the head view shows {len(shown)} tokens for a text of {len(lab.tok.encode(other))}: {''.join(shown)!r}")
     assert_weights(browser, capture_attention(lab.model(), lab.tok.encode(other)), "the replaced text")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the page says what it is doing (issue 30)
+
+
+def test_the_page_marks_its_maps_stale_while_computing_and_after_an_error(browser, lab):
+    """While an answer is on its way the maps drawn are faded under a line naming what they show, and the slider
+    names the step of the maps drawn; after an error they stay marked; a good answer clears the mark."""
+    from selenium.webdriver.common.by import By
+
+    open_lab(browser, lab)
+    set_text(browser, TEXT)
+    drawn(browser, lab, TEXT)
+    assert browser.execute_script("return document.getElementById('lab').dataset.state") == "", "up to date"
+    assert not css(browser, "#model-view.stale"), "maps up to date must not be marked stale"
+    # hold the next answer: the page's fetch of /api/analyze waits until the test lets it go
+    browser.execute_script("""
+      window.__release = null;
+      const real = window.__realFetch = window.fetch;
+      window.fetch = (url, opts) => url === '/api/analyze' ?
+        new Promise((ok) => { window.__release = () => ok(real(url, opts)); }) : real(url, opts);""")
+    slider = browser.find_element(By.ID, "lab-ckpt")
+    browser.execute_script("arguments[0].value = 0; arguments[0].dispatchEvent(new Event('input'))", slider)
+    wait_for(browser, "the computing state", "return document.getElementById('lab').dataset.state === 'computing'")
+    note = browser.execute_script("return document.getElementById('lab-stale').textContent")
+    label = browser.execute_script("return document.getElementById('lab-ckpt-label').textContent")
+    assert css(browser, "#model-view.stale") and css(browser, "#head-view.stale"), "computing: maps not marked"
+    assert "computing" in note and f"step {STEPS[-1]}" in note, note
+    assert label.startswith(f"step {STEPS[0]}") and f"the maps below: step {STEPS[-1]}" in label, label
+    browser.execute_script("window.fetch = window.__realFetch; window.__release()")
+    drawn(browser, lab, TEXT, checkpoint=STEPS[0])
+    label = browser.execute_script("return document.getElementById('lab-ckpt-label').textContent")
+    assert "the maps below" not in label and not css(browser, "#model-view.stale"), label
+    # an error: the old maps stay, marked out of date
+    browser.execute_script("document.getElementById('lab-text').value = 'x'.repeat(80);"
+                           "document.getElementById('lab-text').dispatchEvent(new Event('input'))")
+    wait_for(browser, "the error state", "return document.getElementById('lab').dataset.state === 'error'")
+    assert css(browser, "#model-view.stale"), "after an error the old maps must be marked"
+    assert "out of date" in browser.execute_script("return document.getElementById('lab-stale').textContent")
+    set_text(browser, TEXT)  # back to the text drawn: its maps are up to date again
+    wait_for(browser, "the mark cleared", "return !document.querySelector('#model-view.stale') && "
+             "document.getElementById('lab-stale').hidden && document.getElementById('lab').dataset.state === ''")
+    drawn(browser, lab, TEXT, checkpoint=STEPS[0])
+    no_console_errors(browser, "the stale states", expected="422")
+
+
+def test_a_click_on_a_head_says_its_result_above_the_grid_and_the_caption_follows_the_mode(browser, lab):
+    from selenium.webdriver.support.ui import Select
+
+    open_lab(browser, lab)
+    caption = browser.execute_script("return document.querySelector('#model-view h2 small').textContent")
+    assert "click a head to zero it" in caption, caption
+    Select(css(browser, "#lab-click")[0]).select_by_value("open")
+    assert "click a head to open it large" in browser.execute_script(
+        "return document.querySelector('#model-view h2 small').textContent")
+    Select(css(browser, "#lab-click")[0]).select_by_value("zero")
+    set_text(browser, TEXT)
+    drawn(browser, lab, TEXT)
+    browser.execute_script("lab.onHeadClick(1, 2)")
+    drawn(browser, lab, TEXT, interventions=[{"kind": "zero", "layer": 1, "head": 2}])
+    note = css(browser, "#lab-iv-note")[0]
+    assert note.is_displayed() and "zero L1H2" in note.text and "\u0394loss" in note.text, note.text
+    ids = lab.tok.encode(TEXT)
+    idx = torch.tensor([ids])
+    want = ablation_effects(lab.model(), idx[:, :-1], idx[:, 1:])[1, 2]
+    assert abs(float(note.get_attribute("data-value")) - want) < 1e-4, (note.get_attribute("data-value"), want)
+    grid_top, note_bottom = browser.execute_script(
+        "return [document.getElementById('grid').getBoundingClientRect().top,"
+        " document.getElementById('lab-iv-note').getBoundingClientRect().bottom]")
+    assert 0 <= grid_top - note_bottom < 120, f"the result should sit right above the grid: {note_bottom}, {grid_top}"
+
+
+def test_the_first_screen_has_an_example_and_byte_tokens_read_as_bytes(browser, lab):
+    open_lab(browser, lab)
+    button = css(browser, "#lab-example")[0]
+    assert button.is_displayed() and "ROMEO" in button.text, button.text
+    button.click()
+    text = browser.execute_script("return document.getElementById('lab-text').value")
+    assert text.startswith("ROMEO:"), text
+    drawn(browser, lab, text)
+    assert browser.execute_script("return tokenText('\\\\xe2')") == "\u27e8E2\u27e9"
+    assert browser.execute_script("return tokenText('a\\\\nb')") != "\u27e80A\u27e9", "a newline is no byte token"
+
+
+# ------------------------------------------------------------------------------------------------------------
+# only its own page talks to it: a foreign page in a real browser cannot make the lab compute (issue 30)
+
+
+@pytest.fixture
+def foreign_browser():
+    """Headless Chromium that resolves evil.example.com to 127.0.0.1 (what DNS rebinding achieves)."""
+    from test_viewer import _find_browser
+
+    chrome, driver_path, missing = _find_browser()
+    if missing:
+        if __import__("os").environ.get("REQUIRE_BROWSER_TESTS") == "1":
+            pytest.fail(f"browser tests need {missing}")
+        pytest.skip(f"browser tests need {missing}")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chrome
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--host-resolver-rules=MAP evil.example.com 127.0.0.1", "--disable-extensions", "--no-first-run"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    driver.set_script_timeout(60)
+    yield driver
+    driver.quit()
+
+
+ATTACK = """
+const done = arguments[arguments.length - 1], lab = arguments[0], out = [];
+const body = JSON.stringify({text: "ROMEO: But soft, what light", interventions: [{kind: "zero", layer: 0, head: 0}],
+                             generate: {max_new_tokens: 256}});
+const tries = [
+  [lab + "api/intervene", {method: "POST", mode: "no-cors", body, headers: {"Content-Type": "text/plain"}}],
+  [lab + "api/intervene", {method: "POST", mode: "no-cors", body}],
+  [lab + "api/analyze", {method: "POST", mode: "no-cors", body: "text=ROMEO",
+                         headers: {"Content-Type": "application/x-www-form-urlencoded"}}],
+  [lab + "api/generate", {method: "POST", mode: "cors", body: JSON.stringify({text: "ROMEO"}),
+                          headers: {"Content-Type": "application/json"}}],
+  [lab + "api/models", {}],
+];
+Promise.all(tries.map(([u, o]) => fetch(u, o).then(async (r) => out.push([u, r.type, r.status, await r.text()]),
+                                                  (e) => out.push([u, "error", 0, String(e)]))))
+  .then(() => done(out));
+"""
+
+
+def _cpu_of(thread_names: set[str]) -> float:
+    """CPU seconds (user + system) the named threads of this process have used (Linux /proc)."""
+    import os
+    import threading as th
+
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for t in th.enumerate():
+        if any(t.name.startswith(n) for n in thread_names) and t.native_id:
+            try:
+                fields = Path(f"/proc/self/task/{t.native_id}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def test_a_page_of_another_origin_or_a_rebound_name_cannot_make_the_lab_compute(foreign_browser, lab, tmp_path):
+    """A page served from another origin (another loopback port) fires no-cors and cors requests at the lab, and
+    a page reached as evil.example.com (resolving to 127.0.0.1, as after DNS rebinding) reads and posts as if it
+    were the lab's own: no model job starts, and the model thread spends no CPU (measured, not only the statuses);
+    the lab's own page still works after."""
+    import http.server
+    import threading as th
+
+    worker = lab_worker(lab)
+    folder = tmp_path / "site"
+    folder.mkdir()
+    (folder / "index.html").write_text("<!doctype html><title>another site</title><p>hello</p>")
+    handler = lambda *a, **k: http.server.SimpleHTTPRequestHandler(*a, directory=str(folder), **k)  # noqa: E731
+    site = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    th.Thread(target=site.serve_forever, daemon=True).start()
+    port = lab.url.rsplit(":", 1)[1].strip("/")
+    try:
+        started, cpu = worker.started, _cpu_of({"lab-model"})
+        # another origin: the page of another port on this machine
+        foreign_browser.get(f"http://127.0.0.1:{site.server_address[1]}/")
+        other = foreign_browser.execute_async_script(ATTACK, lab.url)
+        # DNS rebinding: the lab's own port reached under a foreign name; the page then is "same-origin" with it
+        foreign_browser.get(f"http://evil.example.com:{port}/")
+        shown = foreign_browser.execute_script("return document.body.innerText")
+        rebound = foreign_browser.execute_async_script(ATTACK, f"http://evil.example.com:{port}/")
+        time.sleep(1.0)  # anything queued would have started by now
+        assert worker.started == started, (
+            f"foreign pages started {worker.started - started} model jobs: {other} {rebound}")
+        spent = _cpu_of({"lab-model"}) - cpu
+        assert spent <= 0.05, f"the model thread spent {spent:.2f} CPU-s for foreign pages"
+        assert "not this lab's" in shown and "attention" not in shown.lower()[:200], shown[:300]
+        for url, kind, status, text in rebound:
+            assert status in (0, 421), f"rebinding: {url} answered {status} ({kind}): {text[:200]}"
+            assert "ROMEO" not in text and '"models"' not in text, f"rebinding read the lab's answer: {text[:200]}"
+        for url, kind, status, text in other:
+            assert status in (0, 403, 415) and '"models"' not in text, f"another origin: {url} {kind} {status}"
+    finally:
+        site.shutdown()
+    # the lab's own page is unaffected
+    r = __import__("httpx").post(lab.url + "api/analyze", json={"text": TEXT, "ablation": False}, timeout=60)
+    assert r.status_code == 200 and worker.started == started + 1, r.status_code
+
+
+def lab_worker(lab):
+    return lab.app.state.worker

@@ -67,7 +67,7 @@ function fmtP(p) { return p >= 0.995 ? "1.00" : p.toFixed(2).replace(/^0/, ""); 
 // a byte of a character split over byte-level tokens (token_strings writes \xe2) as people read it: ⟨E2⟩
 function readableBytes(t) { return String(t).replace(/\\x([89a-f][0-9a-f])/g, (_, h) => `\u27e8${h.toUpperCase()}\u27e9`); }
 function tokenText(t) { return typeof t === "number" ? `#${t}` : axisLabel(readableBytes(t), 16); }
-const LAB_EXAMPLE = "ROMEO: But soft, what light through yonder window breaks? It is the east, and Juliet is the sun.";
+const LAB_EXAMPLE = "ROMEO: But soft, what light through yonder window breaks?"; // fits a context of 64 characters
 const STALE_VIEWS = ["head-view", "model-view", "inside", "lab-tokens", "lab-next"];
 function lossColour(v) { return v == null ? "" : `rgba(192, 57, 43, ${Math.min(1, Math.max(0, v) / 6).toFixed(3)})`; }
 function diffColour(d) {
@@ -332,7 +332,10 @@ class Lab {
     const body = this.request();
     const key = JSON.stringify(body);
     if (!body.text) { this.$("lab-status").textContent = "type a text"; return; }
-    if (key === this.shownKey) return;
+    if (key === this.shownKey) { // back to what is drawn (after an error, say): the maps are its answer again
+      if (this.$("lab").dataset.state) { this.showError(""); this.markStale(""); this.$("lab-status").textContent = this.statusLine || ""; }
+      return;
+    }
     if (this.hiddenKeys().length) this.renderInterventions(); // the keys this text does not reach, struck out
     if (this.ablating) { this.ablating.abort(); this.ablating = null; } // its answer is no longer wanted
     this.busy = true; this.dirty = false;
@@ -356,7 +359,10 @@ class Lab {
     const newer = this.dirty || key !== JSON.stringify(this.request());
     if (newer) this.analyze(); // sent before drawing this one: the server works while the page draws
     if (data && !this.stale(data, body)) await this.render(data, key, t0, info.bytes ?? null, newer);
-    else if (!data && !newer && this.$("lab").dataset.state === "computing") this.markStale(this.data ? "error" : "");
+    else if (!data && !newer && this.$("lab").dataset.state === "computing") {
+      this.markStale(this.data ? "error" : "");
+      this.$("lab-status").textContent = this.statusLine || ""; // what is drawn, if anything; the error says the rest
+    }
   }
 
   // an answer for another model, checkpoint or interventions than the page now asks for is not drawn: the page
