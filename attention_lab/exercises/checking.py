@@ -94,8 +94,13 @@ class Run:
     outcome: Outcome
     mine: list[Tensor] | None
 
+    @property
+    def typed(self) -> bool:
+        """It returned tensors of the input's dtype on the CPU (the cases the values are compared on)."""
+        return self.mine is not None and all(x.dtype == self.case.dtype and x.device.type == "cpu" for x in self.mine)
+
     def ok(self, tol: Tolerance) -> bool:
-        return self.mine is not None and agree(self.mine, self.ref, tol)
+        return self.typed and agree(self.mine, self.ref, tol)
 
 
 def _ref_parts(value) -> list[Tensor]:
@@ -148,10 +153,9 @@ def _check(name: str, fn, function: str | None, convention: str | None, timeout:
     if all(r.ok(tol[r.case.dtype]) for r in runs) and not _type_problem(runs, ex):
         return Result(name, "pass", _pass_message(ex, runs, where, convention))
     problem = _type_problem(runs, ex)
-    if problem is None:
-        found = diagnose(runs, mistakes, tol)
-        if found is not None:
-            return _mistake_result(ex, found, runs, fn)
+    found = diagnose(runs, mistakes, tol)
+    if found is not None:
+        return _mistake_result(ex, found, runs, fn, where)
     raised = next((r for r in runs if r.outcome.error is not None), None)
     if raised is not None:
         e, line = raised.outcome.error, raised.outcome.line
@@ -159,7 +163,7 @@ def _check(name: str, fn, function: str | None, convention: str | None, timeout:
                                      f"{type(e).__name__}: {_first_line(e)} (case {raised.case.label})")
     suffix = ""
     if problem is None:
-        shaped = next((r for r in runs if r.mine is not None and _shape_problem(r, ex)), None)
+        shaped = next((r for r in runs if r.typed and _shape_problem(r, ex)), None)
         problem = (shaped, _shape_problem(shaped, ex)) if shaped is not None else None
         suffix = f", which matches none of the {len(mistakes)} known mistakes"
     if problem is not None:
@@ -236,20 +240,19 @@ def _non_finite_where_ref_finite(run: Run) -> bool:
 
 
 def diagnose(runs: list[Run], mistakes: list[Mistake], tol: dict) -> tuple[Mistake, Run] | None:
-    """The first mistake of the catalogue that the learner's outputs match on every case (an exception where the
-    mistake's computation raises too), differing from the reference on at least one: (mistake, that case)."""
+    """The first mistake of the catalogue that the learner's outputs match on every case where their function
+    returned tensors of the input's dtype (the cases where it raised are the error the message adds), differing
+    from the reference on at least one: (mistake, that case)."""
     for m in mistakes:
         shown = None
         for r in runs:
+            if not r.typed:
+                continue
             try:
                 with torch.no_grad():
                     theirs = _ref_parts(m.output(r.case))
             except Exception:  # noqa: BLE001 - the mistake cannot run on this case (q @ k with S != hs)
                 theirs = None
-            if r.outcome.error is not None or r.mine is None:
-                if theirs is not None:
-                    break
-                continue
             if theirs is None or not agree(r.mine, theirs, tol[r.case.dtype]):
                 break
             if shown is None and not agree(theirs, r.ref, tol[r.case.dtype]):
@@ -260,8 +263,17 @@ def diagnose(runs: list[Run], mistakes: list[Mistake], tol: dict) -> tuple[Mista
     return None
 
 
-def _mistake_result(ex: Exercise, found: tuple[Mistake, Run], runs: list[Run], fn) -> Result:
+def _mistake_result(ex: Exercise, found: tuple[Mistake, Run], runs: list[Run], fn, where: str) -> Result:
     m, run = found
+    also = ""
+    raised = next((r for r in runs if r.outcome.error is not None), None)
+    typed = _type_problem(runs, ex)
+    if raised is not None:
+        e, line = raised.outcome.error, raised.outcome.line
+        also = (f"\n  also: on case {raised.case.label} it raised {type(e).__name__} at {where}"
+                f"{f' line {line}' if line else ''}: {_first_line(e)}")
+    elif typed is not None:
+        also = f"\n  also: on case {typed[0].case.label} it returned{typed[1]}"
 
     def probe(*args):
         out = call(fn, args, timeout=PROBE_TIMEOUT)
@@ -275,7 +287,7 @@ def _mistake_result(ex: Exercise, found: tuple[Mistake, Run], runs: list[Run], f
         sentence = m.explain(Evidence(run.case, mine, ref, probe))
     except Exception:  # noqa: BLE001 - a sentence that cannot quote its number still names the mistake
         sentence = f"{m.title}: your output matches the reference's with this mistake ({run.case.label})"
-    return Result(ex.name, "fail", f"fail: {ex.name}: {sentence}.\n  why it matters: {m.why}", m.name)
+    return Result(ex.name, "fail", f"fail: {ex.name}: {sentence}.\n  why it matters: {m.why}{also}", m.name)
 
 
 def _unknown_message(ex: Exercise, runs: list[Run], mistakes: list[Mistake], tol: dict) -> str:

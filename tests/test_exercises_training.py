@@ -1,0 +1,207 @@
+"""Training with the learner's attention (model.attn_impl): the reference loaded as a learner's file trains exactly
+like the built-in attention; a file with the mask after the softmax trains and its honest loss shows the leak;
+the run records the file and reopens with it (a clear error when it is gone); the attention maps are the learner's
+own; bad code in training is one error naming the line.
+
+Each test names the planted bug it catches (tests/mutations.py, "the exercises (issue 31)")."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+import train as train_mod
+from attention_lab.exercises import answers
+from attention_lab.exercises.learner import LearnerError, learner_of, plug
+from attention_lab.interp.measures import honest_position_losses, position_losses
+from attention_lab.store.checkpoint import CheckpointError, load_checkpoint
+from attention_lab.training.config import compose
+from data.prepare import prepare_data
+from model import GPT, GPTConfig, generate, hooked
+
+STEPS = 40
+COMMON = ["experiment=debug", f"train.max_steps={STEPS}", f"train.eval_interval={STEPS // 2}", "train.log_interval=1",
+          "train.head_roles=false", "train.tensorboard=false", "train.film=false", "train.sample_tokens=0"]
+
+REFERENCE_FILE = '''import torch
+from model.attention import math_attention, visible_keys
+
+
+def attention(q, k, v):
+    pos = torch.arange(q.size(-2), device=q.device)
+    return math_attention(q, k, v, visible_keys(pos, pos))[0]
+'''
+
+AFTER_SOFTMAX_FILE = '''import math
+
+import torch
+
+
+def attention(q, k, v):
+    t = q.size(-2)
+    s = q @ k.transpose(-2, -1) * (1.0 / math.sqrt(q.size(-1)))
+    w = torch.softmax(s, dim=-1)
+    future = torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1)
+    return w.masked_fill(future, 0.0) @ v  # the mask after the softmax
+'''
+
+
+def _losses(run):
+    return [r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, data_cache):
+    """Four debug runs of STEPS steps: the built-in attention (math backend), the reference as a learner's file,
+    the project's answer as a learner's file, and a learner's file with the mask after the softmax."""
+    root = tmp_path_factory.mktemp("learner_runs")
+    files = {"reference": REFERENCE_FILE, "answer": "import math\n\nimport torch\n\n\n"
+             + inspect.getsource(answers.attention), "after": AFTER_SOFTMAX_FILE}
+    out = {}
+    for name, text in files.items():
+        (root / f"{name}.py").write_text(text)
+    arms = {"builtin": ["model.attn_backend=math"],
+            **{name: [f"model.attn_impl={root / name}.py:attention"] for name in files}}
+    for name, extra in arms.items():
+        train_mod.train(compose(COMMON + [f"data.cache_dir={data_cache}"] + extra), root / name)
+        out[name] = root / name
+    out["root"] = root
+    out["cfg"] = compose(COMMON + [f"data.cache_dir={data_cache}"])
+    return out
+
+
+def test_the_reference_as_a_learners_file_trains_exactly_like_the_builtin(runs):
+    """Bit for bit on the CPU where the same operations run (the math backend).
+    Planted bugs: exercise_learner_not_called_in_training (the check below on the after-softmax file)."""
+    base = _losses(runs["builtin"])
+    assert len(base) == STEPS
+    for name in ("reference", "answer"):
+        assert _losses(runs[name]) == base, f"{name} as a learner's file: losses differ from the built-in attention"
+        a = load_checkpoint(runs[name], "latest").build_model()
+        b = load_checkpoint(runs["builtin"], "latest").build_model()
+        for (k, p), q in zip(a.state_dict().items(), b.state_dict().values()):
+            assert torch.equal(p, q), f"{name}: weight {k} differs after {STEPS} steps"
+    after = _losses(runs["after"])
+    assert after != base, "the after-softmax learner's file trained like the built-in: its function was not called"
+
+
+def test_the_run_records_the_learners_file(runs):
+    meta = json.loads((load_checkpoint(runs["answer"], "latest").path / "meta.json").read_text())
+    assert meta["attn_impl"] == f"{runs['root'] / 'answer.py'}:attention" and len(meta["attn_impl_sha256"]) == 64
+    assert "attn_impl" not in load_checkpoint(runs["builtin"], "latest").meta
+    config = json.loads((runs["answer"] / "config.json").read_text())
+    assert config["model"]["attn_impl"].endswith("answer.py:attention")
+    assert "your " in (runs["answer"] / "console.log").read_text().split("attention: ")[1][:5]
+
+
+def test_a_mask_after_the_softmax_trains_and_its_honest_loss_shows_the_leak(runs):
+    """The learner's after-softmax file trains exactly as the built-in switch causal_mask=after_softmax would
+    (the same numbers as claims mask's arm), and with every later token cut off its loss rises; the correct file's
+    does not move. Planted bug: exercise_learner_not_called_in_training."""
+    cfg = runs["cfg"]
+    val = prepare_data(cfg.data, log=lambda *a: None).tokens("val")
+    g = torch.Generator().manual_seed(0)
+    starts = torch.randint(0, len(val) - 33, (8,), generator=g).tolist()
+    x = torch.stack([torch.as_tensor(val[i:i + 32].astype(np.int64)) for i in starts])
+    y = torch.stack([torch.as_tensor(val[i + 1:i + 33].astype(np.int64)) for i in starts])
+    gaps = {}
+    for name in ("after", "answer"):
+        model = load_checkpoint(runs[name], "latest").build_model()
+        assert learner_of(model) is not None, f"{name}: reopened without the learner's attention"
+        gaps[name] = float(honest_position_losses(model, x, y).mean() - position_losses(model, x, y).mean())
+    assert gaps["after"] > 0.005, f"the mask after the softmax leaks: honest - leaky loss {gaps['after']:.4f}"
+    assert abs(gaps["answer"]) < 1e-4, f"a causal learner's honest loss equals its loss, got {gaps['answer']:.2e}"
+
+
+def test_a_learners_run_reopens_with_its_file_and_says_so_when_it_is_gone(runs, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(runs["after"], run)
+    ckpt = load_checkpoint(run, "latest")
+    assert learner_of(ckpt.build_model()).spec == f"{runs['root'] / 'after.py'}:attention"
+    assert learner_of(ckpt.build_model(attn_impl="")) is None, "attn_impl='' must reopen with the built-in"
+    moved = runs["root"] / "after.py.away"
+    (runs["root"] / "after.py").rename(moved)
+    try:
+        with pytest.raises(CheckpointError, match="that file is missing: put the same file back"):
+            ckpt.build_model()
+    finally:
+        moved.rename(runs["root"] / "after.py")
+    edited = runs["root"] / "after.py"
+    text = edited.read_text()
+    edited.write_text(text + "\n# changed\n")
+    try:
+        with pytest.warns(UserWarning, match="has changed since this checkpoint was trained"):
+            ckpt.build_model()
+    finally:
+        edited.write_text(text)
+
+
+def _tiny(**kw) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=40, block_size=24, n_layer=2, n_head=3, n_embd=24, pos_encoding="rope",
+                         attn_backend="math", **kw)).eval()
+
+
+def _learner_file(tmp_path, text: str, name: str = "mine.py"):
+    path = tmp_path / name
+    path.write_text(text)
+    return f"{path}:attention"
+
+
+def test_cached_decoding_with_a_learners_attention_gives_the_uncached_tokens(tmp_path):
+    """The model pads the queries after a cache to a square so the learner's own mask lines up."""
+    model = plug(_tiny(n_kv_head=1), _learner_file(tmp_path, "import math\nimport torch\n\n\n"
+                                                   + inspect.getsource(answers.attention)))
+    idx = torch.randint(0, 40, (2, 5), generator=torch.Generator().manual_seed(1))
+    a = generate(model, idx, 12, greedy=True, use_cache=True)
+    b = generate(model, idx, 12, greedy=True, use_cache=False)
+    assert torch.equal(a, b), "cached and uncached decoding differ with the learner's attention"
+
+
+def test_the_attention_maps_and_edits_of_a_learners_model_are_its_own(tmp_path):
+    """The pages and the lab read the learner's weights (their function's output for one-hot values), and an
+    edit of the scores (hide a key) acts on them as on the built-in's."""
+    builtin = _tiny()
+    mine = plug(_tiny(), _learner_file(tmp_path, "import math\nimport torch\n\n\n" + inspect.getsource(answers.attention)))
+    x = torch.randint(0, 40, (2, 12), generator=torch.Generator().manual_seed(2))
+    a, b = builtin(x, return_attention=True), mine(x, return_attention=True)
+    for wa, wb in zip(a.attentions, b.attentions):
+        torch.testing.assert_close(wb, wa, atol=1e-6, rtol=0)
+    torch.testing.assert_close(b.logits, a.logits, atol=1e-5, rtol=0)
+
+    def hide(scores):
+        return scores.masked_fill(torch.arange(scores.size(-1)) == 3, float("-inf")) if scores.size(-1) > 4 else scores
+
+    edits = {f"h.{i}.attn.hook_scores": hide for i in range(2)}
+    with hooked(builtin, edits=edits):
+        ea = builtin(x).logits
+    with hooked(mine, edits=edits):
+        eb = mine(x).logits
+    torch.testing.assert_close(eb, ea, atol=1e-5, rtol=0, msg="hiding a key acts differently on the learner's model")
+    assert not torch.allclose(ea, a.logits), "the edit changed nothing: the test proves nothing"
+    after = plug(_tiny(), _learner_file(tmp_path, AFTER_SOFTMAX_FILE, "after.py"))
+    sums = after(x, return_attention=True).attentions[0].sum(-1)
+    assert sums[0, 0, 0] < 0.99, "the after-softmax learner's maps must be its own (rows below 1)"
+
+
+def test_bad_learner_code_in_training_is_one_error_naming_the_line(tmp_path, data_cache):
+    crash = _learner_file(tmp_path, "import torch\n\n\ndef attention(q, k, v):\n    return q @ k @ v\n", "crash.py")
+    short = COMMON[:1] + [f"data.cache_dir={data_cache}", "train.max_steps=2", "train.eval_interval=2"] + COMMON[3:]
+    with pytest.raises(LearnerError, match=r"crash.py line 5\) raised RuntimeError.*check attention"):
+        train_mod.train(compose(short + [f"model.attn_impl={crash}"]), tmp_path / "r1")
+    shape = _learner_file(tmp_path, "import torch\n\n\ndef attention(q, k, v):\n    return q.mean(1)\n", "shape.py")
+    with pytest.raises(LearnerError, match=r"returned shape \(4, 32, 16\) on cpu.*needs shape \(4, 2, 32, 16\)"):
+        train_mod.train(compose(short + [f"model.attn_impl={shape}"]), tmp_path / "r2")
+    with pytest.raises(LearnerError, match="there is no file"):
+        train_mod.train(compose(short + [f"model.attn_impl={tmp_path / 'nowhere.py'}"]), tmp_path / "r3")
+    with pytest.raises(ValueError, match="must name a Python file and a function"):
+        compose(short + ["model.attn_impl=attention"])
+    with pytest.raises(ValueError, match="cannot be combined with window=8"):
+        compose(short + [f"model.attn_impl={crash}", "model.window=8"])
+    assert math.isfinite(1.0)
