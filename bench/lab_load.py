@@ -2,6 +2,7 @@
 
     python -m bench.lab_load                          # the latest run under runs/, 8 clients x 25 requests
     python -m bench.lab_load runs/default/A --clients 4 --requests 10 --text-tokens 100
+    python -m bench.lab_load --abandon --rounds 5 --requests 16   # requests sent, then abandoned unanswered
 
 The server runs in this process, in a thread, on 127.0.0.1 and a free port; each client is a thread with its own
 httpx connection sending its requests one after the other, alternating /api/analyze (a text of --text-tokens
@@ -11,12 +12,22 @@ and p95 per kind say what a user gets when N people share one lab. An error is a
 exception, or a stream that does not end with its `done` line. The resident memory is read after a warm-up (the
 model and its circuits loaded), half-way and after the run: the first half also pays the allocator's warm-up for
 concurrent requests, so growth in the second half is what requests leave behind.
+
+--abandon: each round sends --requests requests on their own sockets (analyses with the ablation pass, the
+ablation alone, interventions with 64-token continuations on both sides, comparisons, 64-token generations),
+then closes every socket unanswered: what people do who type on or close the tab. The lab should drop what has
+not started and stop what has at its next step. Per round: the model jobs started (a full answer of every request
+would take about 90 per request), dropped and left as the worker counts them, the time from the last close to
+the worker idle, the CPU the server's threads (the model worker and the event loop) spend in the second after
+that (idle: about 0), and the resident memory. Loopback only, bounded: rounds x requests sockets in all.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import socket
 import threading
 import time
 import warnings
@@ -119,6 +130,112 @@ def run_load(registry: Registry, *, clients: int, requests: int, text_tokens: in
             "jobs": app.state.worker.jobs, "url": url}
 
 
+ABANDONED = [  # (path, body) of the requests each round sends and abandons, in turn
+    ("/api/analyze", lambda text: {"text": text}),
+    ("/api/intervene", lambda text: {"text": text, "interventions": [{"kind": "zero", "layer": 0, "head": 0}],
+                                     "generate": {"max_new_tokens": 64}}),
+    ("/api/compare", lambda text: {"text": text, "models": ["0", "0"]}),
+    ("/api/ablation", lambda text: {"text": text}),
+    ("/api/generate", lambda text: {"text": text, "max_new_tokens": 64}),
+]
+
+
+def thread_cpu(prefixes: tuple[str, ...]) -> float:
+    """CPU seconds (user + system) the threads of this process whose names start with one of `prefixes` have
+    used (Linux /proc/self/task/<id>/stat; 0 elsewhere)."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    total = 0.0
+    for t in threading.enumerate():
+        if t.name.startswith(prefixes) and t.native_id:
+            try:
+                fields = Path(f"/proc/self/task/{t.native_id}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def _send(url: str, path: str, body: dict) -> socket.socket:
+    host, port = url.split("//")[1].strip("/").split(":")
+    data = json.dumps(body).encode()
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    return sock
+
+
+def run_abandon(registry: Registry, *, rounds: int, requests: int, text_tokens: int, limit_s: float = 120.0) -> dict:
+    """Serve the registry on loopback; `rounds` times send `requests` requests and close them all unanswered;
+    per round the worker's counts, the time to idle, the server threads' CPU in the second after, the memory."""
+    import httpx
+
+    tokenizer = registry.load("0", None).tokenizer
+    texts = _texts(tokenizer, text_tokens, rounds * requests)
+    app = create_app(registry)
+    worker = app.state.worker
+    server_threads = ("lab-model", "lab-server")
+    out = []
+    with serving_in_thread(app) as url:
+        with httpx.Client(base_url=url, timeout=300) as http:  # warm: the model, its circuits, the code paths
+            for path, body in ABANDONED:
+                r = http.post(path, json=body(texts[0]) | ({"generate": {"max_new_tokens": 2}}
+                                                             if path == "/api/intervene" else {})
+                              | ({"max_new_tokens": 2} if path == "/api/generate" else {}))
+                if r.status_code != 200:
+                    raise RuntimeError(f"the warm-up failed: {path} {r.status_code} {r.text[:200]}")
+        for rnd in range(rounds):
+            before = {k: getattr(worker, k) for k in ("started", "dropped", "left")}
+            socks = [_send(url, *(lambda p, b: (p, b(texts[rnd * requests + i])))(*ABANDONED[i % len(ABANDONED)]))
+                     for i in range(requests)]
+            time.sleep(0.05)  # the requests arrive and queue
+            t_close = time.perf_counter()
+            for sock in socks:
+                sock.close()
+            deadline = t_close + limit_s
+            while not worker.idle:
+                if time.perf_counter() > deadline:
+                    raise RuntimeError(f"the lab did not go idle within {limit_s:g} s of the clients leaving: "
+                                       f"{worker.open} requests open, {worker.queued} queued")
+                time.sleep(0.002)
+            idle_ms = (time.perf_counter() - t_close) * 1000
+            model0, loop0 = thread_cpu(server_threads[:1]), thread_cpu(server_threads[1:])
+            time.sleep(1.0)
+            out.append({"round": rnd + 1, "sent": requests,
+                        **{k: getattr(worker, k) - v for k, v in before.items()},
+                        "idle_after_ms": idle_ms, "model_cpu_ms": (thread_cpu(server_threads[:1]) - model0) * 1000,
+                        "loop_cpu_ms": (thread_cpu(server_threads[1:]) - loop0) * 1000, "rss_mib": _rss() / 2**20})
+        ok = httpx.post(url + "api/analyze", json={"text": texts[0]}, timeout=300).status_code
+    return {"rounds": out, "answers_after": ok, "url": url}
+
+
+def abandon_table(raw: dict, args: argparse.Namespace, machine: dict, label: str) -> Table:
+    rows = raw["rounds"]
+    growth = rows[-1]["rss_mib"] - rows[min(1, len(rows) - 1)]["rss_mib"]
+    notes = [f"{label}; each round {args.requests} requests on 127.0.0.1 closed unanswered 50 ms after sending "
+             f"(analyze, intervene with 64-token continuations, compare, ablation, generate 64 tokens, in turn; "
+             f"{args.text_tokens} tokens each)",
+             f"started: model jobs begun in the round (answering every request would take about "
+             f"{_full_jobs(args.requests)}); CPU: the model worker's and the event loop's threads in the second after "
+             f"the worker went idle (the clock ticks in 10 ms steps); memory {rows[0]['rss_mib']:.0f} MiB after round 1, {rows[-1]['rss_mib']:.0f} MiB "
+             f"after round {len(rows)} ({growth:+.1f} MiB from round {min(2, len(rows))}); the page answered after: "
+             f"{raw['answers_after']}"]
+    return Table(
+        name="lab_abandon", title="Live lab, requests abandoned (loopback)", machine=machine,
+        columns=[Column("round", "round"), Column("sent", "sent"), Column("started", "jobs started"),
+                 Column("dropped", "dropped"), Column("left", "clients left"),
+                 Column("idle_after_ms", "idle after ms", "{:.0f}"),
+                 Column("model_cpu_ms", "model thread CPU next 1 s, ms", "{:.0f}"),
+                 Column("loop_cpu_ms", "event loop CPU next 1 s, ms", "{:.0f}"),
+                 Column("rss_mib", "RSS MiB", "{:.0f}")],
+        rows=rows, notes=notes, summary={"rss_growth_mib": growth, "answers_after": raw["answers_after"]})
+
+
+def _full_jobs(requests: int) -> int:
+    per = {"/api/analyze": 1, "/api/intervene": 1 + 2 * 64, "/api/compare": 1, "/api/ablation": 1,
+           "/api/generate": 1 + 64}
+    return sum(per[ABANDONED[i % len(ABANDONED)][0]] for i in range(requests))
+
+
 def table_of(raw: dict, args: argparse.Namespace, machine: dict, label: str) -> Table:
     results = raw["results"]
     rows = []
@@ -164,13 +281,23 @@ def main(argv: list[str] | None = None) -> Table:
     p.add_argument("--max-new-tokens", type=int, default=20, help="tokens each generation streams")
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", type=Path, default=None, help="also write the table as JSON here")
+    p.add_argument("--abandon", action="store_true", help="send --requests requests a round and abandon them")
+    p.add_argument("--rounds", type=int, default=5, help="rounds of abandoned requests (--abandon)")
     args = p.parse_args(argv)
-    if args.clients < 1 or args.requests < 1:
-        p.error("--clients and --requests must be at least 1")
+    if args.clients < 1 or args.requests < 1 or args.rounds < 1:
+        p.error("--clients, --requests and --rounds must be at least 1")
     device = pick_device(args.device, "--device")
     registry = Registry.open([args.run] if args.run else [], runs_root=args.runs_root, device=device)
     entry = registry.entries["0"]
     args.text_tokens = min(args.text_tokens, entry.config.block_size)
+    if args.abandon:
+        log(f"lab load: {entry.label} (step {entry.step}), {args.rounds} x {args.requests} requests abandoned")
+        raw = run_abandon(registry, rounds=args.rounds, requests=args.requests, text_tokens=args.text_tokens)
+        table = abandon_table(raw, args, describe_machine(device), f"{entry.label} step {entry.step}")
+        print(table.markdown(), flush=True)
+        if args.json:
+            args.json.write_text(json.dumps(table.to_json(), indent=2) + "\n")
+        return table
     log(f"lab load: {entry.label} (step {entry.step}), {args.clients} x {args.requests} requests")
     raw = run_load(registry, clients=args.clients, requests=args.requests, text_tokens=args.text_tokens,
                    max_new_tokens=args.max_new_tokens)

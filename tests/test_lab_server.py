@@ -1249,3 +1249,23 @@ def test_idle_and_slow_connections_are_closed(runs, monkeypatch):
         assert statuses == [408] * 5, f"slow bodies answered {statuses}"
         assert httpx.post(url + "api/analyze", json={"text": "ROMEO:"}, timeout=60).status_code == 200
         assert app.state.worker.started == 1, "only the last request reached the model"
+
+
+def test_abandoned_load_leaves_the_server_idle_and_its_memory_flat(runs, capsys):
+    """bench/lab_load.py --abandon at tiny settings: 3 rounds of 10 requests (analyses, 64-token interventions and
+    generations, comparisons, ablations) closed unanswered. Counted, not timed: each round starts a small part of
+    the jobs full answers would take, the model thread spends no CPU in the second after the lab goes idle, the
+    memory does not grow after the second round, and the page is answered after."""
+    from bench import lab_load
+
+    table = lab_load.main([str(runs["gpt"]), "--abandon", "--rounds", "3", "--requests", "10", "--text-tokens", "20"])
+    out = capsys.readouterr().out
+    full = lab_load._full_jobs(10)
+    for row in table.rows:
+        assert row["started"] <= full // 10, f"round {row['round']}: {row['started']} of {full} jobs started: {row}"
+        assert row["started"] + row["dropped"] <= row["sent"] + 2 * 64 + 1, row
+        assert row["model_cpu_ms"] <= 10, f"the model thread kept computing after the lab went idle: {row}"
+        assert row["loop_cpu_ms"] <= 100, f"the event loop kept busy after the lab went idle: {row}"
+    assert table.summary["rss_growth_mib"] <= 25, f"memory grew {table.summary['rss_growth_mib']:.1f} MiB: {out}"
+    assert table.summary["answers_after"] == 200, table.summary
+    assert "### Live lab, requests abandoned" in out, out

@@ -125,7 +125,8 @@ class Worker:
     that may take minutes; the later jobs of a request already under way (a generation's next token) are not
     refused (`admit=False`), so a stream is never cut by a full queue. Counters for the tests and the load
     benchmark: `started` jobs begun, `jobs` finished (or failed), `dropped` never begun because the client had
-    left, `queued` waiting now, `left` requests whose client went away before the answer."""
+    left, `queued` waiting now, `left` requests whose client went away before the answer, `open` requests under way.
+    `idle`: nothing under way, nothing queued, no job running."""
 
     def __init__(self, max_waiting: int = MAX_WAITING):
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lab-model")
@@ -133,6 +134,7 @@ class Worker:
         self.max_waiting = max_waiting
         self.queued = self.started = self.jobs = self.dropped = 0
         self.left = 0  # requests whose client left before their answer (Watch)
+        self.open = self.refused = 0  # requests under way, requests refused by guard.Guard (it keeps both)
 
     async def run(self, fn: Callable, *args, watch: Watch | None = None, admit: bool = True):
         if watch is not None:
@@ -163,6 +165,10 @@ class Worker:
             return fn(*args)
         finally:
             self.jobs += 1
+
+    @property
+    def idle(self) -> bool:
+        return self.open == 0 and self.queued == 0 and self.jobs == self.started
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -472,7 +478,7 @@ def create_app(registry: Registry, *, worker: Worker | None = None, page: Callab
             Route("/api/compare", compare, methods=["POST"]),
         ],
         middleware=[
-            Middleware(Guard, hosts=list(hosts)),  # outermost: a refused request reaches nothing
+            Middleware(Guard, hosts=list(hosts), counts=worker),  # outermost: a refused request reaches nothing
             # answers of a few MiB: compressed when the client accepts it (fast level; a thread past 128 KiB);
             # the generation's stream is left alone, so each token arrives when made
             Middleware(GZipMiddleware, minimum_size=1024, compresslevel=GZIP_LEVEL,

@@ -56,12 +56,13 @@ def _short(text: str) -> str:
 
 class Guard:
     """ASGI middleware: Host, Origin and Content-Type checked (module docstring). hosts: the names besides the
-    loopback ones (the --host given). `refused` counts the requests turned away (the tests read it)."""
+    loopback ones (the --host given); counts: an object whose `open` (requests let through and not yet answered)
+    and `refused` it keeps (the app's Worker: the tests and the load benchmark read them)."""
 
-    def __init__(self, app, hosts: Iterable[str] = ()):
+    def __init__(self, app, hosts: Iterable[str] = (), counts=None):
         self.app = app
         self.names = frozenset(LOOPBACK_NAMES) | {host_name(h) for h in hosts if h}
-        self.refused = 0
+        self.counts = counts if counts is not None else type("Counts", (), {"open": 0, "refused": 0})()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -69,9 +70,13 @@ class Guard:
             return
         refusal = self.check(scope)
         if refusal is None:
-            await self.app(scope, receive, send)
+            self.counts.open += 1
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                self.counts.open -= 1
             return
-        self.refused += 1
+        self.counts.refused += 1
         status, message = refusal
         body = json.dumps({"error": message}).encode()
         await send({"type": "http.response.start", "status": status,
