@@ -268,17 +268,26 @@ def test_every_mistake_differs_from_the_reference_and_from_the_others():
 # --------------------------------------------------------------------------------------------- the tolerance
 
 
-@pytest.mark.parametrize("name", ["scores", "attention", "rope", "sinusoidal"])
-def test_a_near_miss_within_tolerance_passes_and_just_outside_fails(name):
-    """Planted bug: exercise_tolerance_loose (a loose tolerance lets a wrong answer pass). The answer is
-    nudged by 0.5x and 3x the allowed difference at every entry."""
+# the tolerance docs/exercises.md states: (positions?, dtype) -> (atol, rtol)
+STATED = {(False, torch.float32): (1e-5, 1e-4), (True, torch.float32): (1e-4, 1e-4),
+          (False, torch.bfloat16): (2e-2, 2e-2), (True, torch.bfloat16): (2e-2, 2e-2)}
+
+
+@pytest.mark.parametrize("name,dtype", [("scores", torch.float32), ("attention", torch.float32),
+                                        ("rope", torch.float32), ("sinusoidal", torch.float32),
+                                        ("attention", torch.bfloat16)])
+def test_a_near_miss_within_tolerance_passes_and_just_outside_fails(name, dtype):
+    """Planted bug: exercise_tolerance_loose (a loose tolerance lets a wrong answer pass). The answer's outputs of
+    one dtype are nudged by 0.5x and 3x the stated tolerance at every entry, the others left alone."""
     ref = getattr(answers, name)
 
     def nudged(by):
         def fn(*args):
             out = ref(*args)
-            tol = EXERCISES[name].tolerance[out.dtype]
-            step = (tol.atol + tol.rtol * out.float().abs()) * by
+            if out.dtype != dtype:
+                return out
+            atol, rtol = STATED[name in ("rope", "sinusoidal"), out.dtype]  # the docs' numbers, not the code's
+            step = (atol + rtol * out.float().abs()) * by
             return torch.where(torch.isfinite(out), out.float() + step, out.float()).to(out.dtype)
         return fn
 
