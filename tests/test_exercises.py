@@ -342,12 +342,12 @@ def test_bad_code_is_one_error_naming_the_exercise_and_the_line(tmp_path):
         "raises": ("attention", "def attention(q, k, v):\n    t = q.size(-2)\n    s = q @ k.transpose(-2, -1)\n"
                    "    s = s.view(t, t)\n    return s @ v\n", "line 10: RuntimeError"),
         "shape": ("attention", "def attention(q, k, v):\n    s = q @ k.transpose(-2, -1)\n    return torch.softmax(s, -1)\n",
-                  "line 9: your attention returned of shape (1, 1, 1, 1)"),
+                  "line 9: your attention returned a tensor of shape (1, 1, 1, 1)"),
         "dtype": ("attention", "def attention(q, k, v):\n    t = q.size(-2)\n    s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))\n"
                   "    s = s + torch.full((t, t), float('-inf')).triu(1)\n    return torch.softmax(s, -1) @ v.float()\n",
-                  "line 11: your attention returned of dtype float32; expected bfloat16"),
+                  "line 11: your attention returned a tensor of dtype float32; expected bfloat16"),
         "device": ("scores", "def scores(q, k):\n    return (q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))).to('meta')\n",
-                   "line 8: your scores returned on device meta"),
+                   "line 8: your scores returned a tensor on device meta"),
         "nan": ("attention", "def attention(q, k, v):\n    t = q.size(-2)\n    s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))\n"
                 "    future = torch.ones(t, t, dtype=q.dtype).triu(1)\n    additive = future * float('-inf')\n"
                 "    s = s + additive\n"

@@ -210,7 +210,7 @@ def _type_problem(runs: list[Run], ex: Exercise) -> tuple[Run, str] | None:
             return r, (f" a {type(v).__name__}" + (f" of {len(v)}" if isinstance(v, (tuple, list)) else "")
                        + (", not a tensor" if n == 1 else f", not a tuple of {n} tensors ({', '.join(ex.outputs)})"))
         for part, mine, ref in zip(ex.outputs, r.mine, r.ref):
-            label = "" if n == 1 else f" {part}"
+            label = " a tensor" if n == 1 else f" {part}"
             if mine.device.type != "cpu":
                 return r, f"{label} on device {mine.device}; your input was on cpu: return it on the input's device"
             if mine.dtype != r.case.dtype:
@@ -224,7 +224,7 @@ def _type_problem(runs: list[Run], ex: Exercise) -> tuple[Run, str] | None:
 def _shape_problem(run: Run, ex: Exercise) -> str | None:
     for part, mine, ref in zip(ex.outputs, run.mine, run.ref):
         if mine.shape != ref.shape:
-            label = "" if len(ex.outputs) == 1 else f" {part}"
+            label = " a tensor" if len(ex.outputs) == 1 else f" {part}"
             return f"{label} of shape {tuple(mine.shape)}; expected {tuple(ref.shape)}"
     return None
 
