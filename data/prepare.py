@@ -78,6 +78,47 @@ class PreparedData:
         return load_tokens(self.train_path if split == "train" else self.val_path, self.dtype)
 
 
+    def held_out(self, part: str) -> "HeldOut":
+        """One of the two halves of the validation split that experiments keep apart (attention_lab.claims):
+        "choose" (the held-out documents at even positions, 0, 2, ...) is what a choice such as a learning rate
+        may read; "test" (positions 1, 3, ...) is scored once and chosen by nothing. Whole documents, so no text
+        straddles the two; with a single held-out document, its first and second half."""
+        if part not in HELD_OUT_PARTS:
+            raise ValueError(f"held-out part {part!r} is not one of {', '.join(HELD_OUT_PARTS)}")
+        tokens = np.asarray(self.tokens("val"))
+        eot = int(self.meta["eot_id"])
+        ends = np.flatnonzero(tokens == eot) + 1  # each document's tokens are followed by the separator
+        docs = np.split(tokens, ends[:-1]) if len(ends) else [tokens]
+        names = self.meta.get("val_docs") or [f"document {i}" for i in range(len(docs))]
+        if len(names) != len(docs):
+            names = [f"document {i}" for i in range(len(docs))]
+        if len(docs) == 1:
+            half = len(tokens) // 2
+            docs, names = [tokens[:half], tokens[half:]], [f"{names[0]} (first half)", f"{names[0]} (second half)"]
+        which = [i for i in range(len(docs)) if i % 2 == HELD_OUT_PARTS.index(part)]
+        part_tokens = np.concatenate([docs[i] for i in which])
+        text = self.tokenizer.decode(int(t) for t in part_tokens if t != eot)
+        return HeldOut(part, part_tokens, len(text.encode("utf-8")), [names[i] for i in which])
+
+
+HELD_OUT_PARTS = ("choose", "test")
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """Tokens of one part of the validation split (PreparedData.held_out), with its text's UTF-8 bytes."""
+
+    part: str
+    tokens: np.ndarray
+    text_bytes: int
+    documents: list
+
+    def bits_per_byte(self, total_nats: float, scored: int) -> float:
+        """Summed nats over `scored` predicted tokens -> bits per byte of this part's text (each of its tokens,
+        separators included, counted as in bits_per_byte below)."""
+        return total_nats / scored * len(self.tokens) / self.text_bytes / math.log(2)
+
+
 def bits_per_byte(loss_nats: float, meta: dict, split: str = "val") -> float:
     """Convert nats per token into bits per UTF-8 byte of the split's text (meta.json's counts), whatever the
     tokenizer."""

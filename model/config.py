@@ -29,7 +29,7 @@ class GPTConfig:
     pos_encoding: str = "learned"
     attn_backend: str = "sdpa"  # "math" is the explicit reference; "sdpa" the fused kernel
     tie_embeddings: bool = True  # lm_head shares the token embedding matrix
-    mlp_ratio: int = 4
+    mlp_ratio: float = 4  # the MLP's hidden width is mlp_ratio * n_embd (a whole number: 4.5 x 128 = 576)
     rope_base: float = 10000.0
     layer_norm_eps: float = 1e-5
     # recipe options (modded-nanogpt's list); each default is GPT-2's behaviour
@@ -52,11 +52,21 @@ class GPTConfig:
     #   every key, then the future keys' weights set to 0 (rows sum to < 1) | "none": every key seen, no mask
     qk_tied: bool = False  # one projection for queries and keys: k = q (c_attn outputs [q | v]), q_i.q_j symmetric
 
+    @property
+    def mlp_hidden(self) -> int:
+        """The MLP's hidden width: mlp_ratio * n_embd."""
+        return int(round(self.mlp_ratio * self.n_embd))
+
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "mlp_ratio"):
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}")
+        ratio = self.mlp_ratio
+        if not isinstance(ratio, (int, float)) or isinstance(ratio, bool) or not ratio > 0 \
+                or float(ratio * self.n_embd) != round(ratio * self.n_embd):
+            raise ValueError(f"GPTConfig.mlp_ratio must be a positive number with mlp_ratio * n_embd a whole number "
+                             f"(the MLP's width), got {ratio!r} with n_embd {self.n_embd}")
         if self.n_embd % self.n_head != 0:
             raise ValueError(
                 f"GPTConfig.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}); "

@@ -42,9 +42,9 @@ class MLP(nn.Module):
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.c_fc = nn.Linear(cfg.n_embd, cfg.mlp_ratio * cfg.n_embd, bias=cfg.bias)
+        self.c_fc = nn.Linear(cfg.n_embd, cfg.mlp_hidden, bias=cfg.bias)
         self.act = MLP_ACTIVATIONS[cfg.mlp_act]()
-        self.c_proj = nn.Linear(cfg.mlp_ratio * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.c_proj = nn.Linear(cfg.mlp_hidden, cfg.n_embd, bias=cfg.bias)
         self.dropout_p = cfg.dropout
 
     def forward(self, x: Tensor) -> Tensor:

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from model.config import GPTConfig
-from model.positions import sinusoidal_table
+from model.positions import sinusoidal_embedding
 
 HINT_KEY = "attention_lab"  # every exported config.json carries the GPTConfig it came from under this key
 
@@ -200,7 +200,7 @@ def config_from_hf(hf: dict) -> GPTConfig:
         bias=True,
         pos_encoding="learned",
         tie_embeddings=hf.get("tie_word_embeddings", True),
-        mlp_ratio=n_inner // n_embd,
+        mlp_ratio=_ratio(n_inner, n_embd),
         layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
         mlp_act=activation,
     )
@@ -222,7 +222,7 @@ def hf_config_from(cfg: GPTConfig) -> dict:
         n_embd=cfg.n_embd,
         n_layer=cfg.n_layer,
         n_head=cfg.n_head,
-        n_inner=cfg.mlp_ratio * cfg.n_embd,
+        n_inner=cfg.mlp_hidden,
         activation_function=NATIVE_ACTIVATIONS[cfg.mlp_act],
         resid_pdrop=cfg.dropout,
         embd_pdrop=cfg.dropout,
@@ -247,16 +247,21 @@ def _with_gpt2_fixtures(out: dict[str, Tensor], cfg: GPTConfig, c_attn_width: in
     (the sinusoidal one, or zeros for no positions) and biases (zeros when cfg.bias is false)."""
     like = out["transformer.wte.weight"]
     if cfg.pos_encoding == "sinusoidal":  # a fixed table: GPT-2's wpe holds it, frozen by nothing but intent
-        out["transformer.wpe.weight"] = sinusoidal_table(cfg.block_size, cfg.n_embd).to(like.dtype)
+        out["transformer.wpe.weight"] = sinusoidal_embedding(cfg.block_size, cfg.n_embd).to(like.dtype)
     elif cfg.pos_encoding == "none":
         out["transformer.wpe.weight"] = like.new_zeros(cfg.block_size, cfg.n_embd)
     if not cfg.bias:
-        widths = {"attn.c_attn": c_attn_width, "mlp.c_fc": cfg.mlp_ratio * cfg.n_embd}
+        widths = {"attn.c_attn": c_attn_width, "mlp.c_fc": cfg.mlp_hidden}
         for i in range(cfg.n_layer):
             for name in BIASED:
                 out[f"transformer.h.{i}.{name}.bias"] = like.new_zeros(widths.get(name, cfg.n_embd))
         out["transformer.ln_f.bias"] = like.new_zeros(cfg.n_embd)
     return out
+
+
+def _ratio(inner: int, hidden: int) -> float:
+    """The MLP's width as mlp_ratio: a whole number where it divides (4), else the exact fraction (4.5)."""
+    return inner // hidden if inner % hidden == 0 else inner / hidden
 
 
 def gpt2_key(key: str) -> str:
@@ -293,7 +298,7 @@ def gpt2_variant(hf_sd: dict[str, Tensor], base: GPTConfig, hint: dict | None) -
     changes = _training_fields(hint)
     wpe = sd.get("transformer.wpe.weight")
     if wpe is not None and hint.get("pos_encoding") == "sinusoidal":
-        if torch.equal(wpe.float(), sinusoidal_table(base.block_size, base.n_embd).to(wpe.dtype).float()):
+        if torch.equal(wpe.float(), sinusoidal_embedding(base.block_size, base.n_embd).to(wpe.dtype).float()):
             changes["pos_encoding"] = "sinusoidal"
     elif wpe is not None and hint.get("pos_encoding") == "none" and not wpe.any():
         changes["pos_encoding"] = "none"
@@ -370,7 +375,7 @@ def neox_config_from(cfg: GPTConfig) -> dict:
         hidden_size=cfg.n_embd,
         num_hidden_layers=cfg.n_layer,
         num_attention_heads=cfg.n_head,
-        intermediate_size=cfg.mlp_ratio * cfg.n_embd,
+        intermediate_size=cfg.mlp_hidden,
         hidden_act=NATIVE_ACTIVATIONS[cfg.mlp_act],
         max_position_embeddings=cfg.block_size,
         layer_norm_eps=cfg.layer_norm_eps,
@@ -415,7 +420,7 @@ def config_from_neox(hf: dict) -> GPTConfig:
         bias=True,
         pos_encoding="rope",
         tie_embeddings=hf.get("tie_word_embeddings", False),
-        mlp_ratio=inner // hidden,
+        mlp_ratio=_ratio(inner, hidden),
         rope_base=float(theta),
         layer_norm_eps=hf.get("layer_norm_eps", 1e-5),
         mlp_act=_activation_from_hf(hf.get("hidden_act", "gelu"), "GPT-NeoX hidden_act"),
@@ -446,7 +451,7 @@ def state_dict_to_neox(sd: dict[str, Tensor], cfg: GPTConfig) -> dict[str, Tenso
             for inner in ("input_layernorm", "post_attention_layernorm", "attention.dense", "mlp.dense_4h_to_h"):
                 out[f"gpt_neox.layers.{i}.{inner}.bias"] = hidden.clone()
             out[f"gpt_neox.layers.{i}.attention.query_key_value.bias"] = like.new_zeros(3 * cfg.n_embd)
-            out[f"gpt_neox.layers.{i}.mlp.dense_h_to_4h.bias"] = like.new_zeros(cfg.mlp_ratio * cfg.n_embd)
+            out[f"gpt_neox.layers.{i}.mlp.dense_h_to_4h.bias"] = like.new_zeros(cfg.mlp_hidden)
         out["gpt_neox.final_layer_norm.bias"] = hidden.clone()
     return out
 

@@ -54,11 +54,11 @@ def capture_attention(model: torch.nn.Module, idx) -> np.ndarray:
 
 
 @torch.no_grad()
-def residual_streams(model, x: torch.Tensor) -> torch.Tensor:
+def residual_streams(model, x: torch.Tensor, edits=None) -> torch.Tensor:
     """The residual stream of a batch from one forward pass: float32 (B, L + 1, T, C), on x's device. Row l < L
     enters block l (row 0: the embeddings); row L leaves the last block (ln_f's input). Recorded at the model's
-    hook points (model/hooks.py), eval mode, float32."""
+    hook points (model/hooks.py), eval mode, float32; `edits` (interp/interventions.py) apply during the pass."""
     model = plain_module(model)
     with eval_mode(model), torch.autocast(device_type=x.device.type, enabled=False):
-        _, cache = run_with_cache(model, x, names=residual_names(model.config.n_layer))
+        _, cache = run_with_cache(model, x, edits=edits, names=residual_names(model.config.n_layer))
     return cache.residual_stream().transpose(0, 1)

@@ -140,11 +140,12 @@ def _unit(v: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def contextual_similarity(model, x: torch.Tensor, n_tokens: int = 20, pairs_per_token: int = 50,
-                          seed: int = 0) -> Similarity:
+                          seed: int = 0, edits=None) -> Similarity:
     """Self-similarity by layer for the `n_tokens` most frequent tokens of x (B, T) that occur in at least two
     windows: for each, `pairs_per_token` random pairs of its occurrences in different windows; the baseline is as
-    many random pairs of any two positions (in different windows). Cosines of the residual vectors."""
-    stream = residual_streams(model, x)  # (B, L + 1, T, C)
+    many random pairs of any two positions (in different windows). Cosines of the residual vectors. `edits`: an
+    intervention applied during the pass (the same pairs are drawn, so a control differs in the edit only)."""
+    stream = residual_streams(model, x, edits)  # (B, L + 1, T, C)
     b, n_points, t, _ = stream.shape
     flat = _unit(stream.permute(1, 0, 2, 3).reshape(n_points, b * t, -1))  # (L + 1, B*T, C)
     ids = x.reshape(-1).cpu()

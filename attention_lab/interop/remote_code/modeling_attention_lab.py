@@ -54,6 +54,13 @@ def sinusoidal_table(n_positions, dim):
     return table.float()
 
 
+SINUSOID_SCALE = 0.02 * math.sqrt(2.0)  # model/positions.py: the table scaled to the embeddings' initial size
+
+
+def sinusoidal_embedding(n_positions, dim):
+    return SINUSOID_SCALE * sinusoidal_table(n_positions, dim)
+
+
 def alibi_slopes(n_head):
     """Press et al. (2022): 2^(-8/n) to the powers 1..n; other head counts borrow from the next power of two."""
 
@@ -84,7 +91,7 @@ class Positions(nn.Module):
         if self.kind == "learned":
             self.weight = nn.Parameter(torch.zeros(config.block_size, config.n_embd))
         elif self.kind == "sinusoidal":
-            self.register_buffer("table", sinusoidal_table(self.block_size, self.n_embd), persistent=False)
+            self.register_buffer("table", sinusoidal_embedding(self.block_size, self.n_embd), persistent=False)
         elif self.kind == "rope":
             self.register_buffer("inv_freq", rope_inv_freq(self.head_size, self.rope_base), persistent=False)
         elif self.kind == "alibi":
@@ -94,7 +101,7 @@ class Positions(nn.Module):
     def reset_buffers(self):
         """Recompute the fixed tables (transformers may build the model on the meta device, then materialise it)."""
         if self.kind == "sinusoidal":
-            self.table.copy_(sinusoidal_table(self.block_size, self.n_embd))
+            self.table.copy_(sinusoidal_embedding(self.block_size, self.n_embd))
         elif self.kind == "rope":
             self.inv_freq.copy_(rope_inv_freq(self.head_size, self.rope_base))
         elif self.kind == "alibi":
@@ -208,8 +215,8 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, config.mlp_ratio * config.n_embd, bias=config.bias)
-        self.c_proj = nn.Linear(config.mlp_ratio * config.n_embd, config.n_embd, bias=config.bias)
+        self.c_fc = nn.Linear(config.n_embd, int(round(config.mlp_ratio * config.n_embd)), bias=config.bias)
+        self.c_proj = nn.Linear(int(round(config.mlp_ratio * config.n_embd)), config.n_embd, bias=config.bias)
         self.act = config.mlp_act
         self.dropout = dropout(config.dropout)
 

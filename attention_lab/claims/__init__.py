@@ -1,0 +1,26 @@
+"""The tutorials' claims about attention, each an experiment a learner runs on a CPU, judged as a reviewer would.
+
+    python -m attention_lab.claims --list                 # the claims, their statements and arms
+    python -m attention_lab.claims qk                     # sweep, seeds, measures, verdict -> claims/qk/report.md
+    python -m attention_lab.claims qk --quick             # a tiny version in seconds (for tests and trying)
+    python -m attention_lab.claims qk --launcher joblib   # the runs side by side (any Hydra launcher)
+    python -m attention_lab.claims docs                   # docs/claims.md and the README's table, from the reports
+    python -m attention_lab.claims compare RUN RUN ...    # a table and a plot of any runs
+
+The modules, in the order a claim runs:
+
+    catalog.py     the claims as data: arms (config overrides on configs/experiment/claims.yaml), expectations,
+                   the published result, the seeds and the rate sweep
+    runs.py        the runs to train as one Hydra multirun of train.py (any launcher); finished runs reused
+    trained.py     what a finished run's files say (curve, speed, wall time, rate)
+    measure.py     one run's final checkpoint measured on one half of the held-out plays
+    stats.py       paired seeds -> mean difference, 95% interval, p, Holm, region of practical equivalence, verdict
+    experiment.py  one claim end to end: sweep, choose each arm's rate, seeds, measure on the test plays, decide
+    report.py      report.md and results.json; docs/claims.md assembled from the reports
+    cli.py         the command
+"""
+
+from attention_lab.claims.catalog import CLAIMS, Arm, Claim, Expect
+from attention_lab.claims.experiment import run_claim, select
+
+__all__ = ["CLAIMS", "Arm", "Claim", "Expect", "run_claim", "select"]

@@ -1,0 +1,5 @@
+import sys
+
+from attention_lab.claims.cli import main
+
+sys.exit(main())

@@ -1,0 +1,151 @@
+"""The claims as data: each names its arms (config overrides on one base preset), what answers it, and the
+published result it is read beside. Nothing here runs anything.
+
+An arm's learning rate is not part of its overrides: every arm is swept over `Claim.rates` (multiples of the base
+preset's optim.lr) on one seed, and its seeds then train at the rate its sweep chose. An arm with `sweep=False`
+keeps the rate its overrides name (the scale claim's rate arms: there the rate is what the claim is about).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+BASE = ("experiment=claims",)
+BASE_LR = 3e-3  # configs/experiment/claims.yaml's optim.lr: the sweep's centre
+RATES = (1 / 3, 1.0, 3.0)  # the sweep: log-spaced around the base rate
+SEEDS = (1, 2, 3, 4, 5)
+SWEEP_SEED = 1  # the seed the sweep trains; at the chosen rate it is also the first of the seeds
+# --quick: the same arms on a model and a run small enough for seconds (character data, 1 layer, 24 steps)
+QUICK = ("data=shakespeare_char", "model.block_size=32", "model.n_layer=1", "model.n_embd=32", "train.batch_size=4",
+         "train.max_steps=24", "train.eval_interval=12", "train.eval_batches=2", "optim.warmup_steps=4",
+         "train.head_roles=false", "train.film=false", "train.tensorboard=false", "train.dtype=float32")
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    overrides: tuple[str, ...] = ()
+    sweep: bool = True  # False: trains at the rate its overrides name (no sweep)
+    after: str | None = None  # an arm whose finished runs it needs first (its time budget: "{minutes}")
+    rate_of: str | None = None  # trains at the rate this other arm's sweep chose (the same model on a budget)
+
+
+@dataclass(frozen=True)
+class Expect:
+    """The claim says `better` reaches a lower `metric` than `worse` (bits/byte on the test plays unless named).
+    `worse_metric` compares two numbers of the same arm (a control measured on the same runs). `region`: the
+    region of practical equivalence, in the metric's unit."""
+
+    better: str
+    worse: str
+    metric: str = "bpb"
+    worse_metric: str | None = None
+    region: float = 0.01
+
+
+@dataclass(frozen=True)
+class Claim:
+    name: str
+    statement: str  # the tutorials' claim, one line
+    arms: tuple[Arm, ...]
+    measures: tuple[str, ...]  # which numbers besides bits/byte (claims/measure.py)
+    expect: tuple[Expect, ...]
+    published: str
+    seeds: tuple[int, ...] = SEEDS
+    rates: tuple[float, ...] = RATES
+    choose_by: str = "bpb"  # the number, on the choose plays, that picks each arm's rate
+    plot: str = "curves"  # "curves": validation loss over steps; "position": loss by position; "bars:a,b": metrics
+    notes: tuple[str, ...] = field(default=())  # what the arms hold constant, said once in the report
+
+
+HEAD_COUNTS = (1, 2, 4, 8, 16)
+VASWANI_A = ("Vaswani et al. 2017 Table 3 rows (A), English-German dev set at equal compute (d_model 512): "
+             "1 head 5.29 perplexity (24.9 BLEU), 4 heads 5.00 (25.5), 8 heads 4.92 (25.8, the base model), "
+             "16 heads 4.91 (25.8), 32 heads 5.01 (25.4); Michel et al. 2019: most heads can be removed one at a time "
+             "without a significant change in BLEU")
+
+
+def _heads(pos: str) -> tuple[Arm, ...]:
+    return tuple(Arm(f"{n} head{'s' * (n > 1)}", (f"model.n_head={n}", f"model.pos_encoding={pos}")) for n in HEAD_COUNTS)
+
+
+CLAIMS = {c.name: c for c in (
+    Claim("qk", "queries and keys are separate projections because what a word looks for differs from what it "
+          "offers",
+          (Arm("separate"), Arm("tied", ("model.qk_tied=true",)),
+           Arm("tied, matched", ("model.qk_tied=true", "model.mlp_ratio=4.5"))),
+          ("diagonal", "previous_head"),
+          (Expect("separate", "tied"), Expect("separate", "tied, matched")),
+          "no published ablation at the scale of a language model; Kitaev et al. 2020 (Reformer, §2 and Figure 3) "
+          "share queries and keys, forbid a token to attend to itself (with q = k it would attend to itself "
+          "most), and find shared-QK attention no worse than separate on enwik8 and imagenet64",
+          notes=("tied, matched: tied Q/K with the MLP widened from 4x to 4.5x, which gives back exactly the "
+                 "parameters the k projection held (n_embd^2 per layer)",)),
+    Claim("scale", "scores are divided by sqrt(d_k) for numerical stability, so the softmax does not saturate",
+          (Arm("sqrt"), Arm("none", ("model.attn_scale=none",)), Arm("inverse", ("model.attn_scale=inverse",)),
+           *(Arm(f"{s}-3xlr", (f"model.attn_scale={s}", f"optim.lr={3 * BASE_LR:g}"), sweep=False)
+             for s in ("sqrt", "none", "inverse"))),
+          ("attention", "train_loss"),
+          (Expect("sqrt", "none"), Expect("sqrt", "inverse"), Expect("sqrt-3xlr", "none-3xlr"),
+           Expect("sqrt", "none", "max_score", region=1.0), Expect("sqrt-3xlr", "none-3xlr", "max_score", region=1.0)),
+          "Vaswani et al. 2017 §3.2.1: for unit-variance q and k the dot product has variance d_k, which pushes "
+          "the softmax into regions of tiny gradients (an argument, no ablation numbers); Wortsman et al. 2023: "
+          "attention-logit growth makes small models unstable at high learning rates, and QK-layernorm prevents it",
+          notes=("sqrt, none, inverse: each at the rate its own sweep chose; the -3xlr arms all at 3x the base rate "
+                 "(9e-3), the rate the claim is about",)),
+    Claim("mask", "future keys get -inf before the softmax, not 0 after it, or the weights no longer sum to 1; "
+          "without the mask the model sees the word it must predict",
+          (Arm("before_softmax"), Arm("after_softmax", ("model.causal_mask=after_softmax",)),
+           Arm("none", ("model.causal_mask=none",))),
+          ("honest", "sample"),
+          (Expect("before_softmax", "after_softmax", "honest_bpb"), Expect("before_softmax", "none", "honest_bpb")),
+          "a standard result rather than a paper's table: a leaking mask trains to a low loss and predicts "
+          "nothing once the future is hidden", choose_by="honest_bpb", plot="bars:leaky_bpb,honest_bpb"),
+    Claim("heads", "several heads beat one",
+          _heads("rope"), ("roles", "ablation"),
+          (Expect("4 heads", "1 head"), Expect("8 heads", "1 head"), Expect("8 heads", "4 heads")),
+          VASWANI_A, plot="bars:bpb",
+          notes=("every arm 128 channels wide, so more heads means smaller heads (128, 64, 32, 16, 8); under RoPE "
+                 "a head of 8 channels has only 4 rotation frequencies, a confound `heads-learned` removes",)),
+    Claim("heads-learned", "several heads beat one (the control: learned positions, no rotation in the heads)",
+          _heads("learned"), ("roles", "ablation"),
+          (Expect("4 heads", "1 head"), Expect("8 heads", "1 head"), Expect("8 heads", "4 heads")),
+          VASWANI_A, plot="bars:bpb",
+          notes=("the heads claim again with learned absolute positions added to the embeddings: the head size "
+                 "no longer limits how positions are encoded",)),
+    Claim("positions", "self-attention has no notion of order, so positions are added (though they may not be "
+          "needed)",
+          tuple(Arm(p, (f"model.pos_encoding={p}",)) for p in ("none", "learned", "sinusoidal", "rope", "alibi")),
+          ("position", "shuffle", "long_context"),
+          (Expect("rope", "none"), Expect("learned", "none"), Expect("sinusoidal", "none"), Expect("alibi", "none")),
+          "Haviv et al. 2022 (1.3B decoder, the Pile): without positions perplexity 13.10 against 13.05 learned, "
+          "12.93 sinusoidal, 12.51 ALiBi (a causal model infers positions); a bidirectional model without "
+          "positions fails", plot="position",
+          notes=("sinusoidal: the fixed table scaled to the embeddings' initial size (model/positions.py "
+                 "SINUSOID_SCALE)",)),
+    Claim("rnn", "attention replaced recurrent networks because it relates distant words directly and trains in "
+          "parallel",
+          (Arm("transformer"), Arm("lstm", ("model.arch=lstm",)),
+           Arm("lstm equal time", ("model.arch=lstm", "train.max_steps=100000", "train.max_minutes={minutes}"),
+               sweep=False, after="transformer", rate_of="lstm")),
+          ("position", "speed"), (Expect("transformer", "lstm"), Expect("transformer", "lstm equal time")),
+          "Khandelwal et al. 2018: an LSTM LM uses about 200 tokens of context, word order only within the last "
+          "~20-50; Kaplan et al. 2020 (Figure 7): LSTM per-token loss plateaus after <100 tokens while "
+          "transformers keep improving", plot="position",
+          notes=("the LSTM's recipe: the same AdamW, schedule, batches and steps as the transformer, with its own "
+                 "rate swept over the same grid; `lstm equal time` trains at the LSTM's chosen rate for the "
+                 "transformer's mean wall time, on the same schedule stretched over that time",)),
+    Claim("context", "attention turns a word's context-free embedding into a context-dependent one",
+          (Arm("base"),), ("similarity",),
+          (Expect("base", "base", "context_left", worse_metric="context_left_uniform", region=0.01),),
+          "Ethayarajh 2019: in ELMo, BERT and GPT-2, less than 5% of the variance of a word's contextual "
+          "representations is explained by its first principal component (a static vector), on average over "
+          "layers; upper layers are the most context-specific",
+          notes=("context_left: after the last block, a token's cosine similarity to its other occurrences minus "
+                 "that of random pairs (1 = no context at all); the control reads the same trained runs with every "
+                 "head's attention made uniform over the prefix (scores set to 0 before the mask), so it asks "
+                 "whether the learned weights contextualise more than a plain average of the words before",)),
+    Claim("quadratic", "the cost grows with the square of the context", (), ("bench",), (),
+          "measured in docs/variants.md (bench/attention.py): time(2T)/time(T) near 4 for full attention, 2 for "
+          "windows and linear attention", seeds=()),
+)}

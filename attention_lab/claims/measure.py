@@ -1,0 +1,142 @@
+"""Measuring one trained arm: its final checkpoint (chosen by nothing), on one part of the held-out plays.
+
+The validation split is cut in two (data/prepare.py PreparedData.held_out): the "choose" plays pick each arm's
+learning rate, the "test" plays score the seeds, so no number in a verdict was read by a choice. Every measure
+reads windows spread evenly over the whole part, not its first pages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from attention_lab.interp.heads import ablation_effects, head_label
+from attention_lab.interp.interventions import Intervention, intervention_edits
+from attention_lab.interp.measures import (
+    attention_stats,
+    contextual_similarity,
+    honest_position_losses,
+    position_losses,
+    prefix_shuffle,
+)
+from attention_lab.interp.roles import role_scores
+from attention_lab.store.checkpoint import CheckpointError, load_checkpoint
+from attention_lab.training.evaluate import data_dir_of, split_nats
+from data.batches import windows
+from data.prepare import HeldOut, PreparedData
+
+WHICH = "latest"  # the final checkpoint: no checkpoint is chosen on any split
+
+
+@dataclass
+class Held:
+    """Windows of twice the context spread evenly over one held-out part, shared by every arm of a claim."""
+
+    part: HeldOut
+    x: torch.Tensor  # (n, 2T)
+    y: torch.Tensor
+
+    @classmethod
+    def of(cls, run_dir: Path, part: str, block_size: int, n: int) -> "Held":
+        data = PreparedData.open(data_dir_of(run_dir, run_dir))
+        held = data.held_out(part)
+        starts = np.linspace(0, len(held.tokens) - 2 * block_size - 2, n).astype(np.int64)
+        x, y = windows(held.tokens, starts, 2 * block_size)  # twice the context, for the long-context measure
+        return cls(held, x, y)
+
+    def spread(self, k: int) -> np.ndarray:
+        """k window indices spread evenly over all of them (so over the whole part), not the first k."""
+        return np.unique(np.linspace(0, len(self.x) - 1, min(k, len(self.x))).round().astype(np.int64))
+
+    def bpb(self, nats_per_token: float) -> float:
+        return self.part.bits_per_byte(nats_per_token, 1)
+
+
+def measure(claim, run_dir: Path, held: Held, quick: bool) -> dict:
+    """The claim's numbers for one run on `held`'s part: bits/byte over the whole part (quick: its windows only)
+    and the measures the claim names."""
+    ckpt = load_checkpoint(run_dir, WHICH)
+    model = ckpt.build_model("cpu")
+    t = model.config.block_size
+    x, y = held.x[:, :t], held.y[:, :t]
+    few = held.spread(4 if quick else 16)  # the measures that run a pass per head or per position
+    out: dict = {"step": ckpt.step, "params": sum(p.numel() for p in model.parameters())}
+    curve = position_losses(model, x, y)
+    if quick:
+        out["bpb"] = held.bpb(float(curve.mean()))
+    else:
+        total, count = split_nats(model, held.part.tokens, batch_size=8)
+        out["bpb"] = held.part.bits_per_byte(total, count)
+    attention = hasattr(model.config, "n_head")
+    if "position" in claim.measures:
+        out["position_loss"] = curve.round(4).tolist()
+        out["loss_first_8"] = float(curve[:8].mean())
+        out["loss_last_half"] = float(curve[t // 2:].mean())
+    if "shuffle" in claim.measures:
+        out["shuffle_jump"] = prefix_shuffle(model, x, y, last=max(1, t // 4)).jump
+    if "long_context" in claim.measures:  # both on the same windows: their first T, then all 2T tokens
+        out["bpb_windows_1x"] = held.bpb(float(curve.mean()))
+        out["bpb_windows_2x"] = _long_context_bpb(ckpt, model, held)
+    if "honest" in claim.measures:
+        out["leaky_bpb"] = held.bpb(float(position_losses(model, x[few], y[few]).mean()))
+        out["honest_bpb"] = held.bpb(float(honest_position_losses(model, x[few], y[few]).mean()))
+    if "sample" in claim.measures:
+        out["sample"] = _sample(model, ckpt, held, 48 if quick else 160)
+    if attention and {"diagonal", "previous_head", "roles"} & set(claim.measures):
+        with torch.no_grad():
+            attn = torch.stack(model(x[few], return_attention=True).attentions, dim=1).float().numpy()
+        scores = role_scores(attn, x[few].numpy())
+        out["self_mass"] = float(scores["self"].mean())
+        out["max_previous_token"] = float(scores["previous_token"].max())
+        labels = [head_label(scores, layer, h) for layer in range(attn.shape[1]) for h in range(attn.shape[2])]
+        out["heads_with_a_role"] = sum(lab != "mixed" for lab in labels)
+    if "ablation" in claim.measures and attention:
+        effects = ablation_effects(model, x[few], y[few])
+        out["heads_that_matter"] = int((effects > 0.01).sum())
+        out["heads"] = int(effects.size)
+    if "attention" in claim.measures and attention:
+        stats = attention_stats(model, x[few])
+        out["entropy_by_layer"] = stats.entropy.round(4).tolist()
+        out["max_score"] = float(stats.max_score.max())
+    if "similarity" in claim.measures and attention:
+        out |= context_measures(model, x, quick)
+    return out
+
+
+def context_measures(model, x: torch.Tensor, quick: bool) -> dict:
+    """How much of a token's identity is left after the last block (same-token cosine minus random pairs; 1: no
+    context at all), for the model as trained and with every head's attention uniform over its prefix."""
+    cfg = model.config
+    n = 10 if quick else 30
+    sim = contextual_similarity(model, x, n_tokens=n)
+    uniform = [Intervention("uniform", layer, head) for layer in range(cfg.n_layer) for head in range(cfg.n_head)]
+    control = contextual_similarity(model, x, n_tokens=n, edits=intervention_edits(cfg, uniform))
+    return {"context_at_embedding": float(sim.contextual[0]), "context_left": float(sim.contextual[-1]),
+            "context_left_uniform": float(control.contextual[-1]),
+            "context_by_layer": sim.contextual.round(4).tolist()}
+
+
+def _long_context_bpb(ckpt, model, held: Held) -> float | None:
+    """Bits/byte on windows of twice the trained context, for encodings that have no table of positions."""
+    cfg = model.config
+    if getattr(cfg, "pos_encoding", "learned") == "learned":
+        return None
+    try:
+        longer = ckpt.build_model("cpu", replace(cfg, block_size=2 * cfg.block_size))
+    except (CheckpointError, RuntimeError):
+        return None
+    return held.bpb(float(position_losses(longer, held.x, held.y).mean()))
+
+
+def _sample(model, ckpt, held: Held, n_tokens: int) -> str:
+    from model import generate
+
+    tok = ckpt.tokenizer()
+    prompt = held.x[:1, :16]
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        out = generate(model, prompt, n_tokens, temperature=0.8, top_k=50, generator=gen)
+    return tok.decode(out[0].tolist())

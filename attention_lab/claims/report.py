@@ -1,0 +1,342 @@
+"""A claim's report, every number and every verdict word read from its results.json (written here too), and
+docs/claims.md assembled from the reports by one command.
+
+    report.md    the statement; machine, seeds, split, rates; the sweep table; the arm table; one sentence per
+                 expectation (difference, interval, p, Holm, region, verdict); the published result; the plot
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from attention_lab.claims.catalog import CLAIMS, SWEEP_SEED, Claim
+from attention_lab.claims.runs import REPO
+from attention_lab.runtime.device import cpu_model
+from data.files import atomic_write, write_json_atomic
+
+UNITS = {"bpb": "bits/byte", "honest_bpb": "bits/byte (honest: every later token cut off)",
+         "max_score": "in the largest pre-softmax score", "context_left": "in identity left after the last block"}
+LEGEND = {"leaky_bpb": "as trained: the whole window in view", "honest_bpb": "honest: every later token cut off",
+          "bpb": "bits/byte on the test plays"}
+
+
+def machine() -> str:
+    caps = torch.cpu.get_capabilities() if hasattr(torch.cpu, "get_capabilities") else {}
+    bf16 = "AMX-BF16" if caps.get("amx_bf16") else "AVX512-BF16" if caps.get("avx512_bf16") else "no native bf16"
+    return f"{cpu_model()} ({bf16}), {os.cpu_count()} cores, torch {torch.__version__}"
+
+
+def write_text(path: Path, text: str) -> None:
+    with atomic_write(path) as f:
+        f.write(text if text.endswith("\n") else text + "\n")
+
+
+def _f(v: float, digits: int = 4) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
+
+
+def _p(p: float) -> str:
+    if p is None or math.isnan(p):
+        return "-"
+    return f"{p:.2g}" if p >= 0.001 else f"{p:.1e}"
+
+
+def sentence(c: dict, n_compared: int) -> str:
+    """One expectation in words, every number from the comparison."""
+    unit = UNITS.get(c["metric"], f"in {c['metric']}")
+    worse = c["worse"] + (f" ({c['metric']} under the control)" if c["better"] == c["worse"] else "")
+    direction = "higher" if c["mean"] > 0 else "lower"
+    text = (f"**{c['verdict']}**: {worse} is {direction} than {c['better']} by {abs(c['mean']):.4f} {unit} "
+            f"(mean of {len(c['seeds'])} paired seed{'s' * (len(c['seeds']) > 1)}")
+    if len(c["seeds"]) > 1:
+        text += (f"; 95% interval {c['low']:+.4f} to {c['high']:+.4f}; p = {_p(c['p'])}, {_p(c['p_holm'])} after "
+                 f"Holm's correction for {n_compared}; region of practical equivalence ±{c['region']:g})")
+    else:
+        text += "; one seed: no interval)"
+    if c["verdict"] == "undecided":
+        text += ("; this many seeds cannot tell" + (f": about {c['seeds_needed']} paired seeds would find a "
+                 "difference of this size 4 times in 5" if c.get("seeds_needed") else
+                 ": the difference is too small against the seed noise for any practical number of seeds"))
+    elif c["verdict"] == "equivalent":
+        text += ": the whole interval lies inside the region, no difference that matters"
+    return text
+
+
+def arm_table(claim: Claim, doc: dict) -> str:
+    results = doc["results"]
+    skip = {"bpb", "seed", "seconds", "step", "lr", "run", "sample"}
+    keys = sorted({k for rs in results.values() for r in rs for k, v in r.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in skip})
+    head = ["arm", "rate", "step scored", "bits/byte (mean ± sd)", "per seed"] + keys + ["seconds"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for arm in claim.arms:
+        rs = results.get(arm.name, [])
+        if not rs:
+            continue
+        b = np.array([r["bpb"] for r in rs])
+        cells = [arm.name, ", ".join(sorted({f"{r['lr']:g}" for r in rs})), ", ".join(sorted({str(r["step"]) for r in rs})),
+                 f"{b.mean():.4f} ± {b.std(ddof=1):.4f}" if len(b) > 1 else f"{b.mean():.4f}",
+                 ", ".join(f"{v:.4f}" for v in b)]
+        for k in keys:
+            v = [r[k] for r in rs if r.get(k) is not None]
+            cells.append(_fmt(float(np.mean(v))) if v else "-")
+        cells.append(f"{np.mean([r['seconds'] for r in rs]):.0f}")
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def sweep_table(doc: dict) -> str:
+    sweep = doc["sweep"]
+    if not sweep:
+        return ""
+    rates = sorted({float(r) for v in sweep.values() for r in v})
+    rows = ["| arm | " + " | ".join(f"lr {r:g}" for r in rates) + " | chosen |", "|---|" + "--:|" * len(rates) + "---|"]
+    edge = []
+    for arm, values in sweep.items():
+        best = min(values, key=values.get)
+        cells = [f"**{values[k]:.4f}**" if k == best else f"{values[k]:.4f}"
+                 for k in (next(k for k in values if float(k) == r) for r in rates)]
+        rows.append(f"| {arm} | " + " | ".join(cells) + f" | {float(best):g} |")
+        if float(best) in (rates[0], rates[-1]):
+            edge.append(arm)
+    metric = "honest bits/byte" if doc["choose_by"] == "honest_bpb" else "bits/byte"
+    text = (f"The sweep: {metric} on the choose plays ({', '.join(doc['split']['choose'])}), final checkpoint, "
+            f"seed {SWEEP_SEED}; bold: the rate the arm's seeds then trained at.\n\n" + "\n".join(rows))
+    if edge:
+        text += (f"\n\nChosen at the edge of the sweep: {', '.join(edge)} (a rate beyond it might be better still; "
+                 "`--rates` widens it).")
+    return text
+
+
+def _fmt(v: float) -> str:
+    if float(v).is_integer():
+        return f"{int(v):,}"
+    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4f}" if abs(v) < 10 else f"{v:.2f}"
+
+
+def verdict_summary(doc: dict) -> str:
+    """The claim's verdicts in one table cell: each expectation's word and its difference."""
+    parts = []
+    for c in doc.get("comparisons", []):
+        what = f"{c['worse']} vs {c['better']}" if c["better"] != c["worse"] else f"{c['metric']} vs control"
+        metric = "" if c["metric"] == "bpb" else f" ({c['metric']})"
+        interval = "" if math.isnan(c["low"]) else f" [{c['low']:+.3f}, {c['high']:+.3f}]"
+        parts.append(f"{what}{metric}: **{c['verdict']}** {c['mean']:+.3f}{interval}")
+    return "; ".join(parts) if parts else doc.get("summary", "")
+
+
+def write(claim: Claim, doc: dict, out: Path) -> Path:
+    write_json_atomic(out / "results.json", doc)
+    plot(claim, doc["results"], out / "plot.png")
+    return render(claim, out)
+
+
+def render(claim: Claim, out: Path) -> Path:
+    """report.md from results.json alone."""
+    doc = json.loads((out / "results.json").read_text())
+    quick = " (--quick: a smoke run, not a measurement)" if doc["quick"] else ""
+    lines = [f"# Claim `{claim.name}`{quick}", "", f"> {claim.statement}", ""]
+    if not claim.arms:
+        lines += [f"Machine: {doc['machine']}.", "", doc["body"], "", "## Published", "", claim.published]
+        return _done(out, lines)
+    n_runs = len(doc["run_seconds"])
+    lines += [f"Machine: {doc['machine']}. Base preset: configs/experiment/claims.yaml"
+              f"{' with the --quick overrides' if doc['quick'] else ''}; launcher: "
+              f"{' '.join(doc['launcher']) or 'basic'}. Seeds {', '.join(map(str, doc['seeds']))} per arm, paired "
+              f"(one seed: the same initialisation stream, batches and test windows in every arm). The rate of each "
+              f"arm was chosen on the choose plays ({', '.join(doc['split']['choose'])}); every number below is the "
+              f"final checkpoint scored on the test plays ({', '.join(doc['split']['test'])}), which no choice read. "
+              f"This run trained {n_runs} run{'s' * (n_runs != 1)} and reused the rest; it took "
+              f"{doc['minutes']:.1f} min in all.", ""]
+    lines += [f"- {n}" for n in claim.notes] + ([""] if claim.notes else [])
+    lines += ["## Verdict", ""]
+    n = len(doc["comparisons"])
+    lines += [f"- {sentence(c, n)}" for c in doc["comparisons"]] + [""]
+    lines += ["## Arms", "", arm_table(claim, doc), "",
+              "bits/byte: every token of the test plays scored once, float32; step scored: the final checkpoint's; "
+              "seconds: one run's wall clock (start-up included; runs that were reused keep the time they took).",
+              ""]
+    if doc["sweep"]:
+        lines += ["## Learning rates", "", sweep_table(doc), ""]
+    samples = [(arm, rs[0]["sample"]) for arm, rs in doc["results"].items() if rs and rs[0].get("sample")]
+    if samples:
+        lines += ["## Samples (temperature 0.8, the same test-play prompt, seed 1)", ""]
+        lines += [f"- **{arm}**: {text.replace(chr(10), ' / ')[:400]}" for arm, text in samples] + [""]
+    lines += ["## Published", "", claim.published, "", "![plot](plot.png)"]
+    return _done(out, lines)
+
+
+def _done(out: Path, lines: list[str]) -> Path:
+    write_text(out / "report.md", "\n".join(lines))
+    return out / "report.md"
+
+
+def write_bench(claim: Claim, out: Path, quick: bool) -> Path:
+    """The claim without arms (quadratic): the wall benchmark run now, its growth per doubling computed."""
+    cmd = [sys.executable, "-m", "bench.run", "--only", "attention", "--out", str(out / "bench.json"),
+           "--md", str(out / "bench.md")] + (["--quick"] if quick else [])
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench/attention.py failed:\n{proc.stderr[-1500:]}")
+    table = (out / "bench.md").read_text() if (out / "bench.md").exists() else proc.stdout
+    rows = json.loads((out / "bench.json").read_text())["tables"]["attention"]["rows"]
+    lines, summary = ["## Verdict", ""], []
+    for method in ("sdpa causal", "window blocks", "linear"):
+        grown = sorted((r["T"], r["growth"]) for r in rows if r["method"] == method and r.get("growth"))
+        if not grown:
+            continue
+        cut = grown[len(grown) // 2][0]
+        big = [g for t, g in grown if t >= cut]
+        lines.append(f"- {method}: doubling the context multiplies the forward + backward time by "
+                     f"{np.median(big):.2f} (median over T >= {cut:,}; quadratic would be 4, linear 2); at each "
+                     "doubling: " + ", ".join(f"{g:.2f} at T = {t:,}" for t, g in grown))
+        summary.append(f"{method} {np.median(big):.2f}x per doubling at T >= {cut:,}")
+    body = "\n".join(lines) + "\n\nThe wall, measured now by `python -m bench.run --only attention`:\n\n" + table
+    write_json_atomic(out / "results.json", {"claim": claim.name, "quick": quick, "machine": machine(), "body": body,
+                                             "summary": "; ".join(summary)})
+    return render(claim, out)
+
+
+def plot(claim: Claim, results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    arms = [a.name for a in claim.arms if results.get(a.name)]
+    if claim.plot.startswith("bars:"):
+        metrics = claim.plot[5:].split(",")
+        width = 0.8 / len(metrics)
+        for m, metric in enumerate(metrics):
+            values = [[r[metric] for r in results[a] if r.get(metric) is not None] for a in arms]
+            mean = np.array([np.mean(v) if v else np.nan for v in values])
+            sd = np.array([np.std(v, ddof=1) if len(v) > 1 else 0.0 for v in values])
+            x = np.arange(len(arms)) + m * width
+            ax.bar(x, mean, width, yerr=sd, capsize=3, label=LEGEND.get(metric, metric))
+            for xi, v in zip(x, values):  # each seed as a dot: the spread, not only its summary
+                ax.plot([xi] * len(v), v, "k.", ms=3)
+        ax.set_xticks(np.arange(len(arms)) + 0.4 - width / 2, arms, fontsize=8)
+        ax.set_ylabel("bits/byte on the test plays (bars: mean ± sd; dots: seeds)")
+    else:
+        for arm in arms:
+            r = results[arm][0]  # the first seed of each arm
+            if claim.plot == "position" and "position_loss" in r:
+                curve = np.asarray(r["position_loss"])
+                edges = [1, 2, 3] + [2 ** k + 1 for k in range(2, 20) if 2 ** k < len(curve)] + [len(curve) + 1]
+                centres = [np.sqrt(a * (b - 1)) for a, b in zip(edges, edges[1:])]
+                means = [curve[a - 1:b - 1].mean() for a, b in zip(edges, edges[1:])]
+                ax.plot(centres, means, marker="o", label=arm)
+                ax.set_xlabel("position in the context (tokens seen; means over 1, 2, 3-4, 5-8, ...)")
+                ax.set_ylabel("test-play loss (nats/token), seed 1")
+                ax.set_xscale("log")
+            elif r.get("val_curve"):
+                steps, losses = zip(*r["val_curve"])
+                ax.plot(steps, losses, marker="o", label=arm)
+                ax.set_xlabel("step")
+                ax.set_ylabel("trainer's validation loss (nats/token), seed 1")
+    ax.set_title(f"claim '{claim.name}': {claim.statement[:70]}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# docs/claims.md and the README's table, from the reports
+
+DOCS_INTRO = """# The tutorials' claims, tested
+
+<!-- generated by `python -m attention_lab.claims docs` from claims/*/results.json and report.md: edit
+attention_lab/claims/ (catalog.py for the claims, report.py for this text), not this file -->
+
+The texts this project teaches from explain *why* attention is built the way it is. Each "why" is a claim, and
+each claim is an experiment you run on a CPU with one command:
+
+```
+.venv/bin/python -m attention_lab.claims --list            # the claims, their statements and arms
+.venv/bin/python -m attention_lab.claims qk                # sweep, seeds, verdict -> claims/qk/report.md
+.venv/bin/python -m attention_lab.claims qk --quick        # a tiny version in seconds (a smoke run, not a measurement)
+.venv/bin/python -m attention_lab.claims heads --launcher joblib --jobs 8   # the runs side by side on 8 cores
+.venv/bin/python -m attention_lab.claims heads --launcher submitit_slurm -- hydra.launcher.partition=gpu
+.venv/bin/python -m attention_lab.claims docs              # this page, from the reports
+```
+
+**How a claim is judged.** Its arms are config overrides on one base preset (`configs/experiment/claims.yaml`: 2
+layers, 4 heads, 128 wide, a context of 128 BPE tokens, vocabulary 512, RoPE, QK-norm off, AdamW, batch 16, 600
+steps). Each arm is swept over three learning rates (1e-3, 3e-3, 9e-3) on seed 1 and its seeds then train at the
+rate that scored best on the *choose* plays (two of the four held-out plays); the scale claim's 3x-rate arms keep
+their rate, since the rate is what they are about. Every seed's final checkpoint (chosen by nothing) is scored on
+the *test* plays (the other two), which no choice read. Arms are paired by seed: arm A and arm B with seed s start
+from the same random stream and read the same batches, so noise they share cancels in their difference. For each
+expectation the report gives the mean paired difference, its 95% t interval, the paired t-test's p-value with
+Holm's correction across the claim's expectations, a region of practical equivalence (±0.01 bits/byte unless
+stated), and a word computed from them: **holds** (significant after Holm, in the claimed direction), **reversed**
+(significant, against it), **equivalent** (the whole interval inside the region) or **undecided** (with the number
+of paired seeds a difference of that size would need). The runs of a claim are one Hydra multirun (`train.py -m`),
+so any Hydra launcher runs them; finished runs are reused, and a run another claim already trained (the base arm is
+in most claims) is copied. Statistics: scipy.stats (Bouthillier et al. 2021 on the sources of variance; Dror et al.
+2018 on significance testing; Benavoli et al. 2017 on regions of practical equivalence).
+
+Nothing below is written by hand: each section is its claim's report.md, and the table is built from the
+results.json files. A claim missing from the table has not been run with these rules yet.
+"""
+
+
+def summary_rows(root: Path) -> list[tuple[str, str, str]]:
+    rows = []
+    for name, claim in CLAIMS.items():
+        path = root / name / "results.json"
+        if path.exists():
+            doc = json.loads(path.read_text())
+            if not doc.get("quick"):
+                rows.append((name, verdict_summary(doc), f"{doc.get('minutes', float('nan')):.0f} min"
+                             if claim.arms else "-"))
+    return rows
+
+
+def summary_table(root: Path) -> str:
+    rows = summary_rows(root)
+    lines = ["| claim | verdicts (difference in bits/byte unless named; [95% interval]) | time of this run |",
+             "|---|---|---|"]
+    lines += [f"| `{n}` | {v} | {t} |" for n, v, t in rows]
+    return "\n".join(lines)
+
+
+def write_docs(root: Path = Path("claims"), docs: Path = REPO / "docs", readme: Path = REPO / "README.md") -> Path:
+    """docs/claims.md from claims/<name>/report.md (plots copied to docs/claims/), and the README's table."""
+    (docs / "claims").mkdir(parents=True, exist_ok=True)
+    parts = [DOCS_INTRO, summary_table(root), ""]
+    for name in CLAIMS:
+        rep = root / name / "report.md"
+        res = root / name / "results.json"
+        if not rep.exists() or not res.exists() or json.loads(res.read_text()).get("quick"):
+            continue
+        text = rep.read_text().replace(f"# Claim `{name}`", f"## `{name}`", 1)
+        text = re.sub(r"^## ", "### ", text, flags=re.M).replace(f"### `{name}`", f"## `{name}`", 1)
+        if (root / name / "plot.png").exists():
+            shutil.copyfile(root / name / "plot.png", docs / "claims" / f"{name}.png")
+            text = text.replace("](plot.png)", f"](claims/{name}.png)")
+        text = text.replace("](bench", f"]({root}/{name}/bench")
+        parts += [f"`.venv/bin/python -m attention_lab.claims {name}`", "", text.split("\n", 1)[1]
+                  if text.startswith("## ") else text]
+        parts.insert(len(parts) - 2, f"## `{name}`")
+    write_text(docs / "claims.md", "\n".join(parts))
+    if readme.exists():
+        start, end = "<!-- claims table: python -m attention_lab.claims docs -->", "<!-- end claims table -->"
+        text = readme.read_text()
+        if start in text and end in text:
+            head, rest = text.split(start, 1)
+            _, tail = rest.split(end, 1)
+            write_text(readme, head + start + "\n" + summary_table(root) + "\n" + end + tail)
+    return docs / "claims.md"

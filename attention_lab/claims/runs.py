@@ -1,0 +1,219 @@
+"""Training a claim's runs as one Hydra multirun, with any launcher; reusing every run that already finished.
+
+Each run to train is a job: an arm's overrides, a learning rate and a seed. The jobs are written as config files of
+a group `claims_job` into <out>/jobs/ and train.py runs them as one sweep over that group:
+
+    python train.py -m experiment=claims name=claims-qk +claims_job=separate-lr0.003-s1,tied-lr0.003-s1,...
+        hydra.searchpath=[file://<out>/jobs] hydra.sweep.dir=<out>/runs hydra.sweep.subdir=<the job's name>
+        [hydra/launcher=joblib | hydra/launcher=submitit_slurm ...]
+
+so Hydra's launcher schedules them: in one process one after another (basic), side by side on the cores
+(joblib: pip install hydra-joblib-launcher), or on a cluster (submitit). Each run is an ordinary run folder
+<out>/runs/<job>/. A job whose folder holds claims_done.json is not trained again, and one whose run config
+another claim beside this one already trained (the base arm is in six claims) is copied from there first.
+What a run learns does not depend on the launcher: its seed fixes its initialisation and its batches.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from attention_lab.training.config import compose
+from data.files import atomic_write, write_json_atomic
+
+REPO = Path(__file__).resolve().parents[2]
+DONE = "claims_done.json"
+GUESS_SECONDS = 60.0  # one run of the base preset on 2 cores, until a finished run says otherwise
+
+
+@dataclass(frozen=True)
+class Job:
+    arm: str
+    seed: int
+    lr: float | None  # None: the rate the arm's own overrides name
+    overrides: tuple[str, ...]  # the arm's, the rate and the seed (key=value, no config groups)
+
+    @property
+    def name(self) -> str:
+        rate = "" if self.lr is None else f"-lr{self.lr:.2e}"
+        return f"{self.arm.replace(' ', '_').replace(',', '')}{rate}-s{self.seed}"
+
+
+def job(arm, seed: int, lr: float | None, minutes: float | None = None) -> Job:
+    overrides = [o.replace("{minutes}", f"{minutes:.3f}") if minutes is not None else o for o in arm.overrides]
+    if any("{minutes}" in o for o in overrides):
+        raise ValueError(f"arm {arm.name!r} needs the time budget of arm {arm.after!r} first")
+    if lr is not None:
+        overrides.append(f"optim.lr={lr:.6g}")
+    return Job(arm.name, seed, lr, (*overrides, f"train.seed={seed}"))
+
+
+@dataclass
+class Runner:
+    """Where a claim's runs live and how they are launched: `common` overrides precede every job's (the base
+    preset, --quick's, data.cache_dir=...); `launcher` are Hydra overrides choosing and configuring one."""
+
+    out: Path
+    claim: str
+    common: tuple[str, ...]
+    launcher: tuple[str, ...] = ()
+    log: callable = print
+    progress: bool = True
+    seconds: list[float] = field(default_factory=list)  # wall time of the runs this claim trained
+
+    def run_dir(self, j: Job) -> Path:
+        return self.out / "runs" / j.name
+
+    def overrides(self, j: Job) -> list[str]:
+        return [*self.common, f"name=claims-{self.claim}", *j.overrides]
+
+    def train(self, jobs: list[Job]) -> dict[Job, Path]:
+        """Train every job not finished yet (reused or copied otherwise); -> each job's run folder."""
+        todo = []
+        for j in dict.fromkeys(jobs):
+            run_dir = self.run_dir(j)
+            if finished(run_dir):
+                continue
+            twin = finished_twin(self.out, self.overrides(j), skip=run_dir)
+            if twin is not None:  # the same run, trained for another claim: copied, so this claim's folder is whole
+                self.log(f"  {j.name}: the same run as {twin}, copied")
+                shutil.copytree(twin, run_dir, dirs_exist_ok=True)
+                continue
+            todo.append(j)
+        if todo:
+            self._launch(todo)
+        return {j: self.run_dir(j) for j in jobs}
+
+    def _launch(self, todo: list[Job]) -> None:
+        jobs_dir = self.out / "jobs"
+        group = jobs_dir / "claims_job"
+        group.mkdir(parents=True, exist_ok=True)
+        for j in todo:
+            with atomic_write(group / f"{j.name}.yaml") as f:
+                f.write("# @package _global_\n" + yaml.safe_dump(nested(j.overrides), sort_keys=True))
+        cmd = [sys.executable, str(REPO / "train.py"), "-m", *self.common, f"name=claims-{self.claim}",
+               f"+claims_job={','.join(j.name for j in todo)}", f"hydra.searchpath=[file://{jobs_dir.resolve()}]",
+               f"hydra.sweep.dir={(self.out / 'runs').resolve()}",
+               "hydra.sweep.subdir=${hydra:runtime.choices.claims_job}", *self.launcher]
+        estimate = self.estimate()
+        self.log(f"  {len(todo)} run{'s' * (len(todo) > 1)} to train, about {len(todo) * estimate / 60:.1f} min at "
+                 f"{estimate:.0f} s a run one at a time ({' '.join(self.launcher) or 'the basic launcher'})")
+        log_path = self.out / "multirun.log"
+        t0 = time.time()
+        with open(log_path, "a") as log_file:
+            proc = subprocess.Popen(cmd, cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT, text=True)
+            watch = threading.Thread(target=self._watch, args=(proc, todo), daemon=True)
+            watch.start()
+            proc.wait()
+            watch.join()
+        if proc.returncode != 0:
+            tail = "\n".join(log_path.read_text(errors="replace").strip().splitlines()[-12:])
+            raise RuntimeError(f"claim {self.claim}: train.py -m failed (exit {proc.returncode}; the whole log: "
+                               f"{log_path}):\n{tail}")
+        missing = [j.name for j in todo if not finished(self.run_dir(j))]
+        if missing:
+            raise RuntimeError(f"claim {self.claim}: the sweep ended without finishing {', '.join(missing)} "
+                               f"(see {log_path})")
+        self.log(f"  trained in {(time.time() - t0) / 60:.1f} min")
+
+    def _watch(self, proc: subprocess.Popen, todo: list[Job]) -> None:
+        """A progress bar over runs: a run counts once its console says it is done."""
+        bar = None
+        if self.progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(todo), desc=f"claim {self.claim}", unit="run", dynamic_ncols=True)
+        left = list(todo)
+        while left:
+            for j in [j for j in left if finished(self.run_dir(j))]:
+                left.remove(j)
+                self.seconds.append(json.loads((self.run_dir(j) / DONE).read_text())["seconds"])
+                if bar is not None:
+                    bar.update(1)
+            if proc.poll() is not None and left:
+                for j in [j for j in left if finished(self.run_dir(j))]:
+                    left.remove(j)
+                break
+            time.sleep(0.5)
+        if bar is not None:
+            bar.close()
+
+    def estimate(self) -> float:
+        """Seconds a run takes here: the median of the runs finished beside this claim (any claim), else a guess."""
+        done = sorted(self.out.resolve().parent.glob(f"*/runs/*/{DONE}"))[-50:]
+        seconds = sorted(json.loads(p.read_text())["seconds"] for p in done)
+        return seconds[len(seconds) // 2] if seconds else GUESS_SECONDS
+
+
+def nested(overrides) -> dict:
+    """key.sub=value overrides -> {"key": {"sub": value}} (values parsed as YAML: 4 -> int, true -> bool)."""
+    out: dict = {}
+    for o in overrides:
+        key, _, value = o.partition("=")
+        if "." not in key:
+            raise ValueError(f"an arm may set values, not choose config groups: {o!r}")
+        *parents, leaf = key.split(".")
+        node = out
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = yaml.safe_load(value)
+    return out
+
+
+def finished(run_dir: Path) -> bool:
+    """A run is finished once claims_done.json says so, or its console's last word is `done:` (then the
+    marker is written, with the run's wall time: from its provenance to its last console line)."""
+    if (run_dir / DONE).exists():
+        return True
+    console = run_dir / "console.log"
+    if not console.exists() or not any(line.startswith("done:") for line in console.read_text().splitlines()[-3:]):
+        return False
+    # Hydra writes the job's .hydra/ as it starts it; a run trained by hand has its provenance written early
+    start = min((p.stat().st_mtime for p in (run_dir / ".hydra" / "config.yaml", run_dir / "provenance.json")
+                 if p.exists()), default=console.stat().st_mtime)
+    write_json_atomic(run_dir / DONE, {"seconds": max(0.0, console.stat().st_mtime - start)})
+    return True
+
+
+def resolved(overrides: list[str]) -> dict:
+    """The run config these overrides compose to, as its config.json holds it, without the run's name."""
+    import dataclasses
+
+    return _learned(json.loads(json.dumps(dataclasses.asdict(compose(list(overrides))))))
+
+
+def _learned(cfg: dict) -> dict:
+    """A run config without what does not change what a run learns: its name, and the CPU threads (a launcher
+    running two runs at once gives each fewer; the same run at 1 and 2 threads ends at the same loss)."""
+    cfg = dict(cfg)
+    cfg.pop("name", None)
+    cfg["train"] = {k: v for k, v in cfg.get("train", {}).items() if k != "num_threads"}
+    return cfg
+
+
+def finished_twin(out: Path, overrides: list[str], skip: Path | None = None) -> Path | None:
+    """A finished run beside `out` (out/../*/runs/*: this claim's or another's) whose run config equals these
+    overrides' (the name aside): the base arm is the same run in six claims, trained once."""
+    want = None
+    for done in sorted(out.resolve().parent.glob(f"*/runs/*/{DONE}")):
+        run = done.parent
+        if (skip is not None and run == Path(skip).resolve()) or not (run / "config.json").exists():
+            continue
+        want = want if want is not None else resolved(overrides)
+        if _learned(json.loads((run / "config.json").read_text())) == want:
+            return run
+    return None
+
+
+def mean_minutes(seconds: list[float]) -> float:
+    return max(sum(seconds) / len(seconds) / 60.0, 0.05) if seconds else math.nan
