@@ -159,7 +159,8 @@ def test_every_job_of_every_claim_composes_into_a_valid_config():
 def test_the_matched_tied_arm_has_exactly_the_separate_arms_parameter_count():
     base = dict(vocab_size=512, block_size=32, n_layer=2, n_head=4, n_embd=128, bias=False, pos_encoding="rope")
     count = lambda **kw: sum(p.numel() for p in GPT(GPTConfig(**base, **kw)).parameters())  # noqa: E731
-    assert count(qk_tied=True, mlp_ratio=4.5) == count() > count(qk_tied=True)
+    matched = runs.nested(next(a for a in CLAIMS["qk"].arms if a.name == "tied, matched").overrides)["model"]
+    assert count(**matched) == count() > count(qk_tied=True), f"the catalog's matched arm: {matched}"
     with pytest.raises(ValueError, match="mlp_ratio"):
         GPTConfig(**base, mlp_ratio=4.3)
 
@@ -266,17 +267,29 @@ def _quick(tmp_path, name, data_cache, arms, rates=(1.0,), seeds=(1,), launcher=
     return claim, rep, json.loads((out / "results.json").read_text())
 
 
-def test_the_sweeps_winner_is_the_rate_the_seeds_train_at_and_nothing_is_trained_twice(tmp_path, data_cache):
+def test_the_sweep_chooses_on_the_choose_plays_its_winner_trains_the_seeds_and_nothing_trains_twice(
+        tmp_path, data_cache, monkeypatch):
+    """The sweep's choice is measured on the choose plays and only the seeds' verdict numbers on the test plays;
+    every measure reads the final checkpoint, which no split chose; the seeds train at the sweep's winner."""
+    seen = []
+    real_measure = measure.measure
+
+    def spy(claim, run_dir, held, quick):
+        seen.append(held.part.part)
+        return real_measure(claim, run_dir, held, quick)
+
+    monkeypatch.setattr(experiment, "measure", spy)
     claim, rep, doc = _quick(tmp_path, "qk", data_cache, ("separate", "tied"), rates=(1 / 3, 3.0), seeds=(1, 2))
+    assert seen == ["choose"] * 4 + ["test"] * 4, f"the sweep on the choose plays, the seeds on the test plays: {seen}"
+    assert measure.WHICH == "latest"
     for arm, rates in doc["sweep"].items():
         best = float(min(rates, key=rates.get))
-        assert {r["lr"] for r in doc["results"][arm]} == {pytest.approx(best)}, (arm, rates, doc["results"][arm])
+        assert all(r["lr"] == pytest.approx(best) for r in doc["results"][arm]), (arm, rates, doc["results"][arm])
         assert doc["rates"][arm] == pytest.approx(best)
     assert doc["runs_trained"] == 2 * 2 + 2 * 1, "the sweep's seed-1 run at the chosen rate is reused"
     for r in doc["results"]["tied"]:
-        assert r["step"] == 24 and (tmp_path / "qk" / r["run"] / "checkpoints").is_dir(), "each run is a run folder"
-    assert doc["split"] == {"choose": ["julius_caesar", "tempest"], "test": ["richard_ii", "twelfth_night"]} or \
-        doc["split"]["choose"] != doc["split"]["test"]
+        assert r["step"] == 24 and (tmp_path / "qk" / r["run"] / "checkpoints").is_dir(), "the final checkpoint"
+    assert not set(doc["split"]["choose"]) & set(doc["split"]["test"]), doc["split"]
     text = rep.read_text()
     assert "## Verdict" in text and "## Learning rates" in text and claim.statement in text
     again = experiment.run_claim(claim, tmp_path / "qk", quick=True, overrides=(f"data.cache_dir={data_cache}",),
@@ -284,33 +297,8 @@ def test_the_sweeps_winner_is_the_rate_the_seeds_train_at_and_nothing_is_trained
     assert json.loads((again.parent / "results.json").read_text())["runs_trained"] == 0
 
 
-def test_no_choice_reads_the_test_plays(tmp_path, data_cache, monkeypatch):
-    """The sweep's choice is measured on the choose plays and only the seeds' verdict numbers on the test plays;
-    every measure reads the final checkpoint, which no split chose."""
-    seen = []
-    real_of, real_measure = measure.Held.of, measure.measure
-
-    def of(run_dir, part, block_size, n):
-        seen.append(("held", part))
-        return real_of(run_dir, part, block_size, n)
-
-    def spy(claim, run_dir, held, quick):
-        seen.append(("measure", held.part.part, claim.measures))
-        return real_measure(claim, run_dir, held, quick)
-
-    monkeypatch.setattr(experiment.Held, "of", staticmethod(of))
-    monkeypatch.setattr(experiment, "measure", spy)
-    _, _, doc = _quick(tmp_path, "qk", data_cache, ("separate", "tied"), rates=(1.0, 3.0))
-    measured = [s for s in seen if s[0] == "measure"]
-    assert [s[1] for s in measured[:4]] == ["choose"] * 4, "the sweep is scored on the choose plays"
-    assert [s[1] for s in measured[4:]] == ["test"] * 2, "the seeds are scored on the test plays"
-    assert measure.WHICH == "latest"
-    for rs in doc["results"].values():
-        assert all(r["step"] == 24 for r in rs), "the final checkpoint is scored"
-
-
 QUICK_ARMS = {"scale": ("sqrt", "none-3xlr"), "mask": ("before_softmax", "none"), "heads": ("1 head", "16 heads"),
-              "heads-learned": ("1 head", "4 heads"), "positions": ("none", "sinusoidal"),
+              "positions": ("none", "sinusoidal"),
               "rnn": ("transformer", "lstm equal time"), "context": ("base",)}
 
 
@@ -343,7 +331,9 @@ def test_the_results_do_not_depend_on_the_launcher(tmp_path, data_cache):
     _, _, joblib = _quick(tmp_path / "joblib", "qk", data_cache, ("separate", "tied"),
                           launcher=launcher_overrides("joblib", 2, []))
     for arm in basic["results"]:
-        assert [r["bpb"] for r in basic["results"][arm]] == [r["bpb"] for r in joblib["results"][arm]], arm
+        # the same runs; the thread count (2 a run, or 1 each when two share the cores) moves float32 sums only
+        assert [r["bpb"] for r in basic["results"][arm]] == pytest.approx([r["bpb"] for r in joblib["results"][arm]],
+                                                                        rel=1e-6), arm
     assert joblib["launcher"][0] == "hydra/launcher=joblib"
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
-from model.positions import ALiBiPositions, RotaryPositions, alibi_slopes, sinusoidal_table
+from model.positions import SINUSOID_SCALE, ALiBiPositions, RotaryPositions, alibi_slopes, sinusoidal_table
 
 V, BLOCK, HEADS, EMBD = 64, 16, 4, 32
 HS = EMBD // HEADS
@@ -55,15 +55,26 @@ def test_sinusoidal_table_matches_the_formula(n_positions, d):
     )
 
 
+def test_the_sinusoidal_table_starts_at_the_embeddings_size():
+    """At unit scale the table drowns the 0.02-scale token embeddings (the positions claim's sinusoidal arm trained
+    to 3.83 bits/byte): the model adds it scaled so each coordinate's RMS matches the embeddings' init std."""
+    cfg = GPTConfig(vocab_size=64, block_size=256, n_layer=1, n_head=2, n_embd=64, pos_encoding="sinusoidal")
+    model = GPT(cfg)
+    table = model.transformer.wpe.embed(torch.arange(cfg.block_size))
+    rms = table.pow(2).mean().sqrt().item()
+    assert rms == pytest.approx(0.02, rel=0.02), f"the sinusoidal table's RMS is {rms:.4f}, the embeddings' 0.02"
+    torch.testing.assert_close(table, SINUSOID_SCALE * sinusoidal_table(cfg.block_size, cfg.n_embd))
+
+
 def test_sinusoidal_model_adds_the_table_and_trains_nothing():
     model = build(pos_encoding="sinusoidal")
     pe = model.transformer.wpe
     torch.testing.assert_close(
         pe.embed(torch.arange(BLOCK)),
-        vaswani_table(BLOCK, EMBD),
-        atol=1e-6,
+        SINUSOID_SCALE * vaswani_table(BLOCK, EMBD),
+        atol=1e-8,
         rtol=0,
-        msg=lambda m: f"the model's sinusoidal embeddings differ from the formula\n{m}",
+        msg=lambda m: f"the model's sinusoidal embeddings differ from the formula (scaled)\n{m}",
     )
     assert list(pe.parameters()) == [], "sinusoidal positions should have no trainable parameters"
     assert not any("wpe" in k for k in model.state_dict()), "the table is derived from the config, not saved"
