@@ -1276,3 +1276,27 @@ def test_abandoned_load_leaves_the_server_idle_and_its_memory_flat(runs, capsys)
     assert table.summary["rss_growth_mib"] <= 25, f"memory grew {table.summary['rss_growth_mib']:.1f} MiB: {out}"
     assert table.summary["answers_after"] == 200, table.summary
     assert "### Live lab, requests abandoned" in out, out
+
+
+def test_qkv_apart_are_the_analysis_own_as_float32_bytes(client):
+    """The page asks for the maps without q, k, v ("inside": false) and fetches them as binary: the same float32
+    numbers the full answer carries in base64, from the analysis just made or from a pass of their own."""
+    import base64
+
+    for interventions in ([], [{"kind": "hide_key", "key": 4}]):
+        full = client.post("/api/analyze", json={"text": TEXT, "interventions": interventions}).json()
+        maps = client.post("/api/analyze", json={"text": TEXT, "interventions": interventions, "ablation": False,
+                                                 "inside": False}).json()
+        assert maps["inside"]["q"] is None and maps["pending"] == ["qkv", "ablation"], maps.get("pending")
+        assert {k: v for k, v in maps["inside"].items() if k not in "qkv"} == {
+            k: v for k, v in full["inside"].items() if k not in "qkv"}, "the rest of the panel's data differs"
+        for first in (True, False):  # right after its analysis, then after another text's (a pass of its own)
+            if not first:
+                client.post("/api/analyze", json={"text": "ROMEO:", "inside": False, "ablation": False})
+            r = client.post("/api/qkv", json={"text": TEXT, "interventions": interventions})
+            assert r.status_code == 200 and r.headers["content-type"] == "application/octet-stream", r.headers
+            shape = tuple(int(n) for n in r.headers["x-shape"].split(","))
+            got = np.frombuffer(r.content, dtype="<f4").reshape(shape)
+            for i, name in enumerate("qkv"):
+                want = np.frombuffer(base64.b64decode(full["inside"][name]), dtype="<f4").reshape(shape[1:])
+                assert np.array_equal(got[i], want), f"/api/qkv {name} differs from the analysis' ({interventions})"

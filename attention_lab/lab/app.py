@@ -7,6 +7,9 @@
                          "ablation": false leaves out the ablation pass, the slowest part (the page's maps first)
     POST /api/ablation   one text: every head's Δloss when zeroed (interp.analysis.batched_ablation), the model
                          view's ablation column, asked for by the page once the maps are drawn
+    POST /api/qkv        one text: every head's q, k, v as little-endian float32 bytes (3, L, nh, T, hs), the
+                         step-inside panel's numbers: "inside": false leaves them out of /api/analyze (most of its
+                         bytes), and this answers them from what that analysis kept (or a pass of its own)
     POST /api/generate   a continuation, streamed as NDJSON one token a line (sampling.generate_text, one step
                          at a time); a client that disconnects stops it
     POST /api/intervene  the clean and the edited model on one text (interp.analysis.text_losses), and their
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import socket
@@ -234,6 +238,11 @@ def _interventions(items, cfg, n_tokens: int):
         raise Invalid(str(e)) from None
 
 
+def _qkv_key(req, lm: Loaded) -> tuple:
+    """What q, k, v depend on: the checkpoint in memory, the text, the interventions."""
+    return (id(lm), req.text, json.dumps(req.interventions, sort_keys=True))
+
+
 def _seen(items, n_tokens: int) -> list:
     """The interventions that can change anything on a text of n_tokens: a hidden last key has no query after
     it, so it is left out. (The ablation pass reads the text without its last token, where that key would be out
@@ -349,16 +358,25 @@ def create_app(registry: Registry, *, worker: Worker | None = None, page: Callab
             t0 = time.perf_counter()
             found = analyze(lm.model, ids, interventions=_seen(items, len(ids)), top_k=TOP_K, ablation=req.ablation)
             watch.check()  # the client left during the pass: the page's data is not built for nobody
-            data = page_data(lm.model, lm.tokenizer, found, _circuits(lm, ids))
+            lm.memo["qkv"] = (_qkv_key(req, lm), found.qkv)  # for the POST /api/qkv that follows
+            # without q, k, v (most of the bytes at length) unless asked for: POST /api/qkv sends them as binary
+            shown = found if req.inside else dataclasses.replace(found, qkv=np.zeros((3, 0), np.float32))
+            data = page_data(lm.model, lm.tokenizer, shown, _circuits(lm, ids))
             live = {"model": req.target.model, "checkpoint": lm.checkpoint, "step": lm.step, "ids": ids,
                     **_losses(lm.tokenizer, (found.loss, found.loss_mean, found.top_ids, found.top_probs))}
             if items:
                 watch.check()
                 live["before"] = _losses(lm.tokenizer, text_losses(lm.model, ids, top_k=TOP_K))
             live["ms"] = round((time.perf_counter() - t0) * 1000, 1)
+            pending = []
+            if not req.inside and data.get("inside") is not None:
+                data["inside"].update(q=None, k=None, v=None)
+                pending.append("qkv")  # the panel's q, k, v: POST /api/qkv
             if not req.ablation and len(ids) > 1:  # the column is named now and filled by POST /api/ablation
                 data["roles"] = role_info([*data["roles"], "ablation"])
-                data["pending"] = ["ablation"]
+                pending.append("ablation")
+            if pending:
+                data["pending"] = pending
             return data | {"live": live}
 
         async with Watch(request, worker) as watch:
@@ -380,6 +398,23 @@ def create_app(registry: Registry, *, worker: Worker | None = None, page: Callab
 
         async with Watch(request, worker) as watch:
             return json_response(await worker.run(job, watch=watch))
+
+    async def qkv(request: Request) -> Response:
+        req = parse_ablation(await read_json(request))
+        registry.resolve(req.target.model, req.target.checkpoint)
+        registry.require_attention(req.target.model, "step inside")
+
+        def job():
+            lm, ids, items = _prepare(registry, req.target, req.text, req.interventions)
+            key, kept = lm.memo.get("qkv", (None, None))
+            if key != _qkv_key(req, lm):  # not the last analysis of this checkpoint: one pass of its own
+                kept = analyze(lm.model, ids, interventions=_seen(items, len(ids)), top_k=1, ablation=False).qkv
+            return np.ascontiguousarray(kept, dtype="<f4")
+
+        async with Watch(request, worker) as watch:
+            values = await worker.run(job, watch=watch)
+        return Response(values.tobytes(), media_type="application/octet-stream",
+                        headers={"X-Shape": ",".join(str(n) for n in values.shape)})
 
     async def generate(request: Request) -> Response:
         req = parse_generate(await read_json(request))
@@ -473,6 +508,7 @@ def create_app(registry: Registry, *, worker: Worker | None = None, page: Callab
             Route("/api/models", models, methods=["GET"]),
             Route("/api/analyze", analyze_text, methods=["POST"]),
             Route("/api/ablation", ablation, methods=["POST"]),
+            Route("/api/qkv", qkv, methods=["POST"]),
             Route("/api/generate", generate, methods=["POST"]),
             Route("/api/intervene", intervene, methods=["POST"]),
             Route("/api/compare", compare, methods=["POST"]),
@@ -482,7 +518,8 @@ def create_app(registry: Registry, *, worker: Worker | None = None, page: Callab
             # answers of a few MiB: compressed when the client accepts it (fast level; a thread past 128 KiB);
             # the generation's stream is left alone, so each token arrives when made
             Middleware(GZipMiddleware, minimum_size=1024, compresslevel=GZIP_LEVEL,
-                       exclude_content_types=(*DEFAULT_EXCLUDED_CONTENT_TYPES, "application/x-ndjson")),
+                       exclude_content_types=(*DEFAULT_EXCLUDED_CONTENT_TYPES, "application/x-ndjson",
+                                              "application/octet-stream")),  # float32 bytes hardly shrink
         ],
         exception_handlers={RequestError: _request_error, Invalid: _invalid, NotFound: _not_found,
                             Gone: _gone, ClientDisconnect: _gone, HTTPException: _http_error, Exception: _bug},

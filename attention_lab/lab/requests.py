@@ -145,6 +145,7 @@ class AnalyzeRequest:
     target: Target
     interventions: tuple[dict, ...] = ()
     ablation: bool = True  # the ablation pass (every head's Δloss) in the answer
+    inside: bool = True  # the step-inside panel's q, k, v in the answer
 
 
 @dataclass(frozen=True)
@@ -173,12 +174,15 @@ SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed")
 
 
 def parse_analyze(body: dict) -> AnalyzeRequest:
-    _only(body, ("text", "model", "checkpoint", "interventions", "ablation"))
-    ablation = body.get("ablation", True)
+    _only(body, ("text", "model", "checkpoint", "interventions", "ablation", "inside"))
+    ablation, inside = body.get("ablation", True), body.get("inside", True)
     if not isinstance(ablation, bool):
         raise Invalid(f"ablation must be true (every head's Δloss in the answer) or false (left out: "
                       f"POST /api/ablation), got {_show(ablation)}")
-    return AnalyzeRequest(_text(body), _target(body), _interventions(body), ablation)
+    if not isinstance(inside, bool):
+        raise Invalid(f"inside must be true (the step-inside panel's q, k, v in the answer) or false (left out: "
+                      f"POST /api/qkv), got {_show(inside)}")
+    return AnalyzeRequest(_text(body), _target(body), _interventions(body), ablation, inside)
 
 
 def parse_ablation(body: dict) -> AnalyzeRequest:

@@ -11,11 +11,13 @@
 //   ov_writes: [L][H]{token: [5] of [token, logit]}}
 
 // q, k or v of every head: base64 float32 (L, H, T, hs), decoded one layer at a time when first read (the panel
-// shows one layer; at 500 tokens decoding all of them would be most of a redraw)
+// shows one layer; at 500 tokens decoding all of them would be most of a redraw); or a Float32Array already (the
+// live lab fetches them as binary once the maps are drawn)
 class LayerFloats {
   constructor(text, L, perLayer) { this.text = text; this.per = perLayer; this.layers = new Array(L); }
 
   layer(l) {
+    if (this.text instanceof Float32Array) return this.text.subarray(l * this.per, (l + 1) * this.per);
     if (!this.layers[l]) {
       const a = l * this.per * 4, b = a + this.per * 4; // the layer's bytes
       const c0 = Math.floor(a / 3) * 4, c1 = Math.ceil(b / 3) * 4; // the base64 characters that hold them

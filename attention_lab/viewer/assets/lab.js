@@ -10,9 +10,10 @@
 //
 // Requests: one analysis in flight at a time; what the user changes meanwhile is sent when it returns (the newest
 // state only), and an answer for a state older than the one shown is dropped. The maps come first: the analysis is
-// asked for without the ablation pass ("ablation": false, its slowest part), drawn, and then POST /api/ablation
-// brings the model view's Δloss column for the same request (aborted if the page asks for something else first, so
-// the server drops it). Every complete render (maps and ablation) ends by raising document.body.dataset.rendered (a
+// asked for without the ablation pass and without q, k, v ("ablation": false, its slowest part; "inside": false,
+// most of its bytes), drawn, and then POST /api/qkv brings the step-inside panel's q, k, v as float32 bytes and POST
+// /api/ablation the model view's Δloss column for the same request (aborted if the page asks for something else
+// first, so the server drops them). Every complete render (maps and ablation) ends by raising document.body.dataset.rendered (a
 // counter) once the browser has drawn it, with window.lab.drawn the request it answered (window.lab.mapsDrawn as
 // soon as the maps are): tests and the latency benchmark (bench/lab_latency.py) wait for them;
 // window.labTimings holds each maps render's {tokens, server_ms (live.ms), request_ms (the request sent to its
@@ -44,6 +45,21 @@ async function labFetch(path, body, signal, info) {
   if (info) info.bytes = Number(response.headers.get("content-length")) || null;
   try { return await response.json(); }
   catch (e) { throw new LabError(`the server's answer to ${path} is not JSON (${e.message})`); }
+}
+
+// POST for a binary answer (/api/qkv): {values: Float32Array, shape}, or a LabError as labFetch
+async function labFetchFloats(path, body, signal) {
+  let response;
+  try {
+    response = await fetch(path, { method: "POST", headers: { "Content-Type": "application/json" },
+                                   body: JSON.stringify(body), signal });
+  } catch (e) {
+    if (e.name === "AbortError") throw e;
+    throw new LabError(`the lab's server does not answer (${e.message}): is it still running?`);
+  }
+  if (!response.ok) throw new LabError(await labErrorText(response), response.status);
+  const shape = (response.headers.get("x-shape") || "").split(",").map(Number);
+  return { values: new Float32Array(await response.arrayBuffer()), shape };
 }
 
 async function labErrorText(response) {
@@ -344,7 +360,7 @@ class Lab {
     const t0 = performance.now();
     let data = null;
     const info = {};
-    try { data = await labFetch("/api/analyze", { ...body, ablation: false }, undefined, info); this.showError(""); }
+    try { data = await labFetch("/api/analyze", { ...body, ablation: false, inside: false }, undefined, info); this.showError(""); }
     catch (e) {
       // a hidden key thought to fit a text whose count was not known yet: know nothing of it, and ask again
       // without the keys (the answer gives the count); any other error is said in words
@@ -376,6 +392,9 @@ class Lab {
   async render(data, key, t0, bytes = null, newer = false) {
     const t1 = performance.now();
     this.data = data; this.shownKey = key;
+    // the step-inside panel waits for its q, k, v (POST /api/qkv): hidden until they come
+    this.insideLater = data.inside && data.inside.q == null ? data.inside : null;
+    if (this.insideLater) data.inside = null;
     if (!newer) this.markStale("");
     this.offsets = tokenOffsets(data.tokens, JSON.parse(key).text);
     const live = data.live || {};
@@ -413,8 +432,29 @@ class Lab {
     document.body.dataset.renderMs = `${timing.total_ms}`;
     this.labelCheckpoint();
     this.renderIvNote();
-    if ((data.pending || []).includes("ablation") && !newer) await this.ablation(key);
-    else if (!(data.pending || []).length) this.finishRender(key);
+    if (newer) return;
+    if ((data.pending || []).includes("qkv") && !(await this.qkv(key))) return;
+    if ((data.pending || []).includes("ablation")) await this.ablation(key);
+    else this.finishRender(key);
+  }
+
+  // the step-inside panel's q, k, v for the answer on the screen (POST /api/qkv, float32 bytes); false if the page
+  // has moved on (or the request failed)
+  async qkv(key) {
+    const ctrl = new AbortController();
+    this.ablating = ctrl;
+    let r = null;
+    try { r = await labFetchFloats("/api/qkv", JSON.parse(key), ctrl.signal); }
+    catch (e) { if (e.name !== "AbortError" && key === this.shownKey) this.showError(`step inside: ${e.message}`); }
+    if (this.ablating === ctrl) this.ablating = null;
+    if (!r || key !== this.shownKey || !this.data || !this.insideLater) return false;
+    const per = r.values.length / 3, d = this.data;
+    d.inside = { ...this.insideLater, q: r.values.subarray(0, per), k: r.values.subarray(per, 2 * per),
+                 v: r.values.subarray(2 * per) };
+    this.insideLater = null;
+    d.pending = (d.pending || []).filter((p) => p !== "qkv");
+    if (this.view.panel) { this.view.panel.setData(d); this.view.panel.render(); }
+    return true;
   }
 
   // the model view's ablation column for the answer on the screen (POST /api/ablation), then the render is complete
