@@ -55,6 +55,13 @@ def test_equivalence_is_reported_when_the_truth_is_inside_the_region():
     assert simulate(1.0, sd=0.02, region=0.3)["equivalent"] == 0.0, "a difference beyond the region is not equivalent"
 
 
+def test_an_interval_that_only_touches_the_region_is_not_equivalence():
+    d = {s: v for s, v in enumerate([0.2, 0.8, 0.5, 0.3, 0.7])}  # mean 0.5, interval about 0.19 to 0.81
+    c = stats.decide([stats.paired(dict.fromkeys(d, 0.0), d, better_name="a", worse_name="b", metric="bpb",
+                                   region=0.3)])[0]
+    assert c.low < 0.3 < c.high and c.verdict == "holds", c
+
+
 def test_pairing_is_used_noise_the_arms_share_cancels():
     """Seed noise 30x the effect, shared by both arms: only a paired test sees the consistent 0.05 difference."""
     share = simulate(0.05, sd=0.005, shared_sd=1.5, region=0.001)
@@ -229,12 +236,17 @@ def _doc(comparisons) -> dict:
 
 
 def test_the_report_says_what_results_json_holds(tmp_path):
-    c = stats.decide([stats.paired({1: 2.41, 2: 2.42}, {1: 2.51, 2: 2.53}, better_name="separate", worse_name="tied",
-                                   metric="bpb", region=0.01)])[0]
+    cs = stats.decide([stats.paired({1: 2.41, 2: 2.42}, {1: 2.51, 2: 2.53}, better_name="separate",
+                                    worse_name="tied", metric="bpb", region=0.01),
+                       stats.paired({1: 2.41, 2: 2.42}, {1: 2.43, 2: 2.50}, better_name="separate",
+                                    worse_name="tied, matched", metric="bpb", region=0.01)])
     claim = replace(CLAIMS["qk"], arms=CLAIMS["qk"].arms[:2], expect=CLAIMS["qk"].expect[:1])
-    (tmp_path / "results.json").write_text(json.dumps(_doc([c.as_dict()])))
+    (tmp_path / "results.json").write_text(json.dumps(_doc([c.as_dict() for c in cs])))
     text = report.render(claim, tmp_path).read_text()
-    assert f"**{c.verdict}**" in text and f"{c.mean:.4f}" in text and f"{c.low:+.4f} to {c.high:+.4f}" in text
+    for c in cs:
+        assert f"**{c.verdict}**" in text and f"{c.mean:.4f}" in text and f"{c.low:+.4f} to {c.high:+.4f}" in text
+        assert f"p = {report._p(c.p)}, {report._p(c.p_holm)} after Holm's correction for 2" in text, text
+    assert cs[0].p_holm != cs[0].p
     assert "choose plays (a, c)" in text and "test plays (b, d)" in text
     assert "| tied | 0.009 | 600 |" in text, "the table names the rate and the scored step"
     assert "| separate | 2.6000 | **2.5000** | 2.5500 | 0.003 |" in text
@@ -279,7 +291,11 @@ def test_the_sweep_chooses_on_the_choose_plays_its_winner_trains_the_seeds_and_n
         return real_measure(claim, run_dir, held, quick)
 
     monkeypatch.setattr(experiment, "measure", spy)
+    opened = []
+    real_load = measure.load_checkpoint
+    monkeypatch.setattr(measure, "load_checkpoint", lambda run, which="best": opened.append(which) or real_load(run, which))
     claim, rep, doc = _quick(tmp_path, "qk", data_cache, ("separate", "tied"), rates=(1 / 3, 3.0), seeds=(1, 2))
+    assert set(opened) == {"latest"}, f"every measure reads the final checkpoint, none a chosen one: {set(opened)}"
     assert seen == ["choose"] * 4 + ["test"] * 4, f"the sweep on the choose plays, the seeds on the test plays: {seen}"
     assert measure.WHICH == "latest"
     for arm, rates in doc["sweep"].items():
@@ -318,6 +334,12 @@ def test_each_claim_runs_end_to_end_quick(name, tmp_path, data_cache):
     if name == "rnn":  # the equal-time arm trains on a budget, so assert what it did, never how long it took
         assert doc["results"]["lstm equal time"][0]["step"] >= 1
         assert doc["rates"]["lstm equal time"] == doc["rates"]["lstm"]
+        from attention_lab.claims.trained import metrics_of
+
+        transformer = metrics_of(tmp_path / name / doc["results"]["transformer"][0]["run"])["seconds"]
+        cfg = json.loads((tmp_path / name / doc["results"]["lstm equal time"][0]["run"] / "config.json").read_text())
+        assert cfg["train"]["max_minutes"] == pytest.approx(max(transformer / 60, 0.05), abs=1e-3), \
+            "the equal-time LSTM trains for the transformer's wall time"
     if name == "context":
         r = doc["results"]["base"][0]
         assert {"context_left", "context_left_uniform", "context_at_embedding"} <= set(r)
