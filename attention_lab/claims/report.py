@@ -55,7 +55,7 @@ def sentence(c: dict, n_compared: int) -> str:
     """One expectation in words, every number from the comparison."""
     unit = UNITS.get(c["metric"], f"in {c['metric']}")
     worse = c["worse"] + (f" ({c['metric']} under the control)" if c["better"] == c["worse"] else "")
-    direction = "higher" if c["mean"] > 0 else "lower"
+    direction = "higher (worse)" if c["mean"] > 0 else "lower (better)"
     text = (f"**{c['verdict']}**: {worse} is {direction} than {c['better']} by {abs(c['mean']):.4f} {unit} "
             f"(mean of {len(c['seeds'])} paired seed{'s' * (len(c['seeds']) > 1)}")
     if len(c["seeds"]) > 1:
@@ -153,7 +153,7 @@ def render(claim: Claim, out: Path) -> Path:
     lines += [f"Machine: {doc['machine']}. Base preset: configs/experiment/claims.yaml"
               f"{' with the --quick overrides' if doc['quick'] else ''}; launcher: "
               f"{' '.join(doc['launcher']) or 'basic'}. Seeds {', '.join(map(str, doc['seeds']))} per arm, paired "
-              f"(one seed: the same initialisation stream, batches and test windows in every arm). The rate of each "
+              f"(seed s: the same initialisation stream, batches and test windows in every arm). The rate of each "
               f"arm was chosen on the choose plays ({', '.join(doc['split']['choose'])}); every number below is the "
               f"final checkpoint scored on the test plays ({', '.join(doc['split']['test'])}), which no choice read. "
               f"This run trained {n_runs} run{'s' * (n_runs != 1)} and reused the rest; it took "
@@ -289,25 +289,33 @@ in most claims) is copied. Statistics: scipy.stats (Bouthillier et al. 2021 on t
 2018 on significance testing; Benavoli et al. 2017 on regions of practical equivalence).
 
 Nothing below is written by hand: each section is its claim's report.md, and the table is built from the
-results.json files. A claim missing from the table has not been run with these rules yet.
+results.json files; a claim the table says was not run has no section below.
 """
+
+
+def runs_needed(claim: Claim) -> int:
+    """Runs a claim trains when nothing can be reused: each swept arm's sweep plus its other seeds, and every seed
+    of the arms that keep a rate."""
+    return sum(len(claim.rates) + len(claim.seeds) - 1 if a.sweep else len(claim.seeds) for a in claim.arms)
 
 
 def summary_rows(root: Path) -> list[tuple[str, str, str]]:
     rows = []
     for name, claim in CLAIMS.items():
         path = root / name / "results.json"
-        if path.exists():
-            doc = json.loads(path.read_text())
-            if not doc.get("quick"):
-                rows.append((name, verdict_summary(doc), f"{doc.get('minutes', float('nan')):.0f} min"
-                             if claim.arms else "-"))
+        doc = json.loads(path.read_text()) if path.exists() else {"quick": True}
+        if not doc.get("quick"):
+            rows.append((name, verdict_summary(doc), f"{doc.get('minutes', float('nan')):.0f} min, "
+                         f"{len(doc['run_seconds'])} runs trained" if claim.arms else "-"))
+        else:
+            rows.append((name, f"not run under these rules yet ({runs_needed(claim)} runs when none can be reused)"
+                         if claim.arms else "not run yet", "-"))
     return rows
 
 
 def summary_table(root: Path) -> str:
     rows = summary_rows(root)
-    lines = ["| claim | verdicts (difference in bits/byte unless named; [95% interval]) | time of this run |",
+    lines = ["| claim | verdicts (mean paired difference, bits/byte unless named; [95% interval]) | this run |",
              "|---|---|---|"]
     lines += [f"| `{n}` | {v} | {t} |" for n, v, t in rows]
     return "\n".join(lines)
