@@ -849,6 +849,12 @@ MUTATIONS = (
              "    if False:\n        q = torch.cat([q.new_zeros(b, nh, s - t, hs), q], dim=2)",
              ("tests/test_exercises_training.py::test_cached_decoding_with_a_learners_attention_gives_the_uncached_tokens",),
              "after a KV cache the learner's function gets T queries for S keys: its square mask no longer lines up"),
+    Mutation("exercise_export_writes_the_builtin", "attention_lab/interop/hf.py",
+             "    if spec:\n        raise ValueError(\n            f\"cannot export: this model's attention",
+             "    if False:\n        raise ValueError(\n            f\"cannot export: this model's attention",
+             ("tests/test_exercises_training.py::test_export_refuses_a_learners_attention",),
+             "a run trained with the learner's attention is exported as GPT-2 / GPT-NeoX, which compute the built-in "
+             "attention: the exported model computes something else with its weights, silently"),
 )
 
 

@@ -1,7 +1,7 @@
 """Training with the learner's attention (model.attn_impl): the reference loaded as a learner's file trains exactly
 like the built-in attention; a file with the mask after the softmax trains and its honest loss shows the leak;
 the run records the file and reopens with it (a clear error when it is gone); the attention maps are the learner's
-own; bad code in training is one error naming the line.
+own; bad code in training is one error naming the line; export to transformers refuses a learner's attention.
 
 Each test names the planted bug it catches (tests/mutations.py, "the exercises (issue 31)")."""
 
@@ -19,10 +19,13 @@ import torch
 import train as train_mod
 from attention_lab.exercises import answers
 from attention_lab.exercises.learner import LearnerError, learner_of, plug
+from attention_lab.interop import export as export_mod
+from attention_lab.interop.hf import export_pretrained
 from attention_lab.interp.measures import honest_position_losses, position_losses
-from attention_lab.store.checkpoint import CheckpointError, load_checkpoint
+from attention_lab.store.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from attention_lab.training.config import compose
 from data.prepare import prepare_data
+from data.tokenizer import Tokenizer
 from model import GPT, GPTConfig, generate, hooked
 
 STEPS = 40
@@ -188,6 +191,36 @@ def test_the_attention_maps_and_edits_of_a_learners_model_are_its_own(tmp_path):
     after = plug(_tiny(), _learner_file(tmp_path, AFTER_SOFTMAX_FILE, "after.py"))
     sums = after(x, return_attention=True).attentions[0].sum(-1)
     assert sums[0, 0, 0] < 0.99, "the after-softmax learner's maps must be its own (rows below 1)"
+
+
+def test_export_refuses_a_learners_attention(tmp_path, capsys):
+    """Every exported architecture computes the built-in attention, so exporting the learner's model would write
+    another function with its weights: `python -m attention_lab.export` refuses their run with one error line naming
+    model.attn_impl (before reopening their file: also when it is gone), export_pretrained refuses the model, and
+    nothing is written; the same model with the built-in attention exports.
+    Planted bug: exercise_export_writes_the_builtin."""
+    spec = _learner_file(tmp_path, "import math\nimport torch\n\n\n" + inspect.getsource(answers.attention))
+    tok = Tokenizer.train_char([["the quick brown fox\n"]]).to_str()
+    model = plug(_tiny(), spec)
+    out = tmp_path / "hf"
+    with pytest.raises(ValueError, match=r"learner's function \(model.attn_impl=.*mine.py:attention\)"):
+        export_pretrained(model, out, tok)
+    assert not out.exists(), "a refused export wrote its folder"
+    save_checkpoint(tmp_path / "run" / "checkpoints", 1, model, tok, {})
+    for file_there in (True, False):
+        if not file_there:
+            (tmp_path / "mine.py").unlink()
+        capsys.readouterr()
+        rc = export_mod.main([str(tmp_path / "run"), str(out)])
+        captured = capsys.readouterr()
+        lines = captured.err.splitlines()
+        assert rc == 2 and captured.out == "", f"the learner's run was exported (file there: {file_there})"
+        assert len(lines) == 1 and lines[0].startswith("error: cannot export: "), captured.err
+        assert f"model.attn_impl={spec}" in lines[0] and "computes the built-in attention" in lines[0], lines[0]
+        assert "train without model.attn_impl" in lines[0], lines[0]
+        assert not out.exists(), "a refused export wrote its folder"
+    export_pretrained(plug(model, None), out, tok)
+    assert (out / "model.safetensors").is_file(), "the built-in attention's model must still export"
 
 
 def test_bad_learner_code_in_training_is_one_error_naming_the_line(tmp_path, data_cache):

@@ -15,6 +15,9 @@ What each model becomes (attention_lab/interop/convert.py): learned, sinusoidal 
 GPTNeoXForCausalLM; ALiBi, QK-norm, soft-capped logits, value residual -> our own code in the folder
 (`auto_map` in config.json; load with trust_remote_code=True). attention_lab.interop.hf.load_pretrained reads any of them
 back, exactly.
+
+A run trained with a learner's attention (model.attn_impl) is refused: every architecture above computes the
+built-in attention, not theirs.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from attention_lab.interop.hf import export_pretrained
+from attention_lab.interop.hf import export_pretrained, refuse_learner_attention
 from attention_lab.runtime import cli
 from attention_lab.store.checkpoint import CheckpointError, load_checkpoint
 
@@ -54,6 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def export(args: argparse.Namespace) -> None:
     ckpt = load_checkpoint(args.source, args.which)
+    refuse_learner_attention(ckpt.meta.get("attn_impl"))  # before build_model, which would run the learner's file
     result = export_pretrained(ckpt.build_model("cpu"), args.out, ckpt.tokenizer_json, remote_code=args.remote_code)
     cfg = ckpt.config
     print(f"exported {ckpt.path} (step {ckpt.step}; {cfg.n_layer} layers x {cfg.n_head} heads x {cfg.n_embd} wide, "

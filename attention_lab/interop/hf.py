@@ -329,6 +329,26 @@ def is_export(directory: Path) -> bool:
         return False
 
 
+def learner_attention_spec(model: GPT) -> str | None:
+    """The learner's attention `model` runs in place of the built-in ("file.py:name", plugged in by
+    attention_lab/exercises/learner.py for model.attn_impl), or None."""
+    fn = next((m.attn_fn for m in model.modules() if getattr(m, "attn_fn", None) is not None), None)
+    return None if fn is None else str(getattr(fn, "spec", fn))
+
+
+def refuse_learner_attention(spec: str | None) -> None:
+    """ValueError for a model whose attention is a learner's function (spec: model.attn_impl): every exported
+    architecture computes the built-in attention, so the export would compute another function with these weights."""
+    if spec:
+        raise ValueError(
+            f"cannot export: this model's attention is a learner's function (model.attn_impl={spec}), and every "
+            "exported architecture (GPT-2, GPT-NeoX, GPTBigCode, attention-lab's remote code) computes the built-in "
+            "attention, so the export would compute something else with these weights. To export, train without "
+            "model.attn_impl; to compare this run, use this project's tools (sample.py --run, python -m "
+            "attention_lab.evaluate, python -m attention_lab.lab)"
+        )
+
+
 def export_pretrained(
     model: GPT,
     out_dir: str | os.PathLike,
@@ -342,13 +362,14 @@ def export_pretrained(
     remote_code: ship our own code even where GPT-2 / GPT-NeoX would do. target: refuse anything but this
     ("gpt2", "gpt_neox", "remote"). The folder is built beside out_dir and renamed into place, so a killed export
     leaves no half-written folder; an earlier export in out_dir is replaced, any other non-empty folder refused.
-    Raises ValueError, before writing anything, for a model it cannot export.
+    Raises ValueError, before writing anything, for a model it cannot export (a learner's attention included).
     """
     cfg = model.config
     if not has_attention(cfg):
         raise ValueError("LSTM runs cannot be exported to transformers: an export maps the GPT's blocks onto GPT-2, "
                          "GPT-NeoX or our attention code, and model.arch=lstm has none of them. Score the run with "
                          "python -m attention_lab.evaluate and sample it with sample.py --run")
+    refuse_learner_attention(learner_attention_spec(model))
     plan = plan_export(cfg, remote_code)
     if target is not None and plan.target != target:
         why = "; ".join(plan.reasons) if plan.reasons else f"pos_encoding={cfg.pos_encoding!r} maps to {plan.target}"
