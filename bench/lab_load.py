@@ -184,7 +184,7 @@ def run_abandon(registry: Registry, *, rounds: int, requests: int, text_tokens: 
                 if r.status_code != 200:
                     raise RuntimeError(f"the warm-up failed: {path} {r.status_code} {r.text[:200]}")
         for rnd in range(rounds):
-            before = {k: getattr(worker, k) for k in ("started", "dropped", "left")}
+            before = {k: getattr(worker, k) for k in ("started", "dropped", "left", "busy")}
             socks = [_send(url, *(lambda p, b: (p, b(texts[rnd * requests + i])))(*ABANDONED[i % len(ABANDONED)]))
                      for i in range(requests)]
             time.sleep(0.05)  # the requests arrive and queue
@@ -214,6 +214,8 @@ def abandon_table(raw: dict, args: argparse.Namespace, machine: dict, label: str
     notes = [f"{label}; each round {args.requests} requests on 127.0.0.1 closed unanswered 50 ms after sending "
              f"(analyze, intervene with 64-token continuations, compare, ablation, generate 64 tokens, in turn; "
              f"{args.text_tokens} tokens each)",
+             "a request beyond the 8 the queue holds is refused at once (429): the page would retry, these clients "
+             "have left; "
              f"started: model jobs begun in the round (answering every request would take about "
              f"{_full_jobs(args.requests)}); CPU: the model worker's and the event loop's threads in the second after "
              f"the worker went idle (the clock ticks in 10 ms steps); memory {rows[0]['rss_mib']:.0f} MiB after round 1, {rows[-1]['rss_mib']:.0f} MiB "
@@ -222,7 +224,7 @@ def abandon_table(raw: dict, args: argparse.Namespace, machine: dict, label: str
     return Table(
         name="lab_abandon", title="Live lab, requests abandoned (loopback)", machine=machine,
         columns=[Column("round", "round"), Column("sent", "sent"), Column("started", "jobs started"),
-                 Column("dropped", "dropped"), Column("left", "clients left"),
+                 Column("dropped", "dropped"), Column("busy", "refused (429)"), Column("left", "clients left"),
                  Column("idle_after_ms", "idle after ms", "{:.0f}"),
                  Column("model_cpu_ms", "model thread CPU next 1 s, ms", "{:.0f}"),
                  Column("loop_cpu_ms", "event loop CPU next 1 s, ms", "{:.0f}"),

@@ -717,7 +717,8 @@ def test_the_labs_own_names_are_answered(client, host):
     assert r.status_code == 200, f"Host {host!r} with its own Origin: {r.status_code} {r.text[:200]}"
 
 
-@pytest.mark.parametrize("path", ["/api/analyze", "/api/ablation", "/api/generate", "/api/intervene", "/api/compare"])
+@pytest.mark.parametrize("path", ["/api/analyze", "/api/ablation", "/api/qkv", "/api/generate", "/api/intervene",
+                                  "/api/compare"])
 @pytest.mark.parametrize("content_type, origin, body, status", [
     ("text/plain", "http://evil.example.com", json.dumps(ANALYZE), 403),  # the probe: a foreign page's fetch
     ("text/plain", None, json.dumps(ANALYZE), 415),  # a no-cors fetch's only kinds of body
@@ -940,8 +941,9 @@ def _fuzz_value(rng, depth: int = 0):
 
 
 def _fuzz_body(rng, path: str) -> dict:
-    fields = {"/api/analyze": ["model", "checkpoint", "interventions", "ablation"],
+    fields = {"/api/analyze": ["model", "checkpoint", "interventions", "ablation", "inside"],
               "/api/ablation": ["model", "checkpoint", "interventions"],
+              "/api/qkv": ["model", "checkpoint", "interventions"],
               "/api/generate": ["model", "checkpoint", "interventions", "max_new_tokens", "temperature", "top_k",
                                 "top_p", "seed"],
               "/api/intervene": ["model", "checkpoint", "interventions", "generate"],
@@ -973,7 +975,7 @@ def test_a_fuzzer_over_the_documented_api_finds_no_500(client):
     import random
 
     rng = random.Random(30)
-    paths = ["/api/analyze", "/api/ablation", "/api/generate", "/api/intervene", "/api/compare"]
+    paths = ["/api/analyze", "/api/ablation", "/api/qkv", "/api/generate", "/api/intervene", "/api/compare"]
     seen: dict[int, int] = {}
     for _ in range(600):
         path = rng.choice(paths)

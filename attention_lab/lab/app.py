@@ -138,6 +138,7 @@ class Worker:
         self.max_waiting = max_waiting
         self.queued = self.started = self.jobs = self.dropped = 0
         self.left = 0  # requests whose client left before their answer (Watch)
+        self.busy = 0  # requests refused because the queue was full (429)
         self.open = self.refused = 0  # requests under way, requests refused by guard.Guard (it keeps both)
 
     async def run(self, fn: Callable, *args, watch: Watch | None = None, admit: bool = True):
@@ -145,6 +146,7 @@ class Worker:
             watch.check()
         with self._lock:
             if admit and self.queued >= self.max_waiting:
+                self.busy += 1
                 raise RequestError(429, f"the lab is busy: {self.queued} requests wait for the model (at most "
                                         f"{self.max_waiting}); try again in a second", headers={"Retry-After": "1"})
             self.queued += 1
