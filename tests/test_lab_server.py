@@ -1302,3 +1302,32 @@ def test_qkv_apart_are_the_analysis_own_as_float32_bytes(client):
             for i, name in enumerate("qkv"):
                 want = np.frombuffer(base64.b64decode(full["inside"][name]), dtype="<f4").reshape(shape[1:])
                 assert np.array_equal(got[i], want), f"/api/qkv {name} differs from the analysis' ({interventions})"
+
+
+def test_the_maps_answer_is_light_and_compressed(client):
+    """The probe (a 420-token analysis: 9.4 MB of uncompressed JSON at every pause): the page's maps answer leaves
+    out q, k, v and the ablation pass, and comes gzip-compressed; here a fraction of the full answer's bytes."""
+    full = client.post("/api/analyze", json={"text": TEXT}, headers={"accept-encoding": "identity"})
+    assert "content-encoding" not in full.headers, full.headers
+    maps = client.post("/api/analyze", json={"text": TEXT, "ablation": False, "inside": False},
+                       headers={"accept-encoding": "gzip"})
+    assert maps.status_code == 200 and maps.headers.get("content-encoding") == "gzip", maps.headers
+    wire = maps.num_bytes_downloaded
+    assert wire * 3 < len(full.content), f"the maps' answer is {wire} bytes on the wire, the full one {len(full.content)}"
+    stream = client.post("/api/generate", json={"text": "ROMEO:", "max_new_tokens": 40},
+                         headers={"accept-encoding": "gzip"})
+    assert "content-encoding" not in stream.headers, "a generation's stream must not wait for a compressor"
+
+
+@pytest.mark.parametrize("given, good, bad", [
+    ("0.0.0.0", ["0.0.0.0:8008", "127.0.0.1:8008"], ["192.168.1.5:8008", "evil.example.com:8008"]),
+    ("192.168.1.5", ["192.168.1.5:8008", "localhost:8008"], ["192.168.1.6:8008", "evil.example.com:8008"]),
+    ("::1", ["[::1]:8008"], ["[::2]:8008"]),
+    ("lab.local", ["LAB.local:8008", "lab.local:8008"], ["lab.local.evil.com:8008"]),
+])
+def test_the_host_given_on_the_command_line_is_answered_and_no_other(runs, given, good, bad):
+    with TestClient(create_app(Registry.open([runs["gpt"]]), hosts=[given]), base_url=LOCAL) as c:
+        for host in good:
+            assert c.get("/api/models", headers={"host": host}).status_code == 200, host
+        for host in bad:
+            assert c.get("/api/models", headers={"host": host}).status_code == 421, host
