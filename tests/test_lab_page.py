@@ -818,3 +818,13 @@ def test_a_page_of_another_origin_or_a_rebound_name_cannot_make_the_lab_compute(
 
 def lab_worker(lab):
     return lab.app.state.worker
+
+
+def test_byte_tokens_read_as_bytes_in_the_circuits_and_the_axes(browser, lab):
+    """The probe: byte tokens read as `\\xff -> \\xff` in the step-inside panel's query-key pairs. A byte of a split
+    character is written ⟨FF⟩ wherever a token is labelled short (the axes, the circuits, the next-token tables)."""
+    open_lab(browser, lab)
+    got = browser.execute_script("return [axisLabel('\\\\xff'), axisLabel('\\\\xe2\\\\x80'), axisLabel('a\\\\x07'),"
+                                 " axisLabel('\\\\n')]")
+    assert got[:2] == ["\u27e8FF\u27e9", "\u27e8E2\u27e9\u27e880\u27e9"], got
+    assert got[2] == "a\\x07" and got[3] == "\u21b5", f"control characters and newlines keep their marks: {got}"

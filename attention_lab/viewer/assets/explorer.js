@@ -38,8 +38,10 @@ function headName(l, h) { return `L${l}H${h}`; }
 // A token as text in the flowing head view (escaped newlines break the line) and as an axis label.
 function isNewline(t) { return t === "\n" || t === "\\n" || t.endsWith("\\n") || t.endsWith("\n"); }
 function flowText(t) { return t.replace(/\\n|\n/g, "\u21b5").replace(/\\t|\t/g, "\u21e5") || "\u2205"; }
+// a byte of a character split over byte-level tokens (token_strings writes \xe2) as people read it: \u27e8E2\u27e9
+function readableBytes(t) { return String(t).replace(/\\x([89a-f][0-9a-f])/g, (_, h) => `\u27e8${h.toUpperCase()}\u27e9`); }
 function axisLabel(t, max = 10) {
-  let s = flowText(t).replace(/ /g, "\u2423");
+  let s = flowText(readableBytes(t)).replace(/ /g, "\u2423");
   if (s.length > max) s = s.slice(0, max - 1) + "\u2026";
   return s;
 }

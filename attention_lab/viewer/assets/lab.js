@@ -80,9 +80,7 @@ function nextPaint() {
 }
 
 function fmtP(p) { return p >= 0.995 ? "1.00" : p.toFixed(2).replace(/^0/, ""); }
-// a byte of a character split over byte-level tokens (token_strings writes \xe2) as people read it: ⟨E2⟩
-function readableBytes(t) { return String(t).replace(/\\x([89a-f][0-9a-f])/g, (_, h) => `\u27e8${h.toUpperCase()}\u27e9`); }
-function tokenText(t) { return typeof t === "number" ? `#${t}` : axisLabel(readableBytes(t), 16); }
+function tokenText(t) { return typeof t === "number" ? `#${t}` : axisLabel(String(t), 16); } // bytes as ⟨E2⟩
 const LAB_EXAMPLE = "ROMEO: But soft, what light through yonder window breaks?"; // fits a context of 64 characters
 const STALE_VIEWS = ["head-view", "model-view", "inside", "lab-tokens", "lab-next"];
 function lossColour(v) { return v == null ? "" : `rgba(192, 57, 43, ${Math.min(1, Math.max(0, v) / 6).toFixed(3)})`; }
