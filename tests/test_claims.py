@@ -55,11 +55,15 @@ def test_equivalence_is_reported_when_the_truth_is_inside_the_region():
     assert simulate(1.0, sd=0.02, region=0.3)["equivalent"] == 0.0, "a difference beyond the region is not equivalent"
 
 
-def test_an_interval_that_only_touches_the_region_is_not_equivalence():
+def test_equivalence_needs_the_whole_interval_inside_the_region():
     d = {s: v for s, v in enumerate([0.2, 0.8, 0.5, 0.3, 0.7])}  # mean 0.5, interval about 0.19 to 0.81
     c = stats.decide([stats.paired(dict.fromkeys(d, 0.0), d, better_name="a", worse_name="b", metric="bpb",
                                    region=0.3)])[0]
     assert c.low < 0.3 < c.high and c.verdict == "holds", c
+    d = {s: v for s, v in enumerate([0.5, -0.4, 0.3, -0.5, 0.2])}  # mean 0.02 inside the region, interval far beyond
+    c = stats.decide([stats.paired(dict.fromkeys(d, 0.0), d, better_name="a", worse_name="b", metric="bpb",
+                                   region=0.3)])[0]
+    assert abs(c.mean) < 0.3 and c.low < -0.3 and c.verdict == "undecided", c
 
 
 def test_pairing_is_used_noise_the_arms_share_cancels():
