@@ -65,8 +65,12 @@ VASWANI_A = ("Vaswani et al. 2017 Table 3 rows (A), English-German dev set at eq
              "without a significant change in BLEU")
 
 
-def _heads(pos: str) -> tuple[Arm, ...]:
-    return tuple(Arm(f"{n} head{'s' * (n > 1)}", (f"model.n_head={n}", f"model.pos_encoding={pos}")) for n in HEAD_COUNTS)
+def _heads_claim(name: str, statement: str, pos: str, note: str) -> "Claim":
+    """The heads series at one positional encoding: 1-16 heads at a constant width."""
+    arms = tuple(Arm(f"{n} head{'s' * (n > 1)}", (f"model.n_head={n}", f"model.pos_encoding={pos}")) for n in HEAD_COUNTS)
+    return Claim(name, statement, arms, ("roles", "ablation"),
+                 (Expect("4 heads", "1 head"), Expect("8 heads", "1 head"), Expect("8 heads", "4 heads")),
+                 VASWANI_A, plot="bars:bpb", notes=(note,))
 
 
 CLAIMS = {c.name: c for c in (
@@ -101,18 +105,12 @@ CLAIMS = {c.name: c for c in (
           (Expect("before_softmax", "after_softmax", "honest_bpb"), Expect("before_softmax", "none", "honest_bpb")),
           "a standard result rather than a paper's table: a leaking mask trains to a low loss and predicts "
           "nothing once the future is hidden", choose_by="honest_bpb", plot="bars:leaky_bpb,honest_bpb"),
-    Claim("heads", "several heads beat one",
-          _heads("rope"), ("roles", "ablation"),
-          (Expect("4 heads", "1 head"), Expect("8 heads", "1 head"), Expect("8 heads", "4 heads")),
-          VASWANI_A, plot="bars:bpb",
-          notes=("every arm 128 channels wide, so more heads means smaller heads (128, 64, 32, 16, 8); under RoPE "
-                 "a head of 8 channels has only 4 rotation frequencies, a confound `heads-learned` removes",)),
-    Claim("heads-learned", "several heads beat one (the control: learned positions, no rotation in the heads)",
-          _heads("learned"), ("roles", "ablation"),
-          (Expect("4 heads", "1 head"), Expect("8 heads", "1 head"), Expect("8 heads", "4 heads")),
-          VASWANI_A, plot="bars:bpb",
-          notes=("the heads claim again with learned absolute positions added to the embeddings: the head size "
-                 "no longer limits how positions are encoded",)),
+    _heads_claim("heads", "several heads beat one", "rope",
+                 "every arm 128 channels wide, so more heads means smaller heads (128, 64, 32, 16, 8); under RoPE a "
+                 "head of 8 channels has only 4 rotation frequencies, a confound `heads-learned` removes"),
+    _heads_claim("heads-learned", "several heads beat one (the control: learned positions, no rotation in the heads)",
+                 "learned", "the heads claim again with learned absolute positions added to the embeddings: the head "
+                 "size no longer limits how positions are encoded"),
     Claim("positions", "self-attention has no notion of order, so positions are added (though they may not be "
           "needed)",
           tuple(Arm(p, (f"model.pos_encoding={p}",)) for p in ("none", "learned", "sinusoidal", "rope", "alibi")),

@@ -330,15 +330,12 @@ def write_docs(root: Path = Path("claims"), docs: Path = REPO / "docs", readme: 
         res = root / name / "results.json"
         if not rep.exists() or not res.exists() or json.loads(res.read_text()).get("quick"):
             continue
-        text = rep.read_text().replace(f"# Claim `{name}`", f"## `{name}`", 1)
-        text = re.sub(r"^## ", "### ", text, flags=re.M).replace(f"### `{name}`", f"## `{name}`", 1)
+        body = re.sub(r"^## ", "### ", rep.read_text().split("\n", 1)[1], flags=re.M)  # below its own heading
         if (root / name / "plot.png").exists():
             shutil.copyfile(root / name / "plot.png", docs / "claims" / f"{name}.png")
-            text = text.replace("](plot.png)", f"](claims/{name}.png)")
-        text = text.replace("](bench", f"]({root}/{name}/bench")
-        parts += [f"`.venv/bin/python -m attention_lab.claims {name}`", "", text.split("\n", 1)[1]
-                  if text.startswith("## ") else text]
-        parts.insert(len(parts) - 2, f"## `{name}`")
+            body = body.replace("](plot.png)", f"](claims/{name}.png)")
+        body = body.replace("](bench", f"]({root}/{name}/bench")
+        parts += [f"## `{name}`", "", f"`.venv/bin/python -m attention_lab.claims {name}`", body]
     write_text(docs / "claims.md", "\n".join(parts))
     if readme.exists():
         start, end = "<!-- claims table: python -m attention_lab.claims docs -->", "<!-- end claims table -->"
