@@ -389,3 +389,22 @@ def test_an_expectation_between_two_numbers_of_one_arm_pairs_them_by_seed():
     rs = {"base": [{"seed": s, "context_left": 0.5, "context_left_uniform": 0.6 + s / 100} for s in (1, 2, 3)]}
     c = experiment.compare(e, rs)
     assert c.diffs == pytest.approx((0.11, 0.12, 0.13)) and c.seeds == (1, 2, 3)
+
+
+def test_an_arm_whose_time_is_a_budget_is_trained_here_not_copied(tmp_path, monkeypatch):
+    """The equal-time LSTM spends the transformer's mean wall time: a transformer copied from another claim would
+    bring a time measured under that claim's load, so the rnn claim trains its own (and copies the rest)."""
+    overrides = [*BASE, *QUICK, "train.seed=1"]
+    sibling = tmp_path / "qk" / "runs" / "separate-s1"
+    sibling.mkdir(parents=True)
+    (sibling / "config.json").write_text(json.dumps(runs.resolved([*overrides, "name=claims-qk"])))
+    (sibling / runs.DONE).write_text(json.dumps({"seconds": 1.0}))
+    runner = runs.Runner(tmp_path / "rnn", "rnn", (*BASE, *QUICK), progress=False, log=lambda *_: None)
+    launched = []
+    monkeypatch.setattr(runner, "_launch", lambda todo: launched.extend(j.arm for j in todo))
+    same = runs.Job("transformer", 1, None, ("train.seed=1",))
+    runner.train([same], timed=frozenset({"transformer"}))
+    assert launched == ["transformer"], "a timed arm was copied from another claim"
+    runner.train([same])
+    assert launched == ["transformer"], "an arm nobody times is not copied from its twin"
+    assert runs.finished(runner.run_dir(same))

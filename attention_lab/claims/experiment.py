@@ -57,6 +57,7 @@ def run_claim(claim: Claim, out: Path, quick: bool = False, overrides: tuple[str
     if not claim.arms:
         return report.write_bench(claim, out, quick)
     runner = Runner(out, claim.name, (*BASE, *(QUICK if quick else ()), *overrides), launcher, log, progress)
+    timed = frozenset(a.after for a in claim.arms if a.after)  # arms whose wall time is another's budget
     by_name = {a.name: a for a in claim.arms}
     n_runs = (sum(len(claim.rates) + len(claim.seeds) - 1 for a in claim.arms if a.sweep)
               + sum(len(claim.seeds) for a in claim.arms if not a.sweep))
@@ -69,7 +70,7 @@ def run_claim(claim: Claim, out: Path, quick: bool = False, overrides: tuple[str
     fixed = [job(a, s, None) for a in claim.arms if not a.sweep and not a.rate_of and not a.after
              for s in claim.seeds]
     log("the sweep" + (" and the arms at a fixed rate" if fixed else "") + ":")
-    dirs = runner.train([*sweep_jobs.values(), *fixed])
+    dirs = runner.train([*sweep_jobs.values(), *fixed], timed)
     first = next(iter(dirs.values()))
     block = load_checkpoint(first, "latest").config.block_size
     choose = Held.of(first, "choose", block, 8 if quick else 64)
@@ -89,7 +90,7 @@ def run_claim(claim: Claim, out: Path, quick: bool = False, overrides: tuple[str
                  for s in claim.seeds}
     seed_jobs |= {(j.arm, j.seed): j for j in fixed}
     log("the seeds at each arm's rate:")
-    dirs |= runner.train(list(seed_jobs.values()))
+    dirs |= runner.train(list(seed_jobs.values()), timed)
     # 4. arms that need another arm's wall time
     for a in (a for a in claim.arms if a.after):
         minutes = mean_minutes([metrics_of(dirs[seed_jobs[(a.after, s)]])["seconds"] for s in claim.seeds])

@@ -95,10 +95,11 @@ def arm_table(claim: Claim, doc: dict) -> str:
     return "\n".join(rows)
 
 
-def sweep_table(doc: dict) -> str:
+def sweep_table(claim: Claim, doc: dict) -> str:
     sweep = doc["sweep"]
     if not sweep:
         return ""
+    sweep = {a.name: sweep[a.name] for a in claim.arms if a.name in sweep}  # the claim's order, not the JSON's
     rates = sorted({float(r) for v in sweep.values() for r in v})
     rows = ["| arm | " + " | ".join(f"lr {r:g}" for r in rates) + " | chosen |", "|---|" + "--:|" * len(rates) + "---|"]
     edge = []
@@ -167,7 +168,7 @@ def render(claim: Claim, out: Path) -> Path:
               "seconds: one run's wall clock (start-up included; runs that were reused keep the time they took).",
               ""]
     if doc["sweep"]:
-        lines += ["## Learning rates", "", sweep_table(doc), ""]
+        lines += ["## Learning rates", "", sweep_table(claim, doc), ""]
     samples = [(arm, rs[0]["sample"]) for arm, rs in doc["results"].items() if rs and rs[0].get("sample")]
     if samples:
         lines += ["## Samples (temperature 0.8, the same test-play prompt, seed 1)", ""]
