@@ -234,8 +234,9 @@ def _doc(comparisons) -> dict:
           "tied": [{"seed": s, "lr": 0.009, "step": 600, "bpb": 2.5 + s / 100, "seconds": 50.0} for s in (1, 2)]}
     return {"claim": "qk", "quick": False, "machine": "a CPU", "launcher": [], "seeds": [1, 2],
             "rates": {"separate": 0.003, "tied": 0.009}, "sweep": {"separate": {"0.001": 2.6, "0.003": 2.5, "0.009": 2.55},
-                                                                  "tied": {"0.001": 2.7, "0.003": 2.65, "0.009": 2.6}},
-            "choose_by": "bpb", "split": {"choose": ["a", "c"], "test": ["b", "d"]}, "runs_trained": 2,
+                                                                  "tied": {"0.001": 2.7, "0.003": 2.65, "0.009": 2.6,
+                                                                           "0.027": 2.62}},
+            "grid": ["0.001", "0.003", "0.009"], "bracket": 2, "choose_by": "bpb", "split": {"choose": ["a", "c"], "test": ["b", "d"]}, "runs_trained": 2,
             "run_seconds": [50.0, 50.0], "minutes": 3.0, "results": rs, "comparisons": comparisons}
 
 
@@ -253,8 +254,25 @@ def test_the_report_says_what_results_json_holds(tmp_path):
     assert cs[0].p_holm != cs[0].p
     assert "choose plays (a, c)" in text and "test plays (b, d)" in text
     assert "| tied | 0.009 | 600 |" in text, "the table names the rate and the scored step"
-    assert "| separate | 2.6000 | **2.5000** | 2.5500 | 0.003 |" in text
-    assert "Chosen at the edge of the sweep: tied" in text
+    assert "| separate | 2.6000 | **2.5000** | 2.5500 | - | 0.003 |" in text
+    assert "| tied | 2.7000 | 2.6500 | **2.6000** | 2.6200 | 0.009 |" in text
+    assert "| lr 0.009 | lr 0.027 * |" in text and "the next rate beyond it (*), up to 2 more: tied." in text
+    assert "Chosen at the edge" not in text, "tied's winner is inside what was tried once 0.027 lost"
+    doc = json.loads((tmp_path / "results.json").read_text())
+    del doc["sweep"]["tied"]["0.027"]
+    (tmp_path / "results.json").write_text(json.dumps(doc))
+    assert "Chosen at the edge of what was tried: tied (" in report.render(claim, tmp_path).read_text()
+
+
+def test_a_winner_at_the_edge_is_bracketed_one_grid_step_further():
+    grid = [1 / 3, 1.0, 3.0]
+    at = {f"{BASE_LR * r:.6g}": v for r, v in zip(grid, (2.6, 2.5, 2.4))}
+    assert experiment._beyond(grid, at) == pytest.approx(9.0), "the top edge: one step up, the grid's ratio"
+    at = {f"{BASE_LR * r:.6g}": v for r, v in zip(grid, (2.4, 2.5, 2.6))}
+    assert experiment._beyond(grid, at) == pytest.approx(1 / 9), "the bottom edge: one step down"
+    at = {f"{BASE_LR * r:.6g}": v for r, v in zip(grid, (2.6, 2.4, 2.5))}
+    assert experiment._beyond(grid, at) is None, "a winner inside the grid is bracketed already"
+    assert experiment._beyond([1.0], {f"{BASE_LR:.6g}": 2.5}) == pytest.approx(3.0)
 
 
 def test_docs_are_assembled_from_the_reports_and_the_readme_table_replaced(tmp_path):
@@ -281,6 +299,21 @@ def _quick(tmp_path, name, data_cache, arms, rates=(1.0,), seeds=(1,), launcher=
     rep = experiment.run_claim(claim, out, quick=True, overrides=(f"data.cache_dir={data_cache}",), launcher=launcher,
                                log=lambda *a: None, progress=False)
     return claim, rep, json.loads((out / "results.json").read_text())
+
+
+def test_a_grid_of_one_rate_is_bracketed_and_the_seeds_train_at_the_winner_of_both(tmp_path, data_cache):
+    """A winner at the edge (a grid of one is all edge) trains one rate further before the seeds; the seeds
+    train at whichever of the two won, the seed-1 run of the winner reused."""
+    claim = select(CLAIMS["qk"], (1, 2), ("separate",), (1 / 3,))
+    out = tmp_path / "qk"
+    experiment.run_claim(claim, out, quick=True, overrides=(f"data.cache_dir={data_cache}",), log=lambda *a: None,
+                         progress=False, bracket=1)
+    doc = json.loads((out / "results.json").read_text())
+    assert sorted(map(float, doc["sweep"]["separate"])) == pytest.approx([BASE_LR / 3, BASE_LR]), doc["sweep"]
+    assert doc["grid"] == [f"{BASE_LR / 3:.6g}"] and doc["bracket"] == 1
+    best = float(min(doc["sweep"]["separate"], key=doc["sweep"]["separate"].get))
+    assert [r["lr"] for r in doc["results"]["separate"]] == pytest.approx([best, best])
+    assert doc["runs_trained"] == 3, "two sweep runs and seed 2; seed 1 at the winner is the sweep's run"
 
 
 def test_the_sweep_chooses_on_the_choose_plays_its_winner_trains_the_seeds_and_nothing_trains_twice(

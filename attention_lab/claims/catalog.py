@@ -15,6 +15,7 @@ BASE_LR = 3e-3  # configs/experiment/claims.yaml's optim.lr: the sweep's centre
 RATES = (1 / 3, 1.0, 3.0)  # the sweep: log-spaced around the base rate
 SEEDS = (1, 2, 3, 4, 5)
 SWEEP_SEED = 1  # the seed the sweep trains; at the chosen rate it is also the first of the seeds
+BRACKET = 2  # while an arm's best rate sits at the grid's edge, one more rate beyond it, at most this many times
 # --quick: the same arms on a model and a run small enough for seconds (character data, 1 layer, 24 steps)
 QUICK = ("data=shakespeare_char", "model.block_size=32", "model.n_layer=1", "model.n_embd=32", "train.batch_size=4",
          "train.max_steps=24", "train.eval_interval=12", "train.eval_batches=2", "optim.warmup_steps=4",

@@ -4,7 +4,8 @@ them on the test plays, pair the seeds, decide, write results.json and the repor
     1. the sweep      every arm with sweep=True at each of Claim.rates x the base rate, seed 1 (SWEEP_SEED);
                       arms with their own fixed rate train all their seeds in the same multirun
     2. the choice     each swept arm's rate: the lowest `choose_by` (bits/byte) on the choose plays, final
-                      checkpoint
+                      checkpoint; a winner at the grid's edge is bracketed first (one more rate beyond it, the
+                      grid's own ratio, while the winner stays at the edge: at most BRACKET more)
     3. the seeds      every arm at its chosen rate, seeds 1..5 (seed 1 at the chosen rate is the sweep's run)
     4. after-arms     arms that need another's time (the equal-time LSTM), once that arm's seeds have run
     5. the verdict    every seed's final checkpoint scored on the test plays; paired differences (stats.py)
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import attention_lab.claims.report as report
 import attention_lab.claims.stats as stats
-from attention_lab.claims.catalog import BASE, BASE_LR, QUICK, SWEEP_SEED, Claim
+from attention_lab.claims.catalog import BASE, BASE_LR, BRACKET, QUICK, SWEEP_SEED, Claim
 from attention_lab.claims.measure import Held, measure
 from attention_lab.claims.runs import Runner, job, mean_minutes
 from attention_lab.claims.trained import metrics_of
@@ -50,8 +51,10 @@ def select(claim: Claim, seeds: tuple[int, ...] | None = None, arms: tuple[str, 
 
 
 def run_claim(claim: Claim, out: Path, quick: bool = False, overrides: tuple[str, ...] = (),
-              launcher: tuple[str, ...] = (), log=print, progress: bool = True) -> Path:
-    """Train (or reuse) the claim's runs into out/runs/, measure, decide; -> out/report.md."""
+              launcher: tuple[str, ...] = (), log=print, progress: bool = True, bracket: int | None = None) -> Path:
+    """Train (or reuse) the claim's runs into out/runs/, measure, decide; -> out/report.md. `bracket`: how many
+    rates beyond the grid an edge winner may add (default BRACKET; none with --quick, a smoke run)."""
+    bracket = (0 if quick else BRACKET) if bracket is None else bracket
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     if not claim.arms:
@@ -75,9 +78,22 @@ def run_claim(claim: Claim, out: Path, quick: bool = False, overrides: tuple[str
     block = load_checkpoint(first, "latest").config.block_size
     choose = Held.of(first, "choose", block, 8 if quick else 64)
     sweep: dict[str, dict[str, float]] = {}
-    for (arm, r), j in sweep_jobs.items():
-        m = measure(replace(claim, measures=_choose_measures(claim)), dirs[j], choose, quick)
-        sweep.setdefault(arm, {})[f"{BASE_LR * r:.6g}"] = m[claim.choose_by]
+
+    def score(jobs: dict) -> None:
+        for (arm, r), j in jobs.items():
+            m = measure(replace(claim, measures=_choose_measures(claim)), dirs[j], choose, quick)
+            sweep.setdefault(arm, {})[f"{BASE_LR * r:.6g}"] = m[claim.choose_by]
+
+    score(sweep_jobs)
+    for _ in range(bracket):  # a winner at the edge of its grid may be beaten beyond it: one more rate out
+        beyond = {(a.name, r): job(a, SWEEP_SEED, BASE_LR * r) for a in claim.arms if a.sweep
+                  if (r := _beyond(sorted(m for (n, m) in sweep_jobs if n == a.name), sweep[a.name])) is not None}
+        if not beyond:
+            break
+        log("beyond the grid's edge: " + ", ".join(f"{arm} at lr {BASE_LR * r:.3g}" for arm, r in beyond))
+        dirs |= runner.train(list(beyond.values()), timed)
+        score(beyond)
+        sweep_jobs |= beyond
     best = {arm: float(min(rates, key=rates.get)) for arm, rates in sweep.items()}
     for arm, rates in sweep.items():
         log(f"  {arm}: " + ", ".join(f"lr {lr} -> {v:.4f}" for lr, v in rates.items()) + f"; chosen {best[arm]:g}")
@@ -114,12 +130,24 @@ def run_claim(claim: Claim, out: Path, quick: bool = False, overrides: tuple[str
     comparisons = stats.decide([compare(e, results) for e in claim.expect])
     doc = {"claim": claim.name, "quick": quick, "machine": report.machine(), "launcher": list(launcher),
            "seeds": list(claim.seeds), "rates": {a.name: rate(a) for a in claim.arms},
-           "sweep": sweep, "choose_by": claim.choose_by,
+           "sweep": sweep, "grid": [f"{BASE_LR * r:.6g}" for r in sorted(claim.rates)], "bracket": bracket,
+           "choose_by": claim.choose_by,
            "split": {"choose": choose.part.documents, "test": test.part.documents},
            "runs_trained": len(runner.seconds), "run_seconds": runner.seconds,
            "minutes": (time.time() - t0) / 60, "results": results,
            "comparisons": [c.as_dict() for c in comparisons]}
     return report.write(claim, doc, out)
+
+
+def _beyond(multiples: list[float], scores: dict[str, float]) -> float | None:
+    """The next multiple of the base rate to try when the best of `multiples` (sorted) is the largest or the
+    smallest, a grid step further (the grid's ratio at that end; 3 for a grid of one); None when it is inside."""
+    best = min(multiples, key=lambda r: scores[f"{BASE_LR * r:.6g}"])
+    if best == multiples[-1]:
+        return best * (multiples[-1] / multiples[-2] if len(multiples) > 1 else 3.0)
+    if best == multiples[0]:
+        return best / (multiples[1] / multiples[0])
+    return None
 
 
 def _choose_measures(claim: Claim) -> tuple[str, ...]:

@@ -101,21 +101,30 @@ def sweep_table(claim: Claim, doc: dict) -> str:
         return ""
     sweep = {a.name: sweep[a.name] for a in claim.arms if a.name in sweep}  # the claim's order, not the JSON's
     rates = sorted({float(r) for v in sweep.values() for r in v})
-    rows = ["| arm | " + " | ".join(f"lr {r:g}" for r in rates) + " | chosen |", "|---|" + "--:|" * len(rates) + "---|"]
-    edge = []
+    grid = [float(r) for r in doc.get("grid", [])] or rates
+    rows = ["| arm | " + " | ".join(f"lr {r:g}" + ("" if r in grid else " *") for r in rates) + " | chosen |",
+            "|---|" + "--:|" * len(rates) + "---|"]
+    edge, beyond = [], []
     for arm, values in sweep.items():
-        best = min(values, key=values.get)
-        cells = [f"**{values[k]:.4f}**" if k == best else f"{values[k]:.4f}"
-                 for k in (next(k for k in values if float(k) == r) for r in rates)]
-        rows.append(f"| {arm} | " + " | ".join(cells) + f" | {float(best):g} |")
-        if float(best) in (rates[0], rates[-1]):
+        by_rate = {float(k): v for k, v in values.items()}
+        best = min(by_rate, key=by_rate.get)
+        rows.append(f"| {arm} | " + " | ".join("-" if r not in by_rate else f"**{by_rate[r]:.4f}**" if r == best
+                                               else f"{by_rate[r]:.4f}" for r in rates) + f" | {best:g} |")
+        if best in (min(by_rate), max(by_rate)):
             edge.append(arm)
+        if set(by_rate) - set(grid):
+            beyond.append(arm)
     metric = "honest bits/byte" if doc["choose_by"] == "honest_bpb" else "bits/byte"
     text = (f"The sweep: {metric} on the choose plays ({', '.join(doc['split']['choose'])}), final checkpoint, "
-            f"seed {SWEEP_SEED}; bold: the rate the arm's seeds then trained at.\n\n" + "\n".join(rows))
+            f"seed {SWEEP_SEED}; bold: the rate the arm's seeds then trained at.")
+    if doc.get("bracket"):
+        text += (f" The grid is {', '.join(f'{r:g}' for r in grid)}; where an arm's best rate sat at its edge the sweep "
+                 f"tried the next rate beyond it (*), up to {doc['bracket']} more"
+                 + (f": {', '.join(beyond)}." if beyond else "; no arm's best was at the edge."))
+    text += "\n\n" + "\n".join(rows)
     if edge:
-        text += (f"\n\nChosen at the edge of the sweep: {', '.join(edge)} (a rate beyond it might be better still; "
-                 "`--rates` widens it).")
+        text += (f"\n\nChosen at the edge of what was tried: {', '.join(edge)} (a rate beyond it might be better "
+                 "still; `--rates` widens the grid).")
     return text
 
 
