@@ -239,6 +239,19 @@ def test_hide_key_hides_one_key_from_later_queries_and_renormalises():
         "hide_key with layer and head hides it in that head only"
 
 
+def test_hiding_the_last_key_changes_nothing_and_the_ablation_pass_reads_past_it():
+    """The last key has no query after it; the ablation pass reads the text without its last token, so that
+    key is past the end there (it used to raise IndexError in sample.py --ablate and the notebook)."""
+    from attention_lab.interp.analysis import batched_ablation
+
+    model = build()
+    text = torch.tensor([ids()])
+    last = [Intervention("hide_key", key=T - 1)]
+    close(batched_ablation(model, text, last), batched_ablation(model, text), "hiding the last key changes nothing")
+    found = analyze(model, ids(), interventions=last, ablation=True)
+    close(found.weights, analyze(model, ids(), ablation=False).weights, "the maps are the clean ones")
+
+
 def test_text_losses_equal_the_full_analysis_with_the_same_edits():
     model = build(attn_sinks=True)
     items = [Intervention("zero", 0, 0), Intervention("uniform", 1, 3), Intervention("hide_key", key=2)]

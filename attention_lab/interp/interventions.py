@@ -104,6 +104,8 @@ def _uniform_head(head: int) -> Callable[[Tensor], Tensor]:
 
 def _hide_key(key: int, head: int | None) -> Callable[[Tensor], Tensor]:
     def edit(scores: Tensor) -> Tensor:  # (B, nh, T, S)
+        if key >= scores.shape[-1]:  # a key past the text (the ablation pass reads it without its last token)
+            return scores
         scores = scores.clone()
         heads = slice(None) if head is None else slice(head, head + 1)
         scores[:, heads, key + 1 :, key] = float("-inf")  # the queries after j; query j keeps its own key

@@ -245,13 +245,6 @@ def _qkv_key(req, lm: Loaded) -> tuple:
     return (id(lm), req.text, json.dumps(req.interventions, sort_keys=True))
 
 
-def _seen(items, n_tokens: int) -> list:
-    """The interventions that can change anything on a text of n_tokens: a hidden last key has no query after
-    it, so it is left out. (The ablation pass reads the text without its last token, where that key would be out
-    of range: interp.analysis.batched_ablation would fail on it.)"""
-    return [it for it in items if not (it.kind == "hide_key" and it.key >= n_tokens - 1)]
-
-
 def _top(tokenizer, top_ids: np.ndarray, top_probs: np.ndarray) -> list:
     """(T, k) ids and probabilities -> T x [[token, p] x k], the tokens as readable strings."""
     flat = tokenizer.token_strings([int(i) for i in top_ids.reshape(-1)])
@@ -358,7 +351,7 @@ def create_app(registry: Registry, *, worker: Worker | None = None, page: Callab
         def job(watch: Watch):
             lm, ids, items = _prepare(registry, req.target, req.text, req.interventions)
             t0 = time.perf_counter()
-            found = analyze(lm.model, ids, interventions=_seen(items, len(ids)), top_k=TOP_K, ablation=req.ablation)
+            found = analyze(lm.model, ids, interventions=items, top_k=TOP_K, ablation=req.ablation)
             watch.check()  # the client left during the pass: the page's data is not built for nobody
             lm.memo["qkv"] = (_qkv_key(req, lm), found.qkv)  # for the POST /api/qkv that follows
             # without q, k, v (most of the bytes at length) unless asked for: POST /api/qkv sends them as binary
@@ -393,7 +386,7 @@ def create_app(registry: Registry, *, worker: Worker | None = None, page: Callab
             lm, ids, items = _prepare(registry, req.target, req.text, req.interventions)
             t0 = time.perf_counter()
             idx = token_window(lm.model, ids)[None]  # (1, T)
-            values = batched_ablation(lm.model, idx, _seen(items, len(ids))) if len(ids) > 1 else None
+            values = batched_ablation(lm.model, idx, items) if len(ids) > 1 else None
             return {"model": req.target.model, "checkpoint": lm.checkpoint, "step": lm.step, "ids": ids,
                     "ablation": None if values is None else np.round(values, 5), "role": role_info(["ablation"]),
                     "ms": round((time.perf_counter() - t0) * 1000, 1)}
@@ -410,7 +403,7 @@ def create_app(registry: Registry, *, worker: Worker | None = None, page: Callab
             lm, ids, items = _prepare(registry, req.target, req.text, req.interventions)
             key, kept = lm.memo.get("qkv", (None, None))
             if key != _qkv_key(req, lm):  # not the last analysis of this checkpoint: one pass of its own
-                kept = analyze(lm.model, ids, interventions=_seen(items, len(ids)), top_k=1, ablation=False).qkv
+                kept = analyze(lm.model, ids, interventions=items, top_k=1, ablation=False).qkv
             return np.ascontiguousarray(kept, dtype="<f4")
 
         async with Watch(request, worker) as watch:
