@@ -237,7 +237,8 @@ def _doc(comparisons) -> dict:
                                                                   "tied": {"0.001": 2.7, "0.003": 2.65, "0.009": 2.6,
                                                                            "0.027": 2.62}},
             "grid": ["0.001", "0.003", "0.009"], "bracket": 2, "choose_by": "bpb", "split": {"choose": ["a", "c"], "test": ["b", "d"]}, "runs_trained": 2,
-            "run_seconds": [50.0, 50.0], "minutes": 3.0, "results": rs, "comparisons": comparisons}
+            "run_seconds": [50.0, 50.0], "minutes": 3.0, "results": rs, "comparisons": comparisons,
+            "all_runs": {f"runs/r{i}": 60.0 for i in range(7)}}
 
 
 def test_the_report_says_what_results_json_holds(tmp_path):
@@ -258,6 +259,7 @@ def test_the_report_says_what_results_json_holds(tmp_path):
     assert "| tied | 2.7000 | 2.6500 | **2.6000** | 2.6200 | 0.009 |" in text
     assert "| lr 0.009 | lr 0.027 * |" in text and "the next rate beyond it (*), up to 2 more: tied." in text
     assert "Chosen at the edge" not in text, "tied's winner is inside what was tried once 0.027 lost"
+    assert "From nothing it is 7 runs whose own wall clocks sum to 7 min" in text
     doc = json.loads((tmp_path / "results.json").read_text())
     del doc["sweep"]["tied"]["0.027"]
     (tmp_path / "results.json").write_text(json.dumps(doc))
@@ -314,6 +316,7 @@ def test_a_grid_of_one_rate_is_bracketed_and_the_seeds_train_at_the_winner_of_bo
     best = float(min(doc["sweep"]["separate"], key=doc["sweep"]["separate"].get))
     assert [r["lr"] for r in doc["results"]["separate"]] == pytest.approx([best, best])
     assert doc["runs_trained"] == 3, "two sweep runs and seed 2; seed 1 at the winner is the sweep's run"
+    assert len(doc["all_runs"]) == 3 and all(s > 0 for s in doc["all_runs"].values()), doc["all_runs"]
 
 
 def test_the_sweep_chooses_on_the_choose_plays_its_winner_trains_the_seeds_and_nothing_trains_twice(

@@ -134,6 +134,7 @@ def run_claim(claim: Claim, out: Path, quick: bool = False, overrides: tuple[str
            "choose_by": claim.choose_by,
            "split": {"choose": choose.part.documents, "test": test.part.documents},
            "runs_trained": len(runner.seconds), "run_seconds": runner.seconds,
+           "all_runs": {str(d.relative_to(out)): runner.seconds_of(d) for d in dict.fromkeys(dirs.values())},
            "minutes": (time.time() - t0) / 60, "results": results,
            "comparisons": [c.as_dict() for c in comparisons]}
     return report.write(claim, doc, out)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attention_lab.claims.catalog import CLAIMS, SWEEP_SEED, Claim
+from attention_lab.claims.catalog import BRACKET, CLAIMS, SWEEP_SEED, Claim
 from attention_lab.claims.runs import REPO
 from attention_lab.runtime.device import cpu_model
 from data.files import atomic_write, write_json_atomic
@@ -167,7 +167,7 @@ def render(claim: Claim, out: Path) -> Path:
               f"arm was chosen on the choose plays ({', '.join(doc['split']['choose'])}); every number below is the "
               f"final checkpoint scored on the test plays ({', '.join(doc['split']['test'])}), which no choice read. "
               f"This run trained {n_runs} run{'s' * (n_runs != 1)} and reused the rest; it took "
-              f"{doc['minutes']:.1f} min in all.", ""]
+              f"{doc['minutes']:.1f} min in all." + _cost(doc), ""]
     lines += [f"- {n}" for n in claim.notes] + ([""] if claim.notes else [])
     lines += ["## Verdict", ""]
     n = len(doc["comparisons"])
@@ -184,6 +184,15 @@ def render(claim: Claim, out: Path) -> Path:
         lines += [f"- **{arm}**: {text.replace(chr(10), ' / ')[:400]}" for arm, text in samples] + [""]
     lines += ["## Published", "", claim.published, "", "![plot](plot.png)"]
     return _done(out, lines)
+
+
+def _cost(doc: dict) -> str:
+    """What the claim costs from nothing: its runs and their wall clocks summed (each as it was timed)."""
+    if not doc.get("all_runs"):
+        return ""
+    n, minutes = len(doc["all_runs"]), sum(doc["all_runs"].values()) / 60
+    return (f" From nothing it is {n} runs whose own wall clocks sum to {minutes:.0f} min (each timed under the "
+            "launcher it ran with: two at a time with one thread each under joblib on 2 cores).")
 
 
 def _done(out: Path, lines: list[str]) -> Path:
@@ -284,8 +293,9 @@ each claim is an experiment you run on a CPU with one command:
 
 **How a claim is judged.** Its arms are config overrides on one base preset (`configs/experiment/claims.yaml`: 2
 layers, 4 heads, 128 wide, a context of 128 BPE tokens, vocabulary 512, RoPE, QK-norm off, AdamW, batch 16, 600
-steps). Each arm is swept over three learning rates (1e-3, 3e-3, 9e-3) on seed 1 and its seeds then train at the
-rate that scored best on the *choose* plays (two of the four held-out plays); the scale claim's 3x-rate arms keep
+steps). Each arm is swept over three learning rates (1e-3, 3e-3, 9e-3) on seed 1 (a best rate at the edge of what
+was tried brings the next rate beyond it, up to {bracket} more) and its seeds then train at the rate that scored best
+on the *choose* plays (two of the four held-out plays); the scale claim's 3x-rate arms keep
 their rate, since the rate is what they are about. Every seed's final checkpoint (chosen by nothing) is scored on
 the *test* plays (the other two), which no choice read. Arms are paired by seed: arm A and arm B with seed s start
 from the same random stream and read the same batches, so noise they share cancels in their difference. For each
@@ -315,17 +325,22 @@ def summary_rows(root: Path) -> list[tuple[str, str, str]]:
         path = root / name / "results.json"
         doc = json.loads(path.read_text()) if path.exists() else {"quick": True}
         if not doc.get("quick"):
-            rows.append((name, verdict_summary(doc), f"{doc.get('minutes', float('nan')):.0f} min, "
-                         f"{len(doc['run_seconds'])} runs trained" if claim.arms else "-"))
+            rows.append((name, verdict_summary(doc), _runs_cell(doc) if claim.arms else "-"))
         else:
             rows.append((name, f"not run under these rules yet ({runs_needed(claim)} runs when none can be reused)"
                          if claim.arms else "not run yet", "-"))
     return rows
 
 
+def _runs_cell(doc: dict) -> str:
+    if doc.get("all_runs"):
+        return f"{len(doc['all_runs'])} runs, {sum(doc['all_runs'].values()) / 60:.0f} run-min"
+    return f"{doc.get('minutes', float('nan')):.0f} min, {len(doc['run_seconds'])} runs trained"
+
+
 def summary_table(root: Path) -> str:
     rows = summary_rows(root)
-    lines = ["| claim | verdicts (mean paired difference, bits/byte unless named; [95% interval]) | this run |",
+    lines = ["| claim | verdicts (mean paired difference, bits/byte unless named; [95% interval]) | runs (wall clocks summed) |",
              "|---|---|---|"]
     lines += [f"| `{n}` | {v} | {t} |" for n, v, t in rows]
     return "\n".join(lines)
@@ -334,7 +349,7 @@ def summary_table(root: Path) -> str:
 def write_docs(root: Path = Path("claims"), docs: Path = REPO / "docs", readme: Path = REPO / "README.md") -> Path:
     """docs/claims.md from claims/<name>/report.md (plots copied to docs/claims/), and the README's table."""
     (docs / "claims").mkdir(parents=True, exist_ok=True)
-    parts = [DOCS_INTRO, summary_table(root), ""]
+    parts = [DOCS_INTRO.format(bracket=BRACKET), summary_table(root), ""]
     for name in CLAIMS:
         rep = root / name / "report.md"
         res = root / name / "results.json"

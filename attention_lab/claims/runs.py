@@ -139,7 +139,7 @@ class Runner:
         while left:
             for j in [j for j in left if finished(self.run_dir(j))]:
                 left.remove(j)
-                self.seconds.append(json.loads((self.run_dir(j) / DONE).read_text())["seconds"])
+                self.seconds.append(self.seconds_of(self.run_dir(j)))
                 if bar is not None:
                     bar.update(1)
             if proc.poll() is not None and left:
@@ -149,6 +149,10 @@ class Runner:
             time.sleep(0.5)
         if bar is not None:
             bar.close()
+
+    def seconds_of(self, run_dir: Path) -> float:
+        """A finished run's wall clock, as its claims_done.json holds it (a copied run keeps its own)."""
+        return json.loads((Path(run_dir) / DONE).read_text())["seconds"]
 
     def estimate(self) -> float:
         """Seconds a run takes here: the median of the runs finished beside this claim (any claim), else a guess."""
