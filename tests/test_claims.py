@@ -195,7 +195,16 @@ def test_list_and_unknown_claims(capsys):
     with pytest.raises(SystemExit):
         main(["nonsense"])
     assert "unknown claim 'nonsense'" in capsys.readouterr().err
-    assert main(["qk", "--jobs", "2"]) == 2 and "--jobs sizes the joblib launcher" in capsys.readouterr().err
+    assert main(["qk", "--launcher", "basic", "--jobs", "2"]) == 2
+    assert "--jobs sizes the joblib launcher" in capsys.readouterr().err
+
+
+def test_the_default_launcher_runs_one_run_per_core_where_joblib_is_installed():
+    from attention_lab.claims.cli import auto_launcher
+
+    assert auto_launcher(1) == ("basic", None), "one core: one run at a time with it"
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    assert auto_launcher(2) == ("joblib", 2) and auto_launcher(16) == ("joblib", 16)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -16,7 +16,18 @@ from attention_lab.runtime import cli
 from attention_lab.store.checkpoint import CheckpointError, load_checkpoint
 from attention_lab.training.evaluate import score_run
 
-LAUNCHERS = ("basic", "joblib", "submitit_local", "submitit_slurm")
+LAUNCHERS = ("auto", "basic", "joblib", "submitit_local", "submitit_slurm")
+
+
+def auto_launcher(cores: int | None = None) -> tuple[str, int | None]:
+    """--launcher auto: joblib with one run per core (one thread each) where the plugin is installed and there is
+    more than one core, the basic launcher (one run at a time, every core) otherwise."""
+    import importlib.util
+
+    cores = cores or os.cpu_count() or 1
+    if cores > 1 and importlib.util.find_spec("hydra_plugins.hydra_joblib_launcher") is not None:
+        return "joblib", cores
+    return "basic", None
 
 
 def launcher_overrides(name: str, jobs: int | None, extra: list[str]) -> tuple[str, ...]:
@@ -67,9 +78,10 @@ def main(argv=None) -> int:
     p.add_argument("--rates", type=lambda s: tuple(float(x) for x in s.split(",")),
                    help="the sweep, as multiples of the base rate 3e-3 (default 0.333,1,3)")
     p.add_argument("--out", type=Path, help="the report folder (default: claims/<name>, or claims/<name>-quick)")
-    p.add_argument("--launcher", choices=LAUNCHERS, default="basic",
-                   help="Hydra's launcher for the runs (joblib: pip install hydra-joblib-launcher; submitit_*: "
-                        "pip install hydra-submitit-launcher)")
+    p.add_argument("--launcher", choices=LAUNCHERS, default="auto",
+                   help="Hydra's launcher for the runs (auto, the default: joblib with one run per core where it is "
+                        "installed, else basic; joblib: pip install hydra-joblib-launcher; submitit_*: pip install "
+                        "hydra-submitit-launcher)")
     p.add_argument("--jobs", type=int, help="joblib: how many runs at a time")
     p.add_argument("--root", type=Path, default=Path("claims"), help="docs: where the claims' folders are")
     args = p.parse_args(argv)
@@ -91,7 +103,8 @@ def main(argv=None) -> int:
     def go() -> None:
         t0 = time.time()
         claim = select(CLAIMS[args.name], args.seeds, args.arms, args.rates)
-        launcher = launcher_overrides(args.launcher, args.jobs, extra)
+        name, jobs = (auto_launcher() if args.launcher == "auto" else (args.launcher, None))
+        launcher = launcher_overrides(name, args.jobs if args.jobs is not None else jobs, extra)
         rep = run_claim(claim, out, args.quick, launcher=launcher)
         print(f"report: {rep} ({(time.time() - t0) / 60:.1f} min)")
     return cli.run(go, CheckpointError, RuntimeError, ValueError)

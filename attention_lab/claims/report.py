@@ -304,7 +304,7 @@ Holm's correction across the claim's expectations, a region of practical equival
 stated), and a word computed from them: **holds** (significant after Holm, in the claimed direction), **reversed**
 (significant, against it), **equivalent** (the whole interval inside the region) or **undecided** (with the number
 of paired seeds a difference of that size would need). The runs of a claim are one Hydra multirun (`train.py -m`),
-so any Hydra launcher runs them; finished runs are reused, and a run another claim already trained (the base arm is
+so any Hydra launcher runs them (by default joblib, one run per core with one thread each, where it is installed); finished runs are reused, and a run another claim already trained (the base arm is
 in most claims) is copied. Statistics: scipy.stats (Bouthillier et al. 2021 on the sources of variance; Dror et al.
 2018 on significance testing; Benavoli et al. 2017 on regions of practical equivalence).
 
