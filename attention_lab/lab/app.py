@@ -343,12 +343,17 @@ def create_app(registry: Registry, *, worker: Worker | None = None, page: Callab
     async def models(request: Request) -> Response:
         return json_response({"models": registry.describe(), "limits": LIMITS})
 
-    async def analyze_text(request: Request) -> Response:
-        req = parse_analyze(await read_json(request))
-        registry.resolve(req.target.model, req.target.checkpoint)  # 404 (and 422 for an LSTM) before the queue
-        registry.require_attention(req.target.model, "analyze")
+    async def on_text(request: Request, parse, verb: str, job):
+        """One text's job on the model thread: the request parsed, its model found and able to `verb` (404, and
+        422 for an LSTM, before the queue), then job(req, watch) run while the client still waits."""
+        req = parse(await read_json(request))
+        registry.resolve(req.target.model, req.target.checkpoint)
+        registry.require_attention(req.target.model, verb)
+        async with Watch(request, worker) as watch:
+            return await worker.run(job, req, watch, watch=watch)
 
-        def job(watch: Watch):
+    async def analyze_text(request: Request) -> Response:
+        def job(req, watch: Watch):
             lm, ids, items = _prepare(registry, req.target, req.text, req.interventions)
             t0 = time.perf_counter()
             found = analyze(lm.model, ids, interventions=items, top_k=TOP_K, ablation=req.ablation)
@@ -374,15 +379,10 @@ def create_app(registry: Registry, *, worker: Worker | None = None, page: Callab
                 data["pending"] = pending
             return data | {"live": live}
 
-        async with Watch(request, worker) as watch:
-            return json_response(await worker.run(job, watch, watch=watch))
+        return json_response(await on_text(request, parse_analyze, "analyze", job))
 
     async def ablation(request: Request) -> Response:
-        req = parse_ablation(await read_json(request))
-        registry.resolve(req.target.model, req.target.checkpoint)
-        registry.require_attention(req.target.model, "ablate")
-
-        def job():
+        def job(req, watch: Watch):
             lm, ids, items = _prepare(registry, req.target, req.text, req.interventions)
             t0 = time.perf_counter()
             idx = token_window(lm.model, ids)[None]  # (1, T)
@@ -391,23 +391,17 @@ def create_app(registry: Registry, *, worker: Worker | None = None, page: Callab
                     "ablation": None if values is None else np.round(values, 5), "role": role_info(["ablation"]),
                     "ms": round((time.perf_counter() - t0) * 1000, 1)}
 
-        async with Watch(request, worker) as watch:
-            return json_response(await worker.run(job, watch=watch))
+        return json_response(await on_text(request, parse_ablation, "ablate", job))
 
     async def qkv(request: Request) -> Response:
-        req = parse_ablation(await read_json(request))
-        registry.resolve(req.target.model, req.target.checkpoint)
-        registry.require_attention(req.target.model, "step inside")
-
-        def job():
+        def job(req, watch: Watch):
             lm, ids, items = _prepare(registry, req.target, req.text, req.interventions)
             key, kept = lm.memo.get("qkv", (None, None))
             if key != _qkv_key(req, lm):  # not the last analysis of this checkpoint: one pass of its own
                 kept = analyze(lm.model, ids, interventions=items, top_k=1, ablation=False).qkv
             return np.ascontiguousarray(kept, dtype="<f4")
 
-        async with Watch(request, worker) as watch:
-            values = await worker.run(job, watch=watch)
+        values = await on_text(request, parse_ablation, "step inside", job)
         return Response(values.tobytes(), media_type="application/octet-stream",
                         headers={"X-Shape": ",".join(str(n) for n in values.shape)})
 
