@@ -238,3 +238,15 @@ def test_bad_learner_code_in_training_is_one_error_naming_the_line(tmp_path, dat
     with pytest.raises(ValueError, match="cannot be combined with window=8"):
         compose(short + [f"model.attn_impl={crash}", "model.window=8"])
     assert math.isfinite(1.0)
+
+
+def test_a_learners_attention_with_dropout_says_which_dropout_it_keeps(tmp_path, data_cache, capsys):
+    """Attention dropout acts on the weights, which a learner's attention(q, k, v) never hands back: the run says
+    so instead of silently training without it (residual and MLP dropout still apply)."""
+    mine = _learner_file(tmp_path, REFERENCE_FILE, "mine.py")
+    short = COMMON[:1] + [f"data.cache_dir={data_cache}", "train.max_steps=2", "train.eval_interval=2"] + COMMON[3:]
+    train_mod.train(compose(short + [f"model.attn_impl={mine}", "model.dropout=0.1"]), tmp_path / "r")
+    said = capsys.readouterr().out
+    assert "model.dropout=0.1 still drops the residual and MLP outputs, but not attention weights" in said, said
+    train_mod.train(compose(short + [f"model.attn_impl={mine}"]), tmp_path / "r0")
+    assert "model.dropout" not in capsys.readouterr().out, "no dropout, nothing to say"

@@ -62,7 +62,9 @@ def load_model(cfg: Config, model_cfg: GPTConfig | LSTMConfig, data: PreparedDat
     model, model_cfg, state, meta = _load_model(cfg, model_cfg, data, run_dir, say)
     if cfg.model.attn_impl:
         plug(model, cfg.model.attn_impl)
-        say(f"attention: your {learner_of(model).spec} (model.attn_impl), not the built-in")
+        say(f"attention: your {learner_of(model).spec} (model.attn_impl), not the built-in"
+            + (f"; model.dropout={model_cfg.dropout} still drops the residual and MLP outputs, but not attention "
+               "weights: your attention(q, k, v) returns none to drop" if model_cfg.dropout else ""))
     return model, model_cfg, state, meta
 
 
