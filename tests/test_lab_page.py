@@ -709,6 +709,34 @@ def test_the_first_screen_has_an_example_and_byte_tokens_read_as_bytes(browser, 
     assert browser.execute_script("return tokenText('a\\\\nb')") != "\u27e80A\u27e9", "a newline is no byte token"
 
 
+
+def test_a_busy_lab_is_asked_again_after_its_retry_after_and_the_page_says_so(browser, lab):
+    """429 (the lab's queue is full) is not the request's fault: the page waits Retry-After and asks again, up
+    to three times, saying so in its status line; a fourth 429 is said as an error."""
+    open_lab(browser, lab)
+    result = browser.execute_async_script("""
+        const done = arguments[arguments.length - 1];
+        const real = window.fetch, seen = [];
+        let busy = 2;
+        window.fetch = (path, init) => {
+          seen.push(path);
+          if (busy-- > 0) return Promise.resolve(new Response('{"error": "busy"}',
+              { status: 429, headers: { "Retry-After": "1", "Content-Type": "application/json" } }));
+          return real(path, init);
+        };
+        const said = [];
+        const watch = new MutationObserver(() => said.push(document.getElementById("lab-status").textContent));
+        watch.observe(document.getElementById("lab-status"), { childList: true, characterData: true, subtree: true });
+        labFetch("/api/models").then(r => { busy = 9; return labFetch("/api/models").then(
+            () => "no error", e => e.message).then(last => ({ models: r.models.length, seen, said, last })); })
+          .catch(e => ({ error: String(e) })).then(r => { window.fetch = real; watch.disconnect(); done(r); });
+    """)
+    assert "error" not in result, result
+    assert result["models"] >= 1 and result["seen"][:3] == ["/api/models"] * 3, result
+    assert any("busy with other requests: asking again in 1 s" in t for t in result["said"]), result["said"]
+    assert len(result["seen"]) == 3 + 4, "after two 429s the third try answers; then 1 + 3 retries, all 429"
+    assert "HTTP 429" in result["last"], result["last"]
+
 # ------------------------------------------------------------------------------------------------------------
 # only its own page talks to it: a foreign page in a real browser cannot make the lab compute (issue 30)
 

@@ -33,14 +33,7 @@ class LabError extends Error {
 // POST (or GET without body) to the lab's API: the parsed JSON, or a LabError whose message says what went wrong in
 // words (the server's {"error": ...} when it sent one). info, when given, gets the answer's size in bytes.
 async function labFetch(path, body, signal, info) {
-  let response;
-  try {
-    response = await fetch(path, body === undefined ? { signal } : {
-      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body), signal });
-  } catch (e) {
-    if (e.name === "AbortError") throw e;
-    throw new LabError(`the lab's server does not answer (${e.message}): is it still running?`);
-  }
+  const response = await labSend(path, body, signal);
   if (!response.ok) throw new LabError(await labErrorText(response), response.status);
   if (info) info.bytes = Number(response.headers.get("content-length")) || null;
   try { return await response.json(); }
@@ -49,17 +42,41 @@ async function labFetch(path, body, signal, info) {
 
 // POST for a binary answer (/api/qkv): {values: Float32Array, shape}, or a LabError as labFetch
 async function labFetchFloats(path, body, signal) {
-  let response;
-  try {
-    response = await fetch(path, { method: "POST", headers: { "Content-Type": "application/json" },
-                                   body: JSON.stringify(body), signal });
-  } catch (e) {
-    if (e.name === "AbortError") throw e;
-    throw new LabError(`the lab's server does not answer (${e.message}): is it still running?`);
-  }
+  const response = await labSend(path, body, signal);
   if (!response.ok) throw new LabError(await labErrorText(response), response.status);
   const shape = (response.headers.get("x-shape") || "").split(",").map(Number);
   return { values: new Float32Array(await response.arrayBuffer()), shape };
+}
+
+// The request sent (POST with a JSON body, GET without one): the response, whatever its status, except that a
+// 429 (the lab's queue is full) is waited out, Retry-After seconds each time, up to LAB_RETRIES times, with the
+// status line saying so; a network failure becomes a LabError in words. An abort ends the wait too.
+const LAB_RETRIES = 3;
+async function labSend(path, body, signal) {
+  const init = body === undefined ? { signal } : {
+    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body), signal };
+  for (let attempt = 0; ; attempt++) {
+    let response;
+    try { response = await fetch(path, init); }
+    catch (e) {
+      if (e.name === "AbortError") throw e;
+      throw new LabError(`the lab's server does not answer (${e.message}): is it still running?`);
+    }
+    if (response.status !== 429 || attempt >= LAB_RETRIES) return response;
+    const seconds = Math.min(Number(response.headers.get("retry-after")) || 1, 10);
+    const status = document.getElementById("lab-status");
+    if (status) status.textContent = `the lab is busy with other requests: asking again in ${seconds} s`;
+    await labWait(seconds * 1000, signal);
+  }
+}
+
+function labWait(ms, signal) {
+  return new Promise((resolve, reject) => {
+    if (signal && signal.aborted) { reject(new DOMException("aborted", "AbortError")); return; }
+    const timer = setTimeout(resolve, ms);
+    if (signal) signal.addEventListener("abort", () => {
+      clearTimeout(timer); reject(new DOMException("aborted", "AbortError")); }, { once: true });
+  });
 }
 
 async function labErrorText(response) {
