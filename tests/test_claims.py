@@ -245,7 +245,8 @@ def _doc(comparisons) -> dict:
             "rates": {"separate": 0.003, "tied": 0.009}, "sweep": {"separate": {"0.001": 2.6, "0.003": 2.5, "0.009": 2.55},
                                                                   "tied": {"0.001": 2.7, "0.003": 2.65, "0.009": 2.6,
                                                                            "0.027": 2.62}},
-            "grid": ["0.001", "0.003", "0.009"], "bracket": 2, "choose_by": "bpb", "split": {"choose": ["a", "c"], "test": ["b", "d"]}, "runs_trained": 2,
+            "grid": ["0.001", "0.003", "0.009"], "bracket": 2, "choose_by": "bpb", "sweep_seeds": [1, 2],
+            "sweep_per_seed": {"separate": {"0.003": {"1": 2.49, "2": 2.51}}}, "split": {"choose": ["a", "c"], "test": ["b", "d"]}, "runs_trained": 2,
             "run_seconds": [50.0, 50.0], "minutes": 3.0, "results": rs, "comparisons": comparisons,
             "all_runs": {f"runs/r{i}": 60.0 for i in range(7)}}
 
@@ -264,7 +265,8 @@ def test_the_report_says_what_results_json_holds(tmp_path):
     assert cs[0].p_holm != cs[0].p
     assert "choose plays (a, c)" in text and "test plays (b, d)" in text
     assert "| tied | 0.009 | 600 |" in text, "the table names the rate and the scored step"
-    assert "| separate | 2.6000 | **2.5000** | 2.5500 | - | 0.003 |" in text
+    assert "| separate | 2.6000 | **2.5000** (2.49, 2.51) | 2.5500 | - | 0.003 |" in text
+    assert "the mean of seeds 1, 2 (each in brackets)" in text
     assert "| tied | 2.7000 | 2.6500 | **2.6000** | 2.6200 | 0.009 |" in text
     assert "| lr 0.009 | lr 0.027 * |" in text and "the next rate beyond it (*), up to 2 more: tied." in text
     assert "Chosen at the edge" not in text, "tied's winner is inside what was tried once 0.027 lost"
@@ -314,7 +316,7 @@ def _quick(tmp_path, name, data_cache, arms, rates=(1.0,), seeds=(1,), launcher=
 
 def test_a_grid_of_one_rate_is_bracketed_and_the_seeds_train_at_the_winner_of_both(tmp_path, data_cache):
     """A winner at the edge (a grid of one is all edge) trains one rate further before the seeds; the seeds
-    train at whichever of the two won, the seed-1 run of the winner reused."""
+    train at whichever of the two won, the sweep's seeds at the winner reused as the first seeds."""
     claim = select(CLAIMS["qk"], (1, 2), ("separate",), (1 / 3,))
     out = tmp_path / "qk"
     experiment.run_claim(claim, out, quick=True, overrides=(f"data.cache_dir={data_cache}",), log=lambda *a: None,
@@ -324,8 +326,8 @@ def test_a_grid_of_one_rate_is_bracketed_and_the_seeds_train_at_the_winner_of_bo
     assert doc["grid"] == [f"{BASE_LR / 3:.6g}"] and doc["bracket"] == 1
     best = float(min(doc["sweep"]["separate"], key=doc["sweep"]["separate"].get))
     assert [r["lr"] for r in doc["results"]["separate"]] == pytest.approx([best, best])
-    assert doc["runs_trained"] == 3, "two sweep runs and seed 2; seed 1 at the winner is the sweep's run"
-    assert len(doc["all_runs"]) == 3 and all(s > 0 for s in doc["all_runs"].values()), doc["all_runs"]
+    assert doc["runs_trained"] == 4, "two rates on the sweep's two seeds, which at the winner are the seeds"
+    assert len(doc["all_runs"]) == 4 and all(s > 0 for s in doc["all_runs"].values()), doc["all_runs"]
 
 
 def test_the_sweep_chooses_on_the_choose_plays_its_winner_trains_the_seeds_and_nothing_trains_twice(
@@ -345,13 +347,18 @@ def test_the_sweep_chooses_on_the_choose_plays_its_winner_trains_the_seeds_and_n
     monkeypatch.setattr(measure, "load_checkpoint", lambda run, which="best": opened.append(which) or real_load(run, which))
     claim, rep, doc = _quick(tmp_path, "qk", data_cache, ("separate", "tied"), rates=(1 / 3, 3.0), seeds=(1, 2))
     assert set(opened) == {"latest"}, f"every measure reads the final checkpoint, none a chosen one: {set(opened)}"
-    assert seen == ["choose"] * 4 + ["test"] * 4, f"the sweep on the choose plays, the seeds on the test plays: {seen}"
+    assert seen == ["choose"] * 8 + ["test"] * 4, f"the sweep on the choose plays, the seeds on the test plays: {seen}"
     assert measure.WHICH == "latest"
     for arm, rates in doc["sweep"].items():
         best = float(min(rates, key=rates.get))
         assert all(r["lr"] == pytest.approx(best) for r in doc["results"][arm]), (arm, rates, doc["results"][arm])
         assert doc["rates"][arm] == pytest.approx(best)
-    assert doc["runs_trained"] == 2 * 2 + 2 * 1, "the sweep's seed-1 run at the chosen rate is reused"
+    assert doc["sweep_seeds"] == [1, 2]
+    for arm, rates in doc["sweep_per_seed"].items():
+        for lr, by_seed in rates.items():
+            assert doc["sweep"][arm][lr] == pytest.approx(np.mean(list(by_seed.values()))), "the mean picks"
+            assert set(by_seed) == {"1", "2"}
+    assert doc["runs_trained"] == 2 * 2 * 2, "the sweep's seeds at the chosen rate are reused as the seeds"
     for r in doc["results"]["tied"]:
         assert r["step"] == 24 and (tmp_path / "qk" / r["run"] / "checkpoints").is_dir(), "the final checkpoint"
     assert not set(doc["split"]["choose"]) & set(doc["split"]["test"]), doc["split"]

@@ -1,12 +1,13 @@
 """One claim, end to end: sweep each arm's rate on the choose plays, train the seeds at the chosen rates, score
 them on the test plays, pair the seeds, decide, write results.json and the report.
 
-    1. the sweep      every arm with sweep=True at each of Claim.rates x the base rate, seed 1 (SWEEP_SEED);
+    1. the sweep      every arm with sweep=True at each of Claim.rates x the base rate, on the claim's first
+                      SWEEP_SEEDS seeds;
                       arms with their own fixed rate train all their seeds in the same multirun
-    2. the choice     each swept arm's rate: the lowest `choose_by` (bits/byte) on the choose plays, final
-                      checkpoint; a winner at the grid's edge is bracketed first (one more rate beyond it, the
+    2. the choice     each swept arm's rate: the lowest mean over the sweep's seeds of `choose_by` (bits/byte)
+                      on the choose plays, final checkpoint; a winner at the grid's edge is bracketed first (one more rate beyond it, the
                       grid's own ratio, while the winner stays at the edge: at most BRACKET more)
-    3. the seeds      every arm at its chosen rate, seeds 1..5 (seed 1 at the chosen rate is the sweep's run)
+    3. the seeds      every arm at its chosen rate, seeds 1..5 (the sweep's seeds at the chosen rate are its runs)
     4. after-arms     arms that need another's time (the equal-time LSTM), once that arm's seeds have run
     5. the verdict    every seed's final checkpoint scored on the test plays; paired differences (stats.py)
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import attention_lab.claims.report as report
 import attention_lab.claims.stats as stats
-from attention_lab.claims.catalog import BASE, BASE_LR, BRACKET, QUICK, SWEEP_SEED, Claim
+from attention_lab.claims.catalog import BASE, BASE_LR, BRACKET, QUICK, SWEEP_SEEDS, Claim
 from attention_lab.claims.measure import Held, measure
 from attention_lab.claims.runs import Runner, job, mean_minutes
 from attention_lab.claims.trained import metrics_of
@@ -62,14 +63,15 @@ def run_claim(claim: Claim, out: Path, quick: bool = False, overrides: tuple[str
     runner = Runner(out, claim.name, (*BASE, *(QUICK if quick else ()), *overrides), launcher, log, progress)
     timed = frozenset(a.after for a in claim.arms if a.after)  # arms whose wall time is another's budget
     by_name = {a.name: a for a in claim.arms}
-    n_runs = (sum(len(claim.rates) + len(claim.seeds) - 1 for a in claim.arms if a.sweep)
-              + sum(len(claim.seeds) for a in claim.arms if not a.sweep))
-    log(f"claim {claim.name}: {len(claim.arms)} arms, {n_runs} runs (a sweep of {len(claim.rates)} rates on seed "
-        f"{SWEEP_SEED} per swept arm, then seeds {', '.join(map(str, claim.seeds))}); about "
+    sweep_seeds = claim.seeds[:SWEEP_SEEDS]
+    n_runs = report.runs_needed(claim)
+    log(f"claim {claim.name}: {len(claim.arms)} arms, {n_runs} runs (a sweep of {len(claim.rates)} rates on seeds "
+        f"{', '.join(map(str, sweep_seeds))} per swept arm, then seeds {', '.join(map(str, claim.seeds))}); about "
         f"{n_runs * runner.estimate() / 60:.0f} min at {runner.estimate():.0f} s a run before any is reused")
 
     # 1-2. the sweep, and the arms that keep their own rate, in one multirun; each swept arm's rate chosen
-    sweep_jobs = {(a.name, r): job(a, SWEEP_SEED, BASE_LR * r) for a in claim.arms if a.sweep for r in claim.rates}
+    sweep_jobs = {(a.name, r, s): job(a, s, BASE_LR * r) for a in claim.arms if a.sweep for r in claim.rates
+                  for s in sweep_seeds}
     fixed = [job(a, s, None) for a in claim.arms if not a.sweep and not a.rate_of and not a.after
              for s in claim.seeds]
     log("the sweep" + (" and the arms at a fixed rate" if fixed else "") + ":")
@@ -77,20 +79,24 @@ def run_claim(claim: Claim, out: Path, quick: bool = False, overrides: tuple[str
     first = next(iter(dirs.values()))
     block = load_checkpoint(first, "latest").config.block_size
     choose = Held.of(first, "choose", block, 8 if quick else 64)
-    sweep: dict[str, dict[str, float]] = {}
+    per_seed: dict[str, dict[str, dict[int, float]]] = {}  # arm -> rate -> seed -> choose_by on the choose plays
+    sweep: dict[str, dict[str, float]] = {}  # arm -> rate -> the mean over the sweep's seeds: what picks
 
     def score(jobs: dict) -> None:
-        for (arm, r), j in jobs.items():
+        for (arm, r, s), j in jobs.items():
             m = measure(replace(claim, measures=_choose_measures(claim)), dirs[j], choose, quick)
-            sweep.setdefault(arm, {})[f"{BASE_LR * r:.6g}"] = m[claim.choose_by]
+            per_seed.setdefault(arm, {}).setdefault(f"{BASE_LR * r:.6g}", {})[s] = m[claim.choose_by]
+        for arm, rates in per_seed.items():
+            sweep[arm] = {lr: sum(v.values()) / len(v) for lr, v in rates.items()}
 
     score(sweep_jobs)
     for _ in range(bracket):  # a winner at the edge of its grid may be beaten beyond it: one more rate out
-        beyond = {(a.name, r): job(a, SWEEP_SEED, BASE_LR * r) for a in claim.arms if a.sweep
-                  if (r := _beyond(sorted(m for (n, m) in sweep_jobs if n == a.name), sweep[a.name])) is not None}
+        beyond = {(a.name, r, s): job(a, s, BASE_LR * r) for a in claim.arms if a.sweep
+                  if (r := _beyond(sorted({m for (n, m, _) in sweep_jobs if n == a.name}), sweep[a.name])) is not None
+                  for s in sweep_seeds}
         if not beyond:
             break
-        log("beyond the grid's edge: " + ", ".join(f"{arm} at lr {BASE_LR * r:.3g}" for arm, r in beyond))
+        log("beyond the grid's edge: " + ", ".join(sorted({f"{arm} at lr {BASE_LR * r:.3g}" for arm, r, _ in beyond})))
         dirs |= runner.train(list(beyond.values()), timed)
         score(beyond)
         sweep_jobs |= beyond
@@ -130,7 +136,9 @@ def run_claim(claim: Claim, out: Path, quick: bool = False, overrides: tuple[str
     comparisons = stats.decide([compare(e, results) for e in claim.expect])
     doc = {"claim": claim.name, "quick": quick, "machine": report.machine(), "launcher": list(launcher),
            "seeds": list(claim.seeds), "rates": {a.name: rate(a) for a in claim.arms},
-           "sweep": sweep, "grid": [f"{BASE_LR * r:.6g}" for r in sorted(claim.rates)], "bracket": bracket,
+           "sweep": sweep, "sweep_seeds": list(sweep_seeds),
+           "sweep_per_seed": {arm: {lr: {str(k): v for k, v in by.items()} for lr, by in rates.items()}
+                              for arm, rates in per_seed.items()}, "grid": [f"{BASE_LR * r:.6g}" for r in sorted(claim.rates)], "bracket": bracket,
            "choose_by": claim.choose_by,
            "split": {"choose": choose.part.documents, "test": test.part.documents},
            "runs_trained": len(runner.seconds), "run_seconds": runner.seconds,

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attention_lab.claims.catalog import BRACKET, CLAIMS, SWEEP_SEED, Claim
+from attention_lab.claims.catalog import BRACKET, CLAIMS, SWEEP_SEEDS, Claim
 from attention_lab.claims.runs import REPO
 from attention_lab.runtime.device import cpu_model
 from data.files import atomic_write, write_json_atomic
@@ -108,15 +108,26 @@ def sweep_table(claim: Claim, doc: dict) -> str:
     for arm, values in sweep.items():
         by_rate = {float(k): v for k, v in values.items()}
         best = min(by_rate, key=by_rate.get)
-        rows.append(f"| {arm} | " + " | ".join("-" if r not in by_rate else f"**{by_rate[r]:.4f}**" if r == best
-                                               else f"{by_rate[r]:.4f}" for r in rates) + f" | {best:g} |")
+        seeds = {float(k): v for k, v in doc.get("sweep_per_seed", {}).get(arm, {}).items()}
+
+        def cell(r: float) -> str:
+            if r not in by_rate:
+                return "-"
+            text = f"**{by_rate[r]:.4f}**" if r == best else f"{by_rate[r]:.4f}"
+            each = list(seeds.get(r, {}).values())
+            return text + (f" ({', '.join(f'{v:.2f}' for v in each)})" if len(each) > 1 else "")
+
+        rows.append(f"| {arm} | " + " | ".join(cell(r) for r in rates) + f" | {best:g} |")
         if best in (min(by_rate), max(by_rate)):
             edge.append(arm)
         if set(by_rate) - set(grid):
             beyond.append(arm)
     metric = "honest bits/byte" if doc["choose_by"] == "honest_bpb" else "bits/byte"
+    sweep_seeds = doc.get("sweep_seeds", [1])
+    which = (f"the mean of seeds {', '.join(map(str, sweep_seeds))} (each in brackets)" if len(sweep_seeds) > 1
+             else f"seed {sweep_seeds[0]}")
     text = (f"The sweep: {metric} on the choose plays ({', '.join(doc['split']['choose'])}), final checkpoint, "
-            f"seed {SWEEP_SEED}; bold: the rate the arm's seeds then trained at.")
+            f"{which}; bold: the rate the arm's seeds then trained at.")
     if doc.get("bracket"):
         text += (f" The grid is {', '.join(f'{r:g}' for r in grid)}; where an arm's best rate sat at its edge the sweep "
                  f"tried the next rate beyond it (*), up to {doc['bracket']} more"
@@ -293,9 +304,9 @@ each claim is an experiment you run on a CPU with one command:
 
 **How a claim is judged.** Its arms are config overrides on one base preset (`configs/experiment/claims.yaml`: 2
 layers, 4 heads, 128 wide, a context of 128 BPE tokens, vocabulary 512, RoPE, QK-norm off, AdamW, batch 16, 600
-steps). Each arm is swept over three learning rates (1e-3, 3e-3, 9e-3) on seed 1 (a best rate at the edge of what
-was tried brings the next rate beyond it, up to {bracket} more) and its seeds then train at the rate that scored best
-on the *choose* plays (two of the four held-out plays); the scale claim's 3x-rate arms keep
+steps). Each arm is swept over three learning rates (1e-3, 3e-3, 9e-3) on seeds 1 and 2 (a best rate at the edge of
+what was tried brings the next rate beyond it, up to {bracket} more) and its seeds then train at the rate whose mean
+over the two scored best on the *choose* plays (two of the four held-out plays); the scale claim's 3x-rate arms keep
 their rate, since the rate is what they are about. Every seed's final checkpoint (chosen by nothing) is scored on
 the *test* plays (the other two), which no choice read. Arms are paired by seed: arm A and arm B with seed s start
 from the same random stream and read the same batches, so noise they share cancels in their difference. For each
@@ -314,9 +325,11 @@ results.json files; a claim the table says was not run has no section below.
 
 
 def runs_needed(claim: Claim) -> int:
-    """Runs a claim trains when nothing can be reused: each swept arm's sweep plus its other seeds, and every seed
-    of the arms that keep a rate."""
-    return sum(len(claim.rates) + len(claim.seeds) - 1 if a.sweep else len(claim.seeds) for a in claim.arms)
+    """Runs a claim trains when nothing can be reused and no rate is bracketed: each swept arm's sweep on its
+    sweep seeds plus its other seeds, and every seed of the arms that keep a rate."""
+    swept = min(SWEEP_SEEDS, len(claim.seeds))
+    return sum(len(claim.rates) * swept + len(claim.seeds) - swept if a.sweep else len(claim.seeds)
+               for a in claim.arms)
 
 
 def summary_rows(root: Path) -> list[tuple[str, str, str]]:
