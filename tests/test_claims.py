@@ -460,3 +460,14 @@ def test_an_arm_whose_time_is_a_budget_is_trained_here_not_copied(tmp_path, monk
     runner.train([same])
     assert launched == ["transformer"], "an arm nobody times is not copied from its twin"
     assert runs.finished(runner.run_dir(same))
+
+
+def test_the_rnn_claim_trains_its_own_transformer_though_another_claim_has_its_twin(tmp_path, data_cache,
+                                                                                      monkeypatch):
+    """The transformer's mean wall time is the equal-time LSTM's budget: every transformer run of the rnn claim,
+    the sweep's and the later seeds', is trained beside the LSTM's, never copied from qk's identical base arm."""
+    monkeypatch.setattr(experiment, "SWEEP_SEEDS", 1)  # seed 2 then trains in the seeds' multirun, not the sweep's
+    _quick(tmp_path, "qk", data_cache, ("separate",), seeds=(1, 2))
+    claim, _, doc = _quick(tmp_path, "rnn", data_cache, ("transformer", "lstm equal time"), seeds=(1, 2))
+    trained = doc["runs_trained"]
+    assert trained == 6, f"transformer, lstm and lstm equal time, seeds 1 and 2, all trained here: {trained}"

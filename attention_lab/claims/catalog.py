@@ -16,7 +16,7 @@ RATES = (1 / 3, 1.0, 3.0)  # the sweep: log-spaced around the base rate
 SEEDS = (1, 2, 3, 4, 5)
 SWEEP_SEEDS = 2  # the sweep trains the first this-many of a claim's seeds at every rate and picks by their mean
 # (one seed picked rates where other seeds then trained unstably); at the chosen rate they are also its first seeds
-BRACKET = 2  # while an arm's best rate sits at the grid's edge, one more rate beyond it, at most this many times
+BRACKET = 4  # while an arm's best rate sits at the grid's edge, one more rate beyond it, at most this many times
 # --quick: the same arms on a model and a run small enough for seconds (character data, 1 layer, 24 steps)
 QUICK = ("data=shakespeare_char", "model.block_size=32", "model.n_layer=1", "model.n_embd=32", "train.batch_size=4",
          "train.max_steps=24", "train.eval_interval=12", "train.eval_batches=2", "optim.warmup_steps=4",
