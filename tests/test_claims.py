@@ -451,15 +451,14 @@ def test_an_arm_whose_time_is_a_budget_is_trained_here_not_copied(tmp_path, monk
     sibling.mkdir(parents=True)
     (sibling / "config.json").write_text(json.dumps(runs.resolved([*overrides, "name=claims-qk"])))
     (sibling / runs.DONE).write_text(json.dumps({"seconds": 1.0}))
-    runner = runs.Runner(tmp_path / "rnn", "rnn", (*BASE, *QUICK), progress=False, log=lambda *_: None)
     launched = []
-    monkeypatch.setattr(runner, "_launch", lambda todo: launched.extend(j.arm for j in todo))
     same = runs.Job("transformer", 1, None, ("train.seed=1",))
-    runner.train([same], timed=frozenset({"transformer"}))
-    assert launched == ["transformer"], "a timed arm was copied from another claim"
-    runner.train([same])
-    assert launched == ["transformer"], "an arm nobody times is not copied from its twin"
-    assert runs.finished(runner.run_dir(same))
+    for timed, out in ((frozenset({"transformer"}), "rnn"), (frozenset(), "other")):
+        runner = runs.Runner(tmp_path / out, out, (*BASE, *QUICK), progress=False, log=lambda *_: None, timed=timed)
+        monkeypatch.setattr(runner, "_launch", lambda todo: launched.extend(j.arm for j in todo))
+        runner.train([same])
+        assert launched == ["transformer"], f"{out}: a timed arm copied, or an untimed one not copied ({launched})"
+    assert runs.finished(tmp_path / "other" / "runs" / same.name), "an arm nobody times is copied from its twin"
 
 
 def test_the_rnn_claim_trains_its_own_transformer_though_another_claim_has_its_twin(tmp_path, data_cache,

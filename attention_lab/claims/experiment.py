@@ -5,8 +5,9 @@ them on the test plays, pair the seeds, decide, write results.json and the repor
                       SWEEP_SEEDS seeds;
                       arms with their own fixed rate train all their seeds in the same multirun
     2. the choice     each swept arm's rate: the lowest mean over the sweep's seeds of `choose_by` (bits/byte)
-                      on the choose plays, final checkpoint; a winner at the grid's edge is bracketed first (one more rate beyond it, the
-                      grid's own ratio, while the winner stays at the edge: at most BRACKET more)
+                      on the choose plays, final checkpoint; a winner at the grid's edge is bracketed first (one
+                      more rate beyond it, the grid's own ratio, while the winner stays at the edge: at most
+                      BRACKET more)
     3. the seeds      every arm at its chosen rate, seeds 1..5 (the sweep's seeds at the chosen rate are its runs)
     4. after-arms     arms that need another's time (the equal-time LSTM), once that arm's seeds have run
     5. the verdict    every seed's final checkpoint scored on the test plays; paired differences (stats.py)
@@ -60,8 +61,8 @@ def run_claim(claim: Claim, out: Path, quick: bool = False, overrides: tuple[str
     t0 = time.time()
     if not claim.arms:
         return report.write_bench(claim, out, quick)
-    runner = Runner(out, claim.name, (*BASE, *(QUICK if quick else ()), *overrides), launcher, log, progress)
-    timed = frozenset(a.after for a in claim.arms if a.after)  # arms whose wall time is another's budget
+    runner = Runner(out, claim.name, (*BASE, *(QUICK if quick else ()), *overrides), launcher, log, progress,
+                    timed=frozenset(a.after for a in claim.arms if a.after))
     by_name = {a.name: a for a in claim.arms}
     sweep_seeds = claim.seeds[:SWEEP_SEEDS]
     n_runs = report.runs_needed(claim)
@@ -75,7 +76,7 @@ def run_claim(claim: Claim, out: Path, quick: bool = False, overrides: tuple[str
     fixed = [job(a, s, None) for a in claim.arms if not a.sweep and not a.rate_of and not a.after
              for s in claim.seeds]
     log("the sweep" + (" and the arms at a fixed rate" if fixed else "") + ":")
-    dirs = runner.train([*sweep_jobs.values(), *fixed], timed)
+    dirs = runner.train([*sweep_jobs.values(), *fixed])
     first = next(iter(dirs.values()))
     block = load_checkpoint(first, "latest").config.block_size
     choose = Held.of(first, "choose", block, 8 if quick else 64)
@@ -85,7 +86,7 @@ def run_claim(claim: Claim, out: Path, quick: bool = False, overrides: tuple[str
     def score(jobs: dict) -> None:
         for (arm, r, s), j in jobs.items():
             m = measure(replace(claim, measures=_choose_measures(claim)), dirs[j], choose, quick)
-            per_seed.setdefault(arm, {}).setdefault(f"{BASE_LR * r:.6g}", {})[s] = m[claim.choose_by]
+            per_seed.setdefault(arm, {}).setdefault(_lr(r), {})[s] = m[claim.choose_by]
         for arm, rates in per_seed.items():
             sweep[arm] = {lr: sum(v.values()) / len(v) for lr, v in rates.items()}
 
@@ -97,7 +98,7 @@ def run_claim(claim: Claim, out: Path, quick: bool = False, overrides: tuple[str
         if not beyond:
             break
         log("beyond the grid's edge: " + ", ".join(sorted({f"{arm} at lr {BASE_LR * r:.3g}" for arm, r, _ in beyond})))
-        dirs |= runner.train(list(beyond.values()), timed)
+        dirs |= runner.train(list(beyond.values()))
         score(beyond)
         sweep_jobs |= beyond
     best = {arm: float(min(rates, key=rates.get)) for arm, rates in sweep.items()}
@@ -112,7 +113,7 @@ def run_claim(claim: Claim, out: Path, quick: bool = False, overrides: tuple[str
                  for s in claim.seeds}
     seed_jobs |= {(j.arm, j.seed): j for j in fixed}
     log("the seeds at each arm's rate:")
-    dirs |= runner.train(list(seed_jobs.values()), timed)
+    dirs |= runner.train(list(seed_jobs.values()))
     # 4. arms that need another arm's wall time
     for a in (a for a in claim.arms if a.after):
         minutes = mean_minutes([metrics_of(dirs[seed_jobs[(a.after, s)]])["seconds"] for s in claim.seeds])
@@ -138,8 +139,8 @@ def run_claim(claim: Claim, out: Path, quick: bool = False, overrides: tuple[str
            "seeds": list(claim.seeds), "rates": {a.name: rate(a) for a in claim.arms},
            "sweep": sweep, "sweep_seeds": list(sweep_seeds),
            "sweep_per_seed": {arm: {lr: {str(k): v for k, v in by.items()} for lr, by in rates.items()}
-                              for arm, rates in per_seed.items()}, "grid": [f"{BASE_LR * r:.6g}" for r in sorted(claim.rates)], "bracket": bracket,
-           "choose_by": claim.choose_by,
+                              for arm, rates in per_seed.items()},
+           "grid": [_lr(r) for r in sorted(claim.rates)], "bracket": bracket, "choose_by": claim.choose_by,
            "split": {"choose": choose.part.documents, "test": test.part.documents},
            "runs_trained": len(runner.seconds), "run_seconds": runner.seconds,
            "all_runs": {str(d.relative_to(out)): runner.seconds_of(d) for d in dict.fromkeys(dirs.values())},
@@ -148,10 +149,15 @@ def run_claim(claim: Claim, out: Path, quick: bool = False, overrides: tuple[str
     return report.write(claim, doc, out)
 
 
+def _lr(multiple: float) -> str:
+    """A rate as results.json and the logs key it: the base rate times `multiple`, 6 significant digits."""
+    return f"{BASE_LR * multiple:.6g}"
+
+
 def _beyond(multiples: list[float], scores: dict[str, float]) -> float | None:
     """The next multiple of the base rate to try when the best of `multiples` (sorted) is the largest or the
     smallest, a grid step further (the grid's ratio at that end; 3 for a grid of one); None when it is inside."""
-    best = min(multiples, key=lambda r: scores[f"{BASE_LR * r:.6g}"])
+    best = min(multiples, key=lambda r: scores[_lr(r)])
     if best == multiples[-1]:
         return best * (multiples[-1] / multiples[-2] if len(multiples) > 1 else 3.0)
     if best == multiples[0]:

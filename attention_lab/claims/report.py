@@ -203,7 +203,7 @@ def _cost(doc: dict) -> str:
         return ""
     n, minutes = len(doc["all_runs"]), sum(doc["all_runs"].values()) / 60
     return (f" From nothing it is {n} runs whose own wall clocks sum to {minutes:.0f} min (each timed under the "
-            "launcher it ran with: two at a time with one thread each under joblib on 2 cores).")
+            "launcher it ran with; runs copied from another claim keep the time they took there).")
 
 
 def _done(out: Path, lines: list[str]) -> Path:

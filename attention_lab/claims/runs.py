@@ -70,6 +70,9 @@ class Runner:
     log: callable = print
     progress: bool = True
     seconds: list[float] = field(default_factory=list)  # wall time of the runs this claim trained
+    # arms whose wall time is another arm's budget (the equal-time LSTM's): never copied from another claim, so
+    # their time is measured here, beside the runs that spend it, not under whatever load another claim ran
+    timed: frozenset[str] = frozenset()
 
     def run_dir(self, j: Job) -> Path:
         return self.out / "runs" / j.name
@@ -77,16 +80,15 @@ class Runner:
     def overrides(self, j: Job) -> list[str]:
         return [*self.common, f"name=claims-{self.claim}", *j.overrides]
 
-    def train(self, jobs: list[Job], timed: frozenset[str] = frozenset()) -> dict[Job, Path]:
-        """Train every job not finished yet (reused or copied otherwise); -> each job's run folder. Jobs of the
-        `timed` arms are never copied from another claim: their wall time is a budget (the equal-time LSTM's), so
-        it is measured here, beside the runs that spend it, not under whatever load another claim ran."""
+    def train(self, jobs: list[Job]) -> dict[Job, Path]:
+        """Train every job not finished yet (reused, or copied from another claim unless its arm is timed);
+        -> each job's run folder."""
         todo = []
         for j in dict.fromkeys(jobs):
             run_dir = self.run_dir(j)
             if finished(run_dir):
                 continue
-            twin = None if j.arm in timed else finished_twin(self.out, self.overrides(j), skip=run_dir)
+            twin = None if j.arm in self.timed else finished_twin(self.out, self.overrides(j), skip=run_dir)
             if twin is not None:  # the same run, trained for another claim: copied, so this claim's folder is whole
                 self.log(f"  {j.name}: the same run as {twin}, copied")
                 shutil.copytree(twin, run_dir, dirs_exist_ok=True)
