@@ -391,8 +391,9 @@ def export_pretrained(
     texts = {CONFIG: json.dumps(hf_config, indent=2, sort_keys=True) + "\n"}
     if tokenizer_json is not None:
         texts |= tokenizer_files(tokenizer_json, cfg.block_size)
-        generation = {"bos_token_id": eot_id, "eos_token_id": eot_id, "pad_token_id": eot_id,
-                      "max_length": cfg.block_size}  # stop at the end of a document, and at the context's end
+        # stop at the end of a document. No max_length: transformers 5 warns when a caller's max_new_tokens meets
+        # it; the tokenizer's model_max_length and the model's own refusal past block_size say where the context ends
+        generation = {"bos_token_id": eot_id, "eos_token_id": eot_id, "pad_token_id": eot_id}
         texts[GENERATION_CONFIG] = json.dumps(generation, indent=2, sort_keys=True) + "\n"
     sd = hf_state_dict(model, plan)
 

@@ -22,8 +22,16 @@ Blocks are pre-LayerNorm: x + attn(ln_1(x)), then x + mlp(ln_2(x)). Options (con
                     quadratic form, the same function as attention-lab's chunked and recurrent forms)
 Positions are token indices from the start of the sequence (as GPT-2's), also with left padding; sequences
 longer than block_size are refused, as attention-lab's model refuses them.
+
+Attention weights, as transformers defines them: attn_implementation="sdpa" (the default) runs
+torch's fused kernel, "eager" the written-out softmax(q k^T / sqrt(hs) + mask) v. output_attentions=True returns
+every layer's weights (B, nh, T, S) in `attentions`, the ones attention-lab's sample.py writes to attention.npy;
+under "sdpa" that call computes them the eager way (as transformers 4.x's sdpa models fell back), so the weights are
+there whichever implementation is set. The cache is passed as `cache` (transformers >= 5.24) or `past_key_values`
+(earlier), whichever the installed transformers uses.
 """
 
+import dataclasses
 import math
 
 import torch
@@ -38,6 +46,10 @@ try:  # transformers >= 4.36
     from transformers.cache_utils import Cache, DynamicCache
 except ImportError:  # pragma: no cover - older transformers: no cache, every step recomputes the context
     Cache, DynamicCache = None, None
+
+# transformers 5.24 renamed past_key_values to cache (in forward's arguments, generation's inputs and the outputs) and
+# warns at the old name: use the name the installed version's outputs carry
+CACHE = "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"
 
 
 # ------------------------------------------------------------------------------------------------------ positions
@@ -165,8 +177,9 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = dropout(config.dropout)
         self.value_lambda = nn.Parameter(torch.tensor(0.5)) if config.value_residual and layer > 0 else None
 
-    def forward(self, x, positions, pos, mask, cache, v_first):
-        """x (B, T, C); mask (B or 1, nh or 1, T, S) additive -> y (B, T, C), own values (B, nh, T, hs)."""
+    def forward(self, x, positions, pos, mask, cache, v_first, eager=False):
+        """x (B, T, C); mask (B or 1, nh or 1, T, S) additive; eager: the written-out softmax, its weights returned
+        -> y (B, T, C), own values (B, nh, T, hs), weights (B, nh, T, S) or None."""
         b, t, c = x.shape
         nh, nkv, hs = self.n_head, self.n_kv_head, self.head_size
         q, k, v = self.c_attn(x).split([nh * hs, nkv * hs, nkv * hs], dim=-1)
@@ -185,31 +198,36 @@ class CausalSelfAttention(nn.Module):
             k_pos = torch.arange(k.size(2), device=x.device)
             far = k_pos[None, :] <= pos[:, None] - self.window  # (T, S)
             mask = mask.masked_fill(far, torch.finfo(torch.float32).min)
+        weights = None
         if self.kind == "linear":
-            y = self.linear(q, k, v, mask)
-        elif self.sink is not None:  # softmax over the scores and the sink logit, the sink's weight dropped
-            scores = (q @ k.transpose(-2, -1)).float() / math.sqrt(hs) + mask
-            sink = self.sink.float().view(1, nh, 1, 1).expand(*scores.shape[:-1], 1)
-            weights = F.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+            y, weights = self.linear(q, k, v, mask)
+        elif self.sink is not None or eager:  # written out; the sink logit joins the denominator, its weight dropped
+            scores = (q @ k.transpose(-2, -1)).float() / math.sqrt(hs) + mask  # (B, nh, T, S)
+            if self.sink is None:
+                weights = F.softmax(scores, dim=-1)
+            else:
+                sink = self.sink.float().view(1, nh, 1, 1).expand(*scores.shape[:-1], 1)
+                weights = F.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
             y = F.dropout(weights, p, training=self.training).to(v.dtype) @ v
         else:
             # the mask is float32; in float16 its minimum would become -inf (NaN rows for padding): clamp it
             mask = mask.to(q.dtype).clamp(min=torch.finfo(q.dtype).min)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(b, t, c)
-        return self.resid_dropout(self.c_proj(y)), v_own
-
+        return self.resid_dropout(self.c_proj(y)), v_own, (weights if eager else None)
 
     def linear(self, q, k, v, mask):
-        """Linear attention in its quadratic form: (phi(q) phi(k)^T, hidden keys 0) v, over the row sums."""
+        """Linear attention in its quadratic form: (phi(q) phi(k)^T, hidden keys 0) v, over the row sums; and the
+        weights it implies, phi(q_i).phi(k_j) over the row's sum (rows sum to 1, also without the denominator)."""
         phi_q, phi_k = F.elu(q) + 1.0, F.elu(k) + 1.0
         a = (phi_q @ phi_k.transpose(-2, -1)) * (mask == 0)  # the mask holds 0 where a key is visible
         y = a @ v
+        row = a.sum(-1, keepdim=True).clamp_min(1e-6)
         if self.linear_denominator:
-            y = y / a.sum(-1, keepdim=True).clamp_min(1e-6)
+            y = y / row
         if self.linear_out_norm:
             y = F.rms_norm(y, (y.size(-1),))
-        return y
+        return y, a / row
 
 
 class MLP(nn.Module):
@@ -234,10 +252,10 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x, positions, pos, mask, cache, v_first):
-        a, v = self.attn(self.ln_1(x), positions, pos, mask, cache, v_first)
+    def forward(self, x, positions, pos, mask, cache, v_first, eager=False):
+        a, v, weights = self.attn(self.ln_1(x), positions, pos, mask, cache, v_first, eager)
         x = x + a
-        return x + self.mlp(self.ln_2(x)), v
+        return x + self.mlp(self.ln_2(x)), v, weights
 
 
 class AttentionLabPreTrainedModel(PreTrainedModel):
@@ -246,6 +264,13 @@ class AttentionLabPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["Block"]
     _supports_cache_class = True
     _supports_static_cache = False
+    _supports_sdpa = True  # attn_implementation "sdpa" (the default) or "eager"
+
+    @classmethod
+    def _can_set_attn_implementation(cls):
+        """set_attn_implementation() works: every forward reads config._attn_implementation (transformers 5 guesses
+        otherwise from the source, looking for its AttentionInterface)."""
+        return True
 
     def _init_weights(self, module):
         """attention-lab's initialisation (GPT-2's); the fixed position tables are recomputed."""
@@ -306,16 +331,24 @@ class AttentionLabForCausalLM(AttentionLabPreTrainedModel, GenerationMixin):
         use_cache=None,
         return_dict=None,
         logits_to_keep=0,
+        output_attentions=None,
+        cache=None,
         **kwargs,
     ):
         """input_ids (B, T): the tokens after the cached ones; attention_mask (B, S): 1 for tokens, 0 for padding;
-        labels (B, T): the input ids (shifted inside; -100 ignored) -> loss."""
+        labels (B, T): the input ids (shifted inside; -100 ignored) -> loss; output_attentions: every layer's
+        weights (B, nh, T, S) in `attentions`; cache (or past_key_values, its earlier name): the keys and values
+        seen so far."""
         cfg = self.config
         b, t = input_ids.shape
         use_cache = getattr(cfg, "use_cache", True) if use_cache is None else use_cache
-        if use_cache and past_key_values is None and DynamicCache is not None:
-            past_key_values = DynamicCache()
-        cache = past_key_values if (Cache is not None and isinstance(past_key_values, Cache)) else None
+        if output_attentions is None:
+            output_attentions = bool(getattr(cfg, "output_attentions", False))
+        eager = output_attentions or getattr(cfg, "_attn_implementation", None) == "eager"
+        kv = cache if cache is not None else past_key_values
+        if use_cache and kv is None and DynamicCache is not None:
+            kv = DynamicCache()
+        cache = kv if (Cache is not None and isinstance(kv, Cache)) else None
         past = cache.get_seq_length() if cache is not None else 0
         if past + t > cfg.block_size:
             raise ValueError(
@@ -341,9 +374,10 @@ class AttentionLabForCausalLM(AttentionLabPreTrainedModel, GenerationMixin):
         if emb is not None:
             x = x + emb
         x = self.transformer.drop(x)
-        v_first = None
+        v_first, attentions = None, []
         for i, block in enumerate(self.transformer.h):
-            x, v = block(x, positions, pos, mask, cache, v_first)
+            x, v, weights = block(x, positions, pos, mask, cache, v_first, eager)
+            attentions.append(weights)
             if i == 0:
                 v_first = v
         x = self.transformer.ln_f(x)
@@ -357,20 +391,26 @@ class AttentionLabForCausalLM(AttentionLabPreTrainedModel, GenerationMixin):
         if labels is not None:
             shifted = logits[:, :-1, :].float()
             loss = F.cross_entropy(shifted.reshape(-1, shifted.size(-1)), labels[:, 1:].reshape(-1), ignore_index=-100)
-        out = CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=past_key_values if use_cache else None)
+        out = CausalLMOutputWithPast(loss=loss, logits=logits, attentions=tuple(attentions) if output_attentions else None,
+                                     **{CACHE: kv if use_cache else None})
         if return_dict is False:
             return out.to_tuple()
         return out
 
-    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None, **kwargs):
+    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None, cache=None,
+                                      **kwargs):
         """Only the tokens the cache has not seen yet; without a cache, the whole sequence."""
-        cache = past_key_values if (Cache is not None and isinstance(past_key_values, Cache)) else None
-        if cache is not None and cache.get_seq_length() > 0:
-            input_ids = input_ids[:, cache.get_seq_length() :]
-        return {
+        kv = cache if cache is not None else past_key_values
+        seen = kv.get_seq_length() if (Cache is not None and isinstance(kv, Cache)) else 0
+        if seen > 0:
+            input_ids = input_ids[:, seen:]
+        inputs = {
             "input_ids": input_ids,
-            "past_key_values": past_key_values,
+            CACHE: kv,
             "attention_mask": attention_mask,
             "use_cache": kwargs.get("use_cache", True),
             "logits_to_keep": 1,
         }
+        if kwargs.get("output_attentions") is not None:
+            inputs["output_attentions"] = kwargs["output_attentions"]
+        return inputs
