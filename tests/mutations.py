@@ -903,6 +903,20 @@ MUTATIONS = (
              ("tests/test_exercises_training.py::test_export_refuses_a_learners_attention",),
              "a run trained with the learner's attention is exported as GPT-2 / GPT-NeoX, which compute the built-in "
              "attention: the exported model computes something else with its weights, silently"),
+    # the two plants of issue 38's code-only round that passed the whole suite (tests/test_slipped_plants.py)
+    Mutation("exercise_cache_keeps_the_padded_rows", "model/attention.py",
+             "        return fn(q, k, v)[:, :, s - t:], None", "        return fn(q, k, v)[:, :, :t], None",
+             ("tests/test_exercises_training.py::test_a_model_trained_with_a_learners_attention_samples_the_same_text_with_the_cache",),
+             "a learner's attention under a KV cache returns the rows of the zero-padded queries instead of the last "
+             "T: a model trained with the learner's own attention samples nonsense with the cache, while the "
+             "uncached path and training stay right"),
+    Mutation("bracket_steps_from_the_grid", "attention_lab/claims/experiment.py",
+             "if (r := _beyond(sorted({m for (n, m, _) in sweep_jobs if n == a.name}), sweep[a.name])) is not None",
+             "if (r := _beyond(sorted(claim.rates), sweep[a.name])) is not None",
+             ("tests/test_slipped_plants.py",),
+             "the sweep's bracketing steps beyond the grid's edge only once, from the original grid, instead of from "
+             "the rates tried so far: an arm whose best rate is two steps out (the LSTM's: 0.081 beyond 0.009) "
+             "stops at the first step and is trained at a rate that is not its best"),
 )
 
 

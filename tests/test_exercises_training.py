@@ -122,6 +122,31 @@ def test_a_mask_after_the_softmax_trains_and_its_honest_loss_shows_the_leak(runs
     assert abs(gaps["answer"]) < 1e-4, f"a causal learner's honest loss equals its loss, got {gaps['answer']:.2e}"
 
 
+def test_a_model_trained_with_a_learners_attention_samples_the_same_text_with_the_cache(runs):
+    """sample.py and the lab decode with the KV cache. A model trained with model.attn_impl must give there the
+    next-token distributions of its own uncached forward pass at every position (a prefill, then pieces of a few
+    tokens, then one at a time), so the same greedy text. A random tiny model hides a wrong row (its attention
+    barely moves the logits): this one was trained with the learner's attention, whose maps it relies on.
+    Planted bug: exercise_cache_keeps_the_padded_rows (the first T rows, the zero queries', kept)."""
+    model = load_checkpoint(runs["answer"], "latest").build_model().eval()
+    assert learner_of(model) is not None, "the run reopened without the learner's attention: the test proves nothing"
+    val = prepare_data(runs["cfg"].data, log=lambda *a: None).tokens("val")
+    block = model.config.block_size
+    x = torch.stack([torch.as_tensor(val[i:i + block].astype(np.int64)) for i in (0, 5000)])
+    with torch.no_grad():
+        full = model(x).logits
+        cache, got = model.new_kv_cache(), []
+        for a, b in [(0, 8), (8, 11), (11, 17), *((i, i + 1) for i in range(17, block))]:
+            got.append(model(x[:, a:b], kv_cache=cache).logits)
+    torch.testing.assert_close(torch.cat(got, 1), full, atol=1e-4, rtol=0,
+                               msg="with the KV cache the learner's model predicts other next tokens than without it")
+    prompt = x[:, :8]
+    cached = generate(model, prompt, 40, greedy=True, use_cache=True)
+    uncached = generate(model, prompt, 40, greedy=True, use_cache=False)
+    assert torch.equal(cached, uncached), (f"the learner's model samples other text with the cache "
+                                           f"({(cached != uncached).sum().item()} of {cached.numel()} tokens differ)")
+
+
 def test_a_learners_run_reopens_with_its_file_and_says_so_when_it_is_gone(runs, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(runs["after"], run)
