@@ -165,7 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     header = (f"{src.label} (step {src.step})\nseed {seed}, temperature {args.temperature}, top_k {args.top_k}, "
               f"top_p {args.top_p}, greedy {args.greedy}")
     try:  # the report of each sample: files in the output folder, and TensorBoard beside the run's curves
-        write_samples(model, tok, samples, src.run_dir, src.step, header, args.out, not args.no_html, say)
+        write_samples(model, tok, samples, src.run_dir, src.step, header, args.out, not args.no_html, say,
+                      checkpoint=src.label if args.model is None else None)
     except OSError as e:
         return cli.fail(e)
     return 0

@@ -7,9 +7,10 @@
 then, anywhere with transformers installed (no attention-lab needed):
 
     from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
-    model = AutoModelForCausalLM.from_pretrained("exported/")      # + trust_remote_code=True for remote code
-    tokenizer = AutoTokenizer.from_pretrained("exported/")          # (here too: it reads config.json)
-    pipeline("text-generation", model="exported/")("ROMEO:", max_new_tokens=50, do_sample=False)
+    model = AutoModelForCausalLM.from_pretrained("exported/", trust_remote_code=True)  # the default model's code
+    tokenizer = AutoTokenizer.from_pretrained("exported/", trust_remote_code=True)      # (it reads config.json)
+    pipeline("text-generation", model=model, tokenizer=tokenizer)("ROMEO:", max_new_tokens=50, do_sample=False)
+    model(**tokenizer("ROMEO:", return_tensors="pt"), output_attentions=True).attentions  # sample.py's maps
 
 What each model becomes (attention_lab/interop/convert.py): learned, sinusoidal or no positions -> GPT2LMHeadModel; RoPE ->
 GPTNeoXForCausalLM; ALiBi, QK-norm, soft-capped logits, value residual -> our own code in the folder
@@ -71,6 +72,8 @@ def export(args: argparse.Namespace) -> None:
           f"    AutoModelForCausalLM.from_pretrained({str(result.path)!r}{trust})\n"
           f"    AutoTokenizer.from_pretrained({str(result.path)!r}{trust})\n"
           f"    pipeline('text-generation', model={str(result.path)!r}{trust})")
+    when = "" if remote else " (load with attn_implementation='eager': transformers' own class returns none under sdpa)"
+    print(f"attention weights, as sample.py writes them: model(**inputs, output_attentions=True).attentions{when}")
 
 
 if __name__ == "__main__":

@@ -190,6 +190,12 @@ class SampleLayout:
     def page(self) -> Path:
         return self.root / "attention.html"
 
+    @property
+    def page_data(self) -> Path:
+        """What the page shows beyond attention.npy (step inside, logit lens, circuits, scores, title), so that
+        `python -m attention_lab.viewer FOLDER` rebuilds the same page."""
+        return self.root / "page.json"
+
     def layer_png(self, layer: int) -> Path:
         return self.root / f"layer_{layer:02d}.png"
 

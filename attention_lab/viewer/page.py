@@ -1,7 +1,12 @@
 """Interactive attention pages: one self-contained HTML file per sample, and a run's training film.
 
     python -m attention_lab.viewer runs/<name>/<time>          # the run's film -> <run>/attention.html
-    python -m attention_lab.viewer runs/<name>/<time>/samples/<time>   # a sample folder: attention.npy + tokens.json
+    python -m attention_lab.viewer runs/<name>/<time>/samples/<time>   # a sample folder: the page sample.py wrote
+    python -m attention_lab.viewer <sample folder> --checkpoint <ckpt>    # ... recomputed whole from its tokens
+
+A sample folder's page comes back from page.json (what it shows beyond attention.npy) byte for byte; a folder
+without one (sample.py --no-html, or made by hand) gets the maps and summary.json's scores, but never in place of
+a page that shows more: that is refused with the --checkpoint command that rebuilds it whole.
 
 A page is one file: the template, style and script of attention_lab/viewer/assets/ and one JSON data island
 filled here. Nothing is fetched at view time, so it opens from disk, offline, in any recent browser.
@@ -449,11 +454,66 @@ def build_film(run_dir, *, max_bytes: int = FILM_MAX_BYTES) -> Path:
 # command line
 
 
+ISLAND = re.compile(r'<script type="application/json" id="data">(.*?)</script>', re.S)
+
+
+def read_island(page: Path) -> dict:
+    """The JSON data island of a page written by render_page ({} when there is none to read)."""
+    try:
+        found = ISLAND.search(page.read_text(encoding="utf-8", errors="replace"))
+        return json.loads(found.group(1)) if found else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def page_sections(data: Mapping) -> set[str]:
+    """What a sample page's data island shows beyond the maps, in words."""
+    out = set()
+    if data.get("inside"):
+        out.add("step inside a head, the logit lens and the circuits")
+    if data.get("scores"):
+        out |= {f"the {role} scores" for role in data["scores"][0].get("roles", {})}
+    return out
+
+
+def save_page_data(path: Path, data: Mapping, title: str) -> Path:
+    """page.json beside attention.npy: the sample page's island without the attention levels (attention.npy
+    holds them), and its title: restore_page_data gives the page back."""
+    frames = [{k: v for k, v in f.items() if k != "attn"} for f in data["frames"]]
+    with atomic_write(Path(path)) as f:  # keys in the island's order, so the page comes back byte for byte
+        json.dump({"title": title, "data": dict(data, frames=frames)}, f, ensure_ascii=False, separators=(",", ":"),
+                  allow_nan=False)
+    return Path(path)
+
+
+def restore_page_data(saved: Mapping, weights: np.ndarray) -> tuple[dict, str]:
+    """save_page_data's (island, title), the attention levels re-encoded from attention.npy (the page showed its
+    last data["T"] tokens)."""
+    data = dict(saved["data"])
+    a = _check_attention(weights, ["?"] * weights.shape[2])
+    t, keep = a.shape[2], int(data["T"])
+    if keep > t or (a.shape[0], a.shape[1]) != (data["L"], data["H"]):
+        raise ValueError(f"page.json describes {data['L']} layers x {data['H']} heads x {keep} tokens but "
+                         f"attention.npy holds {a.shape}: they are from different samples")
+    attn = _b64(quantise(a[:, :, t - keep:, t - keep:]))
+    data["frames"] = [dict(f, attn=attn) for f in data["frames"]]
+    return data, str(saved["title"])
+
+
+class PoorerPage(ValueError):
+    """A rebuild would replace a page with one that shows less."""
+
+
 def page_for_sample_folder(folder: Path) -> Path:
-    """attention.html for a folder sample.py wrote (attention.npy, tokens.json, summary.json if there)."""
+    """attention.html for a folder sample.py wrote: the same page from page.json and attention.npy; without
+    page.json (a folder from sample.py --no-html or written by hand), the maps and summary.json's scores, unless
+    that would replace a page that shows more (PoorerPage: the page is left as it is)."""
     sample = SampleLayout(folder)
-    tokens = json.loads(sample.tokens.read_text(encoding="utf-8"))["tokens"]
     weights = np.load(sample.weights, allow_pickle=False)
+    if sample.page_data.exists():
+        data, title = restore_page_data(json.loads(sample.page_data.read_text(encoding="utf-8")), weights)
+        return write_page(sample.page, data, title)
+    tokens = json.loads(sample.tokens.read_text(encoding="utf-8"))["tokens"]
     scores: dict[str, list] = {}
     summary = sample.summary
     if summary.exists():  # {"heads": [{"layer", "head", <role>: value, "ablation": value, ...}]}
@@ -465,7 +525,14 @@ def page_for_sample_folder(folder: Path) -> Path:
                 for r in rows:
                     grid[r["layer"], r["head"]] = r[role]
                 scores[role] = grid
-    return write_sample_page(sample.page, weights, tokens, scores, title=f"{folder.name}: attention")
+    data = sample_data(weights, tokens, scores)
+    lost = page_sections(read_island(sample.page)) - page_sections(data) if sample.page.exists() else set()
+    if lost:
+        checkpoint = json.loads(sample.tokens.read_text(encoding="utf-8")).get("checkpoint") or "<its checkpoint>"
+        raise PoorerPage(
+            f"{sample.page} shows {', '.join(sorted(lost))}, which {folder} has no page.json to rebuild; left it "
+            f"as it is. To rebuild the whole page: python -m attention_lab.viewer {folder} --checkpoint {checkpoint}")
+    return write_page(sample.page, data, f"{folder.name}: attention")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -476,6 +543,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("folder", type=Path, help="run folder (runs/<name>/<time>) or sample folder (holds attention.npy)")
     p.add_argument("--max-mb", type=float, default=FILM_MAX_BYTES / 1e6,
                    help=f"film: attention bytes to keep before dropping evaluations (default {FILM_MAX_BYTES / 1e6})")
+    p.add_argument("--checkpoint", type=Path, default=None,
+                   help="sample folder: recompute everything (maps, scores, step inside, logit lens, circuits) for "
+                        "tokens.json's tokens with this checkpoint folder")
     args = p.parse_args(argv)
     folder = args.folder
     if not folder.is_dir():
@@ -486,10 +556,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if RunLayout(folder).model_arch() == "lstm":
         return cli.fail(f"{folder} is a run of the LSTM baseline (model.arch=lstm): it has no attention to show")
     try:
-        if SampleLayout(folder).is_sample():
+        if SampleLayout(folder).is_sample() and args.checkpoint is not None:
+            from attention_lab.viewer.report import rebuild_sample  # the model's side: only when asked for
+
+            path = rebuild_sample(folder, args.checkpoint)
+        elif SampleLayout(folder).is_sample():
             path = page_for_sample_folder(folder)
+        elif args.checkpoint is not None:
+            return cli.fail(f"--checkpoint recomputes a sample folder (attention.npy + tokens.json); {folder} is a "
+                            "run folder, whose film is rebuilt from its files: leave --checkpoint out")
         else:
             path = build_film(folder, max_bytes=int(args.max_mb * 1e6))
+    except PoorerPage as e:
+        return cli.fail(e)
     except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:
         return cli.fail(f"cannot build the page for {folder}: {e}")
     print(f"{path} ({human_bytes(path.stat().st_size)}): open it in a browser, e.g. file://{path.resolve()}")

@@ -7,6 +7,8 @@
                             the logit lens at the last token
     attention.html          all of it in one interactive page that opens offline (--no-html: none), with the
                             "step inside" panel: one head's computation for one query with the model's own numbers
+    page.json               the page's data beyond attention.npy (step inside, logit lens, circuits, scores, title):
+                            `python -m attention_lab.viewer FOLDER` rebuilds the same page from it
 
 and, given a TensorBoard SummaryWriter, the same heatmaps, the text and the summary table. write_samples does it for
 each of sample.py's samples, into the run's samples/ folder and its TensorBoard.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,8 +33,8 @@ from attention_lab.interp.figures import attention_figure, figure_to_array, mark
 from attention_lab.interp.heads import format_head_table, head_rows
 from attention_lab.interp.inside import steppable
 from attention_lab.interp.roles import ROLE_HELP
-from attention_lab.store.layout import RunLayout, SampleLayout
-from attention_lab.viewer.page import sample_data, write_page
+from attention_lab.store.layout import RunLayout, SampleLayout, run_of_checkpoint
+from attention_lab.viewer.page import sample_data, save_page_data, write_page
 from data.files import write_json_atomic
 from data.tokenizer import Tokenizer
 from model import GPT
@@ -49,9 +52,11 @@ def dump_attention(
     title: str = "",
     dpi: int = 90,
     html: bool = True,
+    checkpoint: str | None = None,
 ) -> dict:
     """Capture the attention of the last block_size tokens of `ids` and write the report into out_dir.
 
+    checkpoint: the checkpoint folder the model came from, kept in tokens.json (a full rebuild names it).
     With a SummaryWriter, also the heatmaps (`<tag_prefix>attention/layer_XX`), the text and the summary table.
     Returns what it wrote: {"weights", "token_ids", "tokens", "text", "summary", "table", "scores", "ablation",
     "files"}.
@@ -75,7 +80,7 @@ def dump_attention(
         "tokens": labels,
         "start": len(ids) - len(window),  # position of the first of these tokens in the whole sequence
         "shape": "attention.npy is (n_layer, n_head, T, T): [layer, head, query, key]",
-    })
+    } | ({"checkpoint": str(checkpoint)} if checkpoint else {}))
     last = [tokenizer.token_strings([int(i)])[0] for i in lens.ids[:, -1, 0]]
     write_json_atomic(out.summary, {"heads": rows, "roles": ROLE_HELP,
                                     "ablation": "loss change in nats/token on this text when the head is zeroed",
@@ -87,8 +92,10 @@ def dump_attention(
                                                               "top1": last,
                                                               "p": lens.probs[:, -1, 0].round(4).tolist()}})
     out.summary_text.write_text(table + "\n", encoding="utf-8")
-    if html:
-        files.append(write_page(out.page, page_data(model, tokenizer, found, circuits), title or "attention"))
+    if html:  # the page, and beside it what it shows beyond attention.npy, so a rebuild gives the same page
+        data = page_data(model, tokenizer, found, circuits)
+        files.append(write_page(out.page, data, title or "attention"))
+        files.append(save_page_data(out.page_data, data, title or "attention"))
 
     for layer in range(weights.shape[0]):
         fig = attention_figure(weights[layer], labels, f"{title}, layer {layer}".lstrip(", "), dpi=dpi)
@@ -105,7 +112,8 @@ def dump_attention(
 
 
 def write_samples(model: GPT, tokenizer: Tokenizer, samples: Sequence[Sequence[int]], run_dir: Path, step: int,
-                  header: str, out_dir: Path | None = None, html: bool = True, say=print) -> Path:
+                  header: str, out_dir: Path | None = None, html: bool = True, say=print,
+                  checkpoint: str | None = None) -> Path:
     """Each sample's report (dump_attention) into out_dir (default <run>/samples/<YYYYmmdd-HHMMSS>/; sample_00/,
     sample_01/, ... when there are several), and into TensorBoard under <run>/tb/samples/<same name>/, beside the
     run's curves, `header` (checkpoint, seed, sampling settings) as its first text. `say` gets the head tables and
@@ -126,7 +134,7 @@ def write_samples(model: GPT, tokenizer: Tokenizer, samples: Sequence[Sequence[i
         for i, ids in enumerate(samples):
             result = dump_attention(
                 model, tokenizer, ids, out_dir / f"sample_{i:02d}" if several else out_dir, writer=writer,
-                tag_prefix=f"sample_{i:02d}/" if several else "", step=step, html=html,
+                tag_prefix=f"sample_{i:02d}/" if several else "", step=step, html=html, checkpoint=checkpoint,
                 title=f"{run.root.name} step {step}" + (f", sample {i}" if several else ""))
             say(f"\nattention heads{f' (sample {i})' if several else ''}, last {len(result['token_ids'])} tokens:")
             say(result["table"])
@@ -134,6 +142,25 @@ def write_samples(model: GPT, tokenizer: Tokenizer, samples: Sequence[Sequence[i
                 say(f"attention page: {page}  (open it in a browser; it works offline)")
     say(f"\nattention maps: {out_dir}\ntensorboard:    tensorboard --logdir {run.root}  (samples under {tb_dir})")
     return out_dir
+
+
+def rebuild_sample(folder: Path, checkpoint: Path) -> Path:
+    """Recompute a sample folder's report (maps, summary, page and page.json) for its tokens.json token ids with a
+    checkpoint (`python -m attention_lab.viewer FOLDER --checkpoint CKPT`); returns the page. ValueError when the
+    checkpoint's tokenizer or context cannot hold those tokens."""
+    from attention_lab.store.checkpoint import load_checkpoint  # the weights: only for a full rebuild
+
+    sample = SampleLayout(folder)
+    saved = json.loads(sample.tokens.read_text(encoding="utf-8"))
+    ckpt = load_checkpoint(Path(checkpoint), "best")
+    model, tokenizer = ckpt.build_model("cpu").eval(), ckpt.tokenizer()
+    ids = [int(i) for i in saved["token_ids"]]
+    if tokenizer.token_strings(ids) != saved["tokens"] or len(ids) > model.config.block_size:
+        raise ValueError(f"{folder}'s tokens are not {ckpt.path}'s tokens (another tokenizer or a shorter context): "
+                         "give the checkpoint that wrote the sample (sample.py prints it first)")
+    dump_attention(model, tokenizer, ids, folder, html=True, checkpoint=str(ckpt.path),
+                   title=f"{run_of_checkpoint(ckpt.path).name} step {ckpt.step}")
+    return sample.page
 
 
 def in_text_copying(model: GPT, found: TextAnalysis) -> np.ndarray | None:
