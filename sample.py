@@ -1,6 +1,7 @@
 """Continue a prompt with a trained run, streaming the text, then dump the attention maps of the result.
 
-    python sample.py --prompt "ROMEO:"                          # the latest run's best checkpoint
+    python sample.py --prompt "ROMEO:"                          # the latest default run's best checkpoint
+    python sample.py --preset debug --prompt "ROMEO:"           # the latest run of another preset
     python sample.py --run runs/shakespeare/x --prompt-file prompt.txt --num-samples 3 --seed 1
     python sample.py --prompt "ROMEO:" --greedy --no-cache      # the uncached path, for comparison
     python sample.py --model gpt2 --prompt "The animal didn't cross the street because it"   # a transformers model
@@ -48,7 +49,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     where.add_argument("--run", type=Path, help="run folder (default: the latest run under --runs-root)")
     where.add_argument("--checkpoint", type=Path, help="one checkpoint folder (checkpoints/step_XXXXXXXX)")
     where.add_argument("--model", help="a transformers GPT-2 or GPT-NeoX model: hub id (e.g. gpt2) or local folder")
-    p.add_argument("--runs-root", type=Path, default=Path("runs"), help="where to look for the latest run (default: runs)")
+    where.add_argument("--preset", metavar="NAME",
+                       help="the latest run of this preset (default: of the default preset, `python train.py`; "
+                            "debug, claims and exercise runs open only when named or given here)")
+    p.add_argument("--runs-root", type=Path, default=Path("runs"),
+                   help="where to look for the run to open when none is named (default: runs)")
     p.add_argument("--which", choices=("best", "latest"), default="best", help="checkpoint of the run (default: best)")
     p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate (default: 200)")
     p.add_argument("--temperature", type=float, default=0.8, help="softmax temperature; 0 is greedy (default: 0.8)")
@@ -117,7 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         check_args(args)
         device = pick_device(args.device, "--device")
-        src = open_source(args.run, args.checkpoint, args.model, args.which, args.runs_root, device)
+        src = open_source(args.run, args.checkpoint, args.model, args.which, args.runs_root, device, args.preset)
+        say(src.summary)  # which run: the first line a person reads
         if args.keep_first >= src.config.block_size:
             raise ValueError(f"--keep-first must be below the model's block_size {src.config.block_size}, got "
                              f"{args.keep_first}")

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from attention_lab.runtime.device import autocast, decoding_threads, pick_dtype
-from attention_lab.store.checkpoint import latest_run, load_checkpoint
+from attention_lab.store.checkpoint import choose_run, load_checkpoint, run_summary
 from attention_lab.store.layout import run_of_checkpoint
 from data.tokenizer import Tokenizer
 from model import GPT, GPTConfig, generate_stream
@@ -30,6 +30,7 @@ class Source:
     label: str  # the checkpoint folder, or the transformers model
     step: int
     run_dir: Path
+    summary: str = ""  # which run (or model) this is, in one line: say it first
 
     @property
     def config(self) -> GPTConfig:
@@ -37,17 +38,21 @@ class Source:
 
 
 def open_source(run: Path | None, checkpoint: Path | None, hf_model: str | None, which: str, runs_root: Path,
-                device: torch.device) -> Source:
-    """A run's checkpoint (the latest run under runs_root by default), or a transformers GPT-2 / GPT-NeoX model:
-    a hub id such as 'gpt2' or a local folder (whose samples go to runs_root/hf/<name>/)."""
+                device: torch.device, preset: str | None = None) -> Source:
+    """A run's checkpoint (by default the run choose_run picks under runs_root: the latest of the default preset,
+    or of `preset`), or a transformers GPT-2 / GPT-NeoX model: a hub id such as 'gpt2' or a local folder (whose
+    samples go to runs_root/hf/<name>/)."""
     if hf_model is not None:
         from attention_lab.interop.hf import load_with_tokenizer  # transformers' side: only when asked for
 
         model, tokenizer = load_with_tokenizer(hf_model)
         name = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(hf_model).name if Path(hf_model).exists() else hf_model)
-        return Source(model.to(device), tokenizer, hf_model, 0, runs_root / "hf" / name)
-    ckpt = load_checkpoint(checkpoint or run or latest_run(runs_root), which)
-    return Source(ckpt.build_model(device), ckpt.tokenizer(), str(ckpt.path), ckpt.step, run_of_checkpoint(ckpt.path))
+        return Source(model.to(device), tokenizer, hf_model, 0, runs_root / "hf" / name,
+                      f"model: {hf_model} (transformers)")
+    choice = choose_run(runs_root, preset) if checkpoint is None and run is None else None
+    ckpt = load_checkpoint(checkpoint or run or choice.path, which)
+    return Source(ckpt.build_model(device), ckpt.tokenizer(), str(ckpt.path), ckpt.step, run_of_checkpoint(ckpt.path),
+                  run_summary(ckpt, choice))
 
 
 def encode_prompt(tokenizer: Tokenizer, text: str, block_size: int) -> tuple[list[int], list[str]]:

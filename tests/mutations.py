@@ -457,6 +457,19 @@ MUTATIONS = (
              "{_p(c['p_holm'])} after", "{_p(c['p'])} after",
              ("tests/test_claims.py::test_the_report_says_what_results_json_holds",),
              "the report prints the raw p where it says 'after Holm's correction'"),
+    # issue 35: numbers that match their words, diverged runs, the trend along a claim's variable
+    Mutation("interval_unadjusted", "attention_lab/claims/stats.py",
+             "low, high = t_interval(c.diffs, 1 - level)", "low, high = c.low, c.high",
+             ("tests/test_claims.py::test_the_printed_interval_is_the_one_the_verdict_word_was_read_from",),
+             "the 95% interval printed beside a Holm-adjusted word: 'undecided' beside an interval that excludes 0"),
+    Mutation("seeds_needed_inside_the_region", "attention_lab/claims/stats.py",
+             'word == "undecided" and abs(c.mean) > c.region else None', 'word == "undecided" else None',
+             ("tests/test_claims.py::test_seeds_needed_is_at_the_verdicts_level_and_never_inside_the_region",),
+             "seeds_needed promised for a difference too small to matter"),
+    Mutation("twin_with_other_threads_reused", "attention_lab/claims/runs.py",
+             'if json.loads(done.read_text()).get("launch") != launch:', "if False:",
+             ("tests/test_claims.py::test_a_twin_launched_another_way_is_not_reused",),
+             "a run launched with other threads or another launcher is copied as a twin: a re-run gives other numbers"),
     Mutation("sinusoidal_unit_scale", "model/positions.py",
              "SINUSOID_SCALE = 0.02 * math.sqrt(2.0)", "SINUSOID_SCALE = 1.0",
              ("tests/test_model_positions.py::test_the_sinusoidal_table_starts_at_the_embeddings_size",),
@@ -903,6 +916,23 @@ MUTATIONS = (
              ("tests/test_exercises_training.py::test_export_refuses_a_learners_attention",),
              "a run trained with the learner's attention is exported as GPT-2 / GPT-NeoX, which compute the built-in "
              "attention: the exported model computes something else with its weights, silently"),
+    # the exercises' numerics (issue 37)
+    Mutation("exercise_unstable_softmax_not_catalogued", "attention_lab/exercises/book.py",
+             "    return numerics + [\n        scale_mistake(\"no_scale\"),",
+             "    return [\n        scale_mistake(\"no_scale\"),",
+             ("tests/test_exercises_numerics.py::test_a_numerical_mistake_written_by_hand_is_named",),
+             "attention's catalogue forgets the softmax written by hand: exp(s) / sum gives NaN at large scores and "
+             "the learner reads an error line with no name and no pointer to why"),
+    Mutation("exercise_inputs_not_compared", "attention_lab/exercises/checking.py",
+             "                   if isinstance(before, Tensor) and not same(after, before)]",
+             "                   if False]",
+             ("tests/test_exercises_numerics.py::test_an_in_place_edit_is_named_with_its_input_and_line",),
+             "a function that edits its input in place (q.mul_, masked_fill_) passes"),
+    Mutation("exercise_precision_not_probed", "attention_lab/exercises/checking.py",
+             "    lower = lower_precision(fn, ex, runs, reference, tol)",
+             "    lower = None",
+             ("tests/test_exercises_numerics.py::test_lower_precision_inside_is_named_and_higher_precision_passes",),
+             "a float32 function computing in float16 or bfloat16 inside is located but never named"),
     # the two plants of issue 38's code-only round that passed the whole suite (tests/test_slipped_plants.py)
     Mutation("exercise_cache_keeps_the_padded_rows", "model/attention.py",
              "        return fn(q, k, v)[:, :, s - t:], None", "        return fn(q, k, v)[:, :, :t], None",
@@ -917,6 +947,41 @@ MUTATIONS = (
              "the sweep's bracketing steps beyond the grid's edge only once, from the original grid, instead of from "
              "the rates tried so far: an arm whose best rate is two steps out (the LSTM's: 0.081 beyond 0.009) "
              "stops at the first step and is trained at a rate that is not its best"),
+    # a newcomer's first hour (issue 36): exports that return attention, pages never poorer, the run you meant
+    Mutation("export_attentions_dropped", "attention_lab/interop/remote_code/modeling_attention_lab.py",
+             "attentions=tuple(attentions) if output_attentions else None", "attentions=None",
+             ("tests/test_export_attention.py::test_an_export_returns_the_attention_sample_py_writes",),
+             "the shipped remote code ignores output_attentions=True: bertviz and every tool reading `attentions` "
+             "get None from the default model"),
+    Mutation("export_sdpa_returns_no_weights", "attention_lab/interop/remote_code/modeling_attention_lab.py",
+             'eager = output_attentions or getattr(cfg, "_attn_implementation", None) == "eager"',
+             'eager = getattr(cfg, "_attn_implementation", None) == "eager"',
+             ("tests/test_export_attention.py::test_an_export_returns_the_attention_sample_py_writes",),
+             "under the default attn_implementation (sdpa) output_attentions=True returns a tuple of None"),
+    Mutation("export_cache_under_the_old_name", "attention_lab/interop/remote_code/modeling_attention_lab.py",
+             'CACHE = "cache" if "cache" in', 'CACHE = "past_key_values" if "cache" in',
+             ("tests/test_export_attention.py::test_the_readme_snippet_runs_as_written_for_the_default_model",),
+             "the remote code passes its cache as past_key_values under transformers 5.24: the README's snippet "
+             "prints a deprecation warning"),
+    Mutation("rebuild_drops_inside", "attention_lab/viewer/page.py",
+             '"data": dict(data, frames=frames)}',
+             '"data": {k: v for k, v in dict(data, frames=frames).items() if k != "inside"}}',
+             ("tests/test_sample_rebuild.py::test_the_rebuild_is_the_page_sample_py_wrote",),
+             "page.json leaves out the step-inside data: `python -m attention_lab.viewer <sample folder>` writes a "
+             "page without step inside, the logit lens and the circuits over the one sample.py wrote"),
+    Mutation("rebuild_replaces_a_richer_page", "attention_lab/viewer/page.py",
+             "    if lost:\n", "    if False:\n",
+             ("tests/test_sample_rebuild.py::test_without_page_json_a_richer_page_is_kept_and_the_error_says_how",),
+             "without page.json a rebuild silently replaces a 1 MB page with the 100 kB maps-only one"),
+    Mutation("latest_run_is_whatever_ran_last", "attention_lab/store/checkpoint.py",
+             'return RunChoice(max(default, key=last_saved), DEFAULT_PRESET,',
+             'return RunChoice(max(runs, key=last_saved), DEFAULT_PRESET,',
+             ("tests/test_sample_run_choice.py",),
+             "sample.py and the lab open the run saved last (a debug run after the default one) instead of the "
+             "latest default run"),
+    Mutation("run_line_not_said", "sample.py", "        say(src.summary)  # which run: the first line a person reads\n",
+             "", ("tests/test_sample_run_choice.py",),
+             "sample.py no longer says which run it opened (path, preset, steps, bits/byte) first"),
 )
 
 

@@ -11,6 +11,7 @@ import pytest
 
 import sample
 from attention_lab.viewer import page as viewer
+from attention_lab.viewer.report import rebuild_sample
 from test_sample import make_run
 
 ISLAND = re.compile(r'<script type="application/json" id="data">(.*?)</script>', re.S)
@@ -59,10 +60,10 @@ def test_without_page_json_a_richer_page_is_kept_and_the_error_says_how(written,
     assert (copy / "attention.html").read_bytes() == page, "the richer page was overwritten"
 
     # the command the error gives rebuilds the whole page
-    assert viewer.main([str(copy), "--checkpoint", checkpoint]) == 0, capsys.readouterr().err
+    assert viewer.main([str(copy), "--checkpoint", checkpoint], rebuild_sample) == 0, capsys.readouterr().err
     rebuilt = island((copy / "attention.html").read_bytes())
     assert rebuilt.keys() == island(page).keys() and rebuilt["inside"].keys() == island(page)["inside"].keys()
     assert (copy / "page.json").exists()
     (run / "metrics.jsonl").write_text('{"step": 100, "val_loss": 3.5}\n')
-    assert viewer.main([str(run), "--checkpoint", checkpoint]) == 2
+    assert viewer.main([str(run), "--checkpoint", checkpoint], rebuild_sample) == 2
     assert "leave --checkpoint out" in capsys.readouterr().err

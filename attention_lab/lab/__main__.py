@@ -41,6 +41,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="address to listen on (default: 127.0.0.1, this machine only)")
     p.add_argument("--runs-root", type=Path, default=Path("runs"),
                    help="where to look for the latest run when none is named (default: runs)")
+    p.add_argument("--preset", default=None, metavar="NAME",
+                   help="with no RUN: the latest run of this preset (default: of the default preset, `python "
+                        "train.py`; debug, claims and exercise runs open only when named or given here)")
     p.add_argument("--which", choices=("best", "latest"), default="best",
                    help="each run's checkpoint to open at (default: best); the page can switch to the others")
     p.add_argument("--device", default="auto", help="auto (default: cuda if available, else cpu), cpu, cuda, cuda:N")
@@ -63,7 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not 0 <= args.port <= 65535:
             raise ValueError(f"--port must be in 0..65535 (0: a free one), got {args.port}")
         device = pick_device(args.device, "--device")
-        registry = Registry.open(args.runs, args.model, runs_root=args.runs_root, which=args.which, device=device)
+        registry = Registry.open(args.runs, args.model, runs_root=args.runs_root, which=args.which, device=device,
+                                 preset=args.preset)
         registry.load("0", None)  # the first model's weights now: a corrupt checkpoint fails before the URL
         try:
             sock = open_socket(args.host, args.port)
@@ -76,6 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CheckpointError, OSError, *cli.USER_ERRORS) as e:
         return cli.fail(e)
 
+    for line in registry.summaries.values():  # which run it opened (path, preset, step, bits/byte), first
+        say(line)
     if args.host not in LOOPBACK:
         say(f"warning: --host {args.host} serves the lab beyond this machine: anyone who can reach this address "
             "can run the models (there is no login). Use the default 127.0.0.1 unless you mean it. It answers "

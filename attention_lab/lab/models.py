@@ -22,7 +22,7 @@ import torch
 
 from attention_lab.lab.requests import Invalid
 from attention_lab.sampling import open_source
-from attention_lab.store.checkpoint import find_checkpoint, latest_run, load_checkpoint
+from attention_lab.store.checkpoint import choose_run, find_checkpoint, load_checkpoint, run_summary
 from attention_lab.store.layout import STEP_PREFIX, CheckpointFiles, RunLayout, run_of_checkpoint
 from model import has_attention
 
@@ -103,6 +103,7 @@ class Registry:
         if not entries:
             raise ValueError("the lab needs at least one run or model")
         self.entries = {e.id: e for e in entries}
+        self.summaries: dict[str, str] = {}  # open(): per run entry, which run it is in one line
         self.device = torch.device(device)
         self.capacity = capacity
         self._loaded: OrderedDict[tuple[str, str | None], Loaded] = OrderedDict()
@@ -110,19 +111,25 @@ class Registry:
 
     @classmethod
     def open(cls, runs: Sequence[Path], models: Sequence[str] = (), *, runs_root: Path = Path("runs"),
-             which: str = "best", device: torch.device | str = "cpu", capacity: int = CAPACITY) -> Registry:
-        """Entries for the runs (a run folder or one checkpoint folder) and transformers models named, the latest
-        run under runs_root when none is; CheckpointError / FileNotFoundError / ValueError name the bad one."""
+             which: str = "best", device: torch.device | str = "cpu", capacity: int = CAPACITY,
+             preset: str | None = None) -> Registry:
+        """Entries for the runs (a run folder or one checkpoint folder) and transformers models named; when none
+        is, the run choose_run picks under runs_root (the latest of the default preset, or of `preset`).
+        CheckpointError / FileNotFoundError / ValueError name the bad one. `summaries` holds, per run entry, the
+        line that says which run it is (path, preset, step, bits/byte)."""
         device = torch.device(device)
         runs = list(runs)
+        choice = None
         if not runs and not models:
-            runs = [latest_run(runs_root)]
-        entries, preloaded = [], []
+            choice = choose_run(runs_root, preset)
+            runs = [choice.path]
+        entries, preloaded, summaries = [], [], {}
         for run in runs:
             path = find_checkpoint(Path(run), which)  # CheckpointError: no such run, or no checkpoint in it
             ckpt = load_checkpoint(path)  # config, meta, tokenizer (the weights load later)
             ckpt.tokenizer()  # a tokenizer that cannot be read fails now, not on the first request
             root = run_of_checkpoint(ckpt.path)
+            summaries[str(len(entries))] = run_summary(ckpt, choice)
             entries.append(Entry(str(len(entries)), str(run), "run", ckpt.config, ckpt.step, ckpt.path.name, root))
         for name in models:
             src = open_source(None, None, name, which, runs_root, device)
@@ -130,6 +137,7 @@ class Registry:
             entries.append(entry)
             preloaded.append((entry.id, Loaded(src.model, src.tokenizer, src.step, None)))
         registry = cls(entries, device, capacity)
+        registry.summaries = summaries
         for model_id, loaded in preloaded:
             registry._keep((model_id, None), loaded)
         return registry

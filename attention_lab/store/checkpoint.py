@@ -19,6 +19,7 @@ of one. If a pointer is missing or names a directory that is gone, the newest co
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
@@ -32,7 +33,14 @@ from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 
 from attention_lab.exercises import learner
-from attention_lab.store.layout import STEP_PREFIX, CheckpointFiles, RunLayout, pointer_path, step_name
+from attention_lab.store.layout import (
+    STEP_PREFIX,
+    CheckpointFiles,
+    RunLayout,
+    pointer_path,
+    run_of_checkpoint,
+    step_name,
+)
 from data.files import describe_disk, is_disk_full, make_temp_dir, publish_dir, write_json_atomic
 from data.tokenizer import Tokenizer
 from model import GPTConfig, LSTMConfig, build_model, config_from_dict
@@ -185,8 +193,28 @@ def find_checkpoint(path: Path, which: str = "best") -> Path:
     return steps[-1]
 
 
-def latest_run(runs_root: Path = Path("runs")) -> Path:
-    """The most recently modified run under runs_root that has a checkpoint."""
+DEFAULT_PRESET = "default"  # config.yaml's name: what `python train.py` trains
+NAMED_ONLY = ("debug", "claims")  # presets never opened unless named: a tiny model for trying things, claims' arms
+
+
+@dataclass(frozen=True)
+class RunChoice:
+    """The run a command opens when given none: its folder, preset and why it was the one."""
+
+    path: Path
+    preset: str | None
+    why: str
+
+
+def choose_run(runs_root: Path = Path("runs"), preset: str | None = None) -> RunChoice:
+    """The run to open when none is named, among the runs under runs_root that have a checkpoint (the most recently
+    saved of those that qualify):
+
+    preset named: the latest run of that preset (`--preset debug` opens debug runs);
+    otherwise the latest run of the default preset (`python train.py`); if there is none, the latest run of
+    another preset; never a debug or claims run, nor one trained with a learner's attention (an exercise): those
+    only when named. CheckpointError, saying what to pass, when nothing qualifies.
+    """
     runs_root = Path(runs_root)
     runs = [p.parent for p in runs_root.glob(f"**/{RunLayout(runs_root).checkpoints.name}") if p.is_dir() and _step_dirs(p)]
     if not runs:
@@ -194,11 +222,51 @@ def latest_run(runs_root: Path = Path("runs")) -> Path:
             f"no trained run found under {runs_root.resolve()}. Train one with `python train.py`, "
             "or pass --run / --checkpoint."
         )
+
     def last_saved(run: Path) -> float:
         pointer = RunLayout(run).latest_pointer
         return pointer.stat().st_mtime if pointer.exists() else run.stat().st_mtime
 
-    return max(runs, key=last_saved)
+    def kind(run: Path) -> str | None:
+        return RunLayout(run).preset()
+
+    if preset is not None:
+        named = [r for r in runs if kind(r) == preset]
+        if not named:
+            seen = sorted({str(kind(r)) for r in runs})
+            raise CheckpointError(f"no run of preset {preset!r} under {runs_root}; the presets there: "
+                                  f"{', '.join(seen)}")
+        return RunChoice(max(named, key=last_saved), preset, f"the latest run of preset {preset!r}")
+    ordinary = [r for r in runs if kind(r) not in NAMED_ONLY and not RunLayout(r).learner_attention()]
+    default = [r for r in ordinary if kind(r) == DEFAULT_PRESET]
+    if default:
+        return RunChoice(max(default, key=last_saved), DEFAULT_PRESET, "the latest run of the default preset")
+    if ordinary:
+        run = max(ordinary, key=last_saved)
+        return RunChoice(run, kind(run), "no run of the default preset yet: the latest other run")
+    latest = max(runs, key=last_saved)
+    raise CheckpointError(
+        f"the only runs under {runs_root} are debug, claims or exercise runs (the latest: {latest}), opened only "
+        f"when named: name that run, or pass --preset {kind(latest) or 'debug'} for the latest of its preset; "
+        "`python train.py` trains the default run"
+    )
+
+
+def latest_run(runs_root: Path = Path("runs"), preset: str | None = None) -> Path:
+    """choose_run's folder."""
+    return choose_run(runs_root, preset).path
+
+
+def run_summary(ckpt: Checkpoint, choice: RunChoice | None = None) -> str:
+    """One line saying which run a command opened: its folder, preset, checkpoint step and bits/byte (and, when
+    the run was chosen for the user, why this one)."""
+    run = run_of_checkpoint(ckpt.path)
+    preset = RunLayout(run).preset()
+    bpb = ckpt.meta.get("val_bpb")
+    score = f", {bpb:.3f} bits/byte" if isinstance(bpb, (int, float)) and math.isfinite(bpb) else ", not evaluated"
+    chosen = f"; {choice.why}, pass --run to open another" if choice is not None else ""
+    return (f"run: {run} (preset {preset or 'unknown'}; checkpoint {ckpt.path.name}, step {ckpt.step}{score}"
+            f"{chosen})")
 
 
 @dataclass

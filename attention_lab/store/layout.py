@@ -160,6 +160,22 @@ class RunLayout:
         except (OSError, ValueError, AttributeError):
             return "gpt"
 
+    def preset(self) -> str | None:
+        """The run's preset as its config.json records it (`name`: "default" for `python train.py`, the
+        experiment's name for `experiment=...`), or None for a folder without one."""
+        try:
+            name = json.loads(self.config.read_text(encoding="utf-8")).get("name")
+            return str(name) if name else None
+        except (OSError, ValueError, AttributeError):
+            return None
+
+    def learner_attention(self) -> str:
+        """The learner's attention the run trained with (config.json's model.attn_impl: an exercise), or ""."""
+        try:
+            return str(json.loads(self.config.read_text(encoding="utf-8")).get("model", {}).get("attn_impl") or "")
+        except (OSError, ValueError, AttributeError):
+            return ""
+
 
 @dataclass(frozen=True)
 class SampleLayout:

@@ -3,5 +3,6 @@
 import sys
 
 from attention_lab.viewer.page import main
+from attention_lab.viewer.report import rebuild_sample
 
-sys.exit(main())
+sys.exit(main(rebuild=rebuild_sample))

@@ -535,7 +535,9 @@ def page_for_sample_folder(folder: Path) -> Path:
     return write_page(sample.page, data, f"{folder.name}: attention")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, rebuild=None) -> int:
+    """The command line. rebuild(folder, checkpoint) -> page: the whole recomputation behind --checkpoint
+    (report.rebuild_sample, which imports this module: `python -m attention_lab.viewer` passes it in)."""
     p = argparse.ArgumentParser(
         prog="python -m attention_lab.viewer",
         description="Write attention.html for a run folder (the training film) or a sample folder of sample.py.",
@@ -557,9 +559,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cli.fail(f"{folder} is a run of the LSTM baseline (model.arch=lstm): it has no attention to show")
     try:
         if SampleLayout(folder).is_sample() and args.checkpoint is not None:
-            from attention_lab.viewer.report import rebuild_sample  # the model's side: only when asked for
-
-            path = rebuild_sample(folder, args.checkpoint)
+            if rebuild is None:
+                return cli.fail("--checkpoint recomputes with the model: run it as python -m attention_lab.viewer")
+            path = rebuild(folder, args.checkpoint)
         elif SampleLayout(folder).is_sample():
             path = page_for_sample_folder(folder)
         elif args.checkpoint is not None:
