@@ -982,6 +982,14 @@ MUTATIONS = (
     Mutation("run_line_not_said", "sample.py", "        say(src.summary)  # which run: the first line a person reads\n",
              "", ("tests/test_sample_run_choice.py",),
              "sample.py no longer says which run it opened (path, preset, steps, bits/byte) first"),
+    Mutation("skeleton_placeholder_left", "attention_lab/exercises/__init__.py",
+             '.replace("THIS_FILE", Path(path or default_file(name)).as_posix())', "",
+             ("tests/test_newcomer.py::test_model_attn_impl_is_spelled_one_way",),
+             "the skeleton says model.attn_impl=THIS_FILE:attention, a placeholder the learner must guess at"),
+    Mutation("compare_one_model_lab_unknown_model", "attention_lab/lab/app.py",
+             "if len(registry.entries) == 1 and any(", "if False and any(",
+             ("tests/test_newcomer.py::test_compare_on_a_one_model_lab_says_what_to_send",),
+             "/api/compare without models on a one-run lab answers \"unknown model '1'\" instead of what to send"),
 )
 
 

@@ -45,8 +45,9 @@ def listing() -> str:
     return "\n".join(lines)
 
 
-def skeleton(name: str) -> str:
-    """The file `start` writes: the signature, the shapes and what to compute, and the command that checks it."""
+def skeleton(name: str, path: str | Path | None = None) -> str:
+    """The file `start` writes: the signature, the shapes and what to compute, and the commands that check it and
+    train with it, naming `path` (where it is written; default my_attention/NAME.py)."""
     ex = exercise_named(name)
     number = list(EXERCISES).index(name) + 1
     doc = "\n".join(("    " + line) if line else "" for line in ex.doc.splitlines())
@@ -57,7 +58,8 @@ def skeleton(name: str) -> str:
             f"def {ex.function}({ex.signature}):\n"
             f'    """{doc.strip()}\n    """\n'
             f"    # {ex.hint}\n"
-            f'    raise NotImplementedError("write {ex.function}")\n')
+            f'    raise NotImplementedError("write {ex.function}")\n'
+            ).replace("THIS_FILE", Path(path or default_file(name)).as_posix())
 
 
 def start(name: str, folder: str | Path | None = None, force: bool = False) -> Path:
@@ -73,7 +75,7 @@ def start(name: str, folder: str | Path | None = None, force: bool = False) -> P
         raise ValueError(f"{folder / f'{name}.py'} exists already: check it with `python -m attention_lab.exercises "
                          f"check {name} {folder / f'{name}.py'}`, or add --force to start over")
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(skeleton(name), encoding="utf-8")
+    target.write_text(skeleton(name, folder / f"{name}.py"), encoding="utf-8")
     return folder / f"{name}.py"
 
 

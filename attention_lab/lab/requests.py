@@ -75,7 +75,8 @@ async def read_json(request, max_bytes: int = MAX_BODY, seconds: float | None = 
     declared = request.headers.get("content-length")
     if declared is not None:
         if not (declared.strip().isascii() and declared.strip().isdigit()) or len(declared.strip()) > 18:
-            raise RequestError(400, f"Content-Length {_cut(declared)} is not a number of bytes")
+            raise RequestError(400, f"Content-Length {_cut(declared)} is not a number of bytes; send the body's "
+                                    "length in bytes, or leave the header to the HTTP client")
         if int(declared) > max_bytes:
             raise RequestError(413, f"the request body is {int(declared)} bytes; the lab accepts at most {max_bytes} "
                                     "(a text longer than any model's context does not need more)")
@@ -86,7 +87,8 @@ async def read_json(request, max_bytes: int = MAX_BODY, seconds: float | None = 
         async for chunk in request.stream():  # a chunked body has no Content-Length: count what arrives
             size += len(chunk)
             if size > max_bytes:
-                raise RequestError(413, f"the request body is over {max_bytes} bytes, the most the lab accepts")
+                raise RequestError(413, f"the request body is over {max_bytes} bytes, the most the lab accepts; "
+                                        "send a shorter text (a model reads at most its context)")
             chunks.append(chunk)
 
     seconds = BODY_SECONDS if seconds is None else seconds
@@ -106,14 +108,17 @@ async def read_json(request, max_bytes: int = MAX_BODY, seconds: float | None = 
     try:
         body = json.loads(text)
     except json.JSONDecodeError as e:
-        raise RequestError(400, f"the request body is not JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+        raise RequestError(400, f"the request body is not JSON ({e.msg} at line {e.lineno} column {e.colno}); "
+                                'send a JSON object such as {"text": "Hello"}') from None
     except RecursionError:
-        raise RequestError(400, "the request body is JSON nested too deeply") from None
+        raise RequestError(400, "the request body is JSON nested too deeply; send a flat object such as "
+                                '{"text": "Hello"}') from None
     except ValueError as e:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
         raise RequestError(400, f"the request body holds a number the lab cannot read ({_cut(str(e))}); every "
                                 "number it takes is small") from None
     if not isinstance(body, dict):
-        raise RequestError(400, f"the request body must be a JSON object, got {_json_type(body)}")
+        raise RequestError(400, f"the request body must be a JSON object, got {_json_type(body)}; send one "
+                                'such as {"text": "Hello"}')
     return body
 
 
@@ -224,7 +229,7 @@ def parse_compare(body: dict) -> CompareRequest:
 def _only(body: dict, allowed: tuple[str, ...], prefix: str = "") -> None:
     unknown = sorted(set(body) - set(allowed))
     if unknown:
-        raise Invalid(f"unknown field '{prefix}{unknown[0][:40]}'; the fields are {', '.join(allowed)}")
+        raise Invalid(f"unknown field '{prefix}{unknown[0][:40]}'; send only the fields {', '.join(allowed)}")
 
 
 def _text(body: dict) -> str:

@@ -1,0 +1,66 @@
+"""What a newcomer reads says one thing one way (issue 36): `model.attn_impl` is spelled `FILE.py:attention` in the
+README, docs/, the exercises' listing and every skeleton `start` writes (with its own path filled in)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from attention_lab.exercises import EXERCISES, listing, skeleton, start
+
+REPO = Path(__file__).resolve().parent.parent
+SPELLING = re.compile(r"model\.attn_impl=([^\s`'\"),]+)")
+
+
+def texts(tmp_path: Path) -> dict[str, str]:
+    out = {str(p.relative_to(REPO)): p.read_text(encoding="utf-8")
+           for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]}
+    out["exercises listing"] = listing()
+    for name in EXERCISES:
+        out[f"skeleton {name}"] = start(name, tmp_path / "my_attention").read_text(encoding="utf-8")
+    return out
+
+
+def test_model_attn_impl_is_spelled_one_way(tmp_path):
+    seen = {}
+    for where, text in texts(tmp_path).items():
+        assert "THIS_FILE" not in text, f"{where} still holds the placeholder THIS_FILE"
+        for value in SPELLING.findall(text):
+            seen.setdefault(value, where)
+            assert value.endswith(".py:attention"), (
+                f"{where}: model.attn_impl={value} is not spelled FILE.py:attention, as everywhere else")
+    assert "my_attention/attention.py:attention" in seen, sorted(seen)
+    written = start("attention", tmp_path / "mine").read_text(encoding="utf-8")
+    assert f"model.attn_impl={(tmp_path / 'mine' / 'attention.py').as_posix()}:attention" in written, (
+        "the skeleton should name the file it was written to")
+    assert skeleton("attention").count("my_attention/attention.py") >= 2
+
+
+# ------------------------------------------------------------------------------------------------ the lab's API errors
+
+from test_lab_server import BAD, LOCAL, client, post, runs  # noqa: E402,F401  (fixtures: the lab over two runs)
+
+# each error names what to send: an example, the allowed values, or where the valid ones are listed
+SAYS_WHAT_TO_SEND = ("send", "such as", "must be", "GET /api/models", "work with it", "at most", "reads at most")
+
+
+@pytest.mark.parametrize("path, body, status, words", BAD, ids=[f"{i}-{b[0].split('/')[-1]}" for i, b in
+                                                                 enumerate(BAD)])
+def test_every_api_error_says_what_to_send(client, path, body, status, words):
+    got, answer = post(client, path, body)
+    assert any(w in answer["error"] for w in SAYS_WHAT_TO_SEND), f"{path}: {answer['error']!r} says not what to send"
+
+
+def test_compare_on_a_one_model_lab_says_what_to_send(runs):
+    from starlette.testclient import TestClient
+
+    from attention_lab.lab.app import create_app
+    from attention_lab.lab.models import Registry
+
+    with TestClient(create_app(Registry.open([runs["gpt"]])), base_url=LOCAL) as c:
+        got, answer = post(c, "/api/compare", {"text": "ab"})
+    assert got == 422, answer
+    assert '"models": ["0", "0"]' in answer["error"] and "checkpoints" in answer["error"], answer
+    assert "unknown model" not in answer["error"], answer
