@@ -822,7 +822,7 @@ EXERCISES: dict[str, Exercise] = {e.name: e for e in (
              "q, k, v (B, nh, T, hs): the queries, keys and values of every head.\n"
              "Return (B, nh, T, hs): in each head, softmax(mask(q k^T / sqrt(d_k))) v: the scores, -inf on the\n"
              "future keys, a softmax over the keys, the weighted average of the values.\n"
-             "This is the function that trains: python train.py experiment=debug model.attn_impl=THIS_FILE.py",
+             "This is the function that trains: python train.py experiment=debug model.attn_impl=THIS_FILE:attention",
              lambda q, k, v: attention_with(q, k, v), _attention_cases, _ATTENTION_MISTAKES,
              ("batch", "head", "query", "channel"), "model/attention.py math_attention",
              "your scores and your mask, then torch.softmax(..., dim=...) and @ v"),

@@ -459,6 +459,12 @@ def create_app(registry: Registry, *, worker: Worker | None = None, page: Callab
 
     async def compare(request: Request) -> Response:
         req = parse_compare(await read_json(request))
+        if len(registry.entries) == 1 and any(t.model not in registry.entries for t in req.targets):
+            only = next(iter(registry.entries))
+            raise Invalid(f'/api/compare compares two models (or checkpoints) on one text, and this lab serves one '
+                          f'model ({only}): send {{"text": "...", "models": ["{only}", "{only}"], "checkpoints": '
+                          f'["step_A", "step_B"]}} with two of its checkpoints (GET /api/models lists them), or start '
+                          f'the lab with two runs')
         for t in req.targets:
             registry.resolve(t.model, t.checkpoint)
 
