@@ -17,7 +17,7 @@ module brings one, registered without editing TransformerLens:
   * TransformerLens does not call a wrapped model's attention: its bridge recomputes attention from the split q, k,
     v projections so that it can hook the scores and the pattern. `AttentionLabAttentionBridge` recomputes ours
     (QK-norm, then RoPE, scores / sqrt(hs) + the block's additive mask, which holds the causal mask and ALiBi), and
-    takes the shipped Block's positional call `attn(x, positions, pos, mask, cache, v_first)`. Everything outside
+    takes the shipped Block's positional call `attn(x, positions, pos, mask, cache, v_first[, eager])`. Everything outside
     attention (embeddings, position tables, blocks, MLP, ln_f, soft cap) is the shipped code itself.
 
 Attention options the recomputation does not implement (value residual, grouped-query, windows, sinks, linear
@@ -57,13 +57,18 @@ class AttentionLabAttentionBridge(JointQKVAttentionBridge):
     """The shipped CausalSelfAttention, recomputed with TransformerLens's hooks (hook_q/k/v, hook_attn_scores,
     hook_pattern, hook_z). Shapes: B batch, nh heads, T new tokens, S keys (cached + new), hs head size."""
 
-    def forward(self, x, positions, pos, mask, cache=None, v_first=None):
+    def forward(self, x, positions, pos, mask, cache=None, v_first=None, *eager):
         """The shipped Block's call: x (B, T, C), positions (its Positions module), pos (T,) token indices, mask
-        (B or 1, nh or 1, T, S) additive, cache a transformers Cache or None. -> (output (B, T, C), pattern)."""
+        (B or 1, nh or 1, T, S) additive, cache a transformers Cache or None; eager (the Block of an export that
+        returns attentions passes it) -> (output (B, T, C), pattern), and then the weights output_attentions asks
+        for when eager is passed (the pattern, or None): the Block of either version unpacks what it expects."""
         x = self.hook_in(x)
         q, k, v = self.q(x), self.k(x), self.v(x)  # (B, T, nh * hs) each
-        return self._process_output(self._reconstruct_attention(q, k, v, positions=positions, pos=pos, mask=mask,
-                                                                 cache=cache))
+        out = self._process_output(self._reconstruct_attention(q, k, v, positions=positions, pos=pos, mask=mask,
+                                                                cache=cache))
+        if not eager:
+            return out
+        return out[0], out[1], (out[1] if eager[0] else None)
 
     def _reconstruct_attention(self, q, k, v, *, positions, pos, mask, cache):
         attn = self.original_component
