@@ -104,6 +104,80 @@ def test_seeds_needed_grows_as_the_effect_shrinks():
     assert stats.seeds_needed((0.1, -0.1, 0.1, -0.1)) is None
 
 
+def _printed_interval(text: str) -> tuple[float, float]:
+    import re
+
+    m = re.search(r"% interval ([+-][0-9.]+) to ([+-][0-9.]+)", text)
+    assert m, text
+    return float(m.group(1)), float(m.group(2))
+
+
+def test_the_printed_interval_is_the_one_the_verdict_word_was_read_from():
+    """Over many simulated claims of 1-5 expectations: an undecided expectation never prints an interval that
+    excludes 0, a holds one never prints one that reaches 0 (nor a reversed one), at Holm's step's level."""
+    rng = np.random.default_rng(1)
+    seen = set()
+    for trial in range(300):
+        m = int(rng.integers(1, 6))
+        cs = []
+        for i in range(m):
+            n = int(rng.integers(3, 7))
+            d = rng.normal(rng.choice([0.0, 0.5, -0.5, 1.5]), 1.0, n)
+            cs.append(stats.paired(dict.fromkeys(range(n), 0.0), dict(enumerate(d)), better_name="a",
+                                   worse_name=f"b{i}", metric="bpb", region=0.01))
+        for c in stats.decide(cs):
+            low, high = _printed_interval(report.sentence(c.as_dict(), m))
+            seen.add(c.verdict)
+            if c.verdict == "undecided":
+                assert low <= 0 <= high, f"undecided beside an interval that excludes 0: {c}"
+            elif c.verdict == "holds":
+                assert low > 0, c
+            elif c.verdict == "reversed":
+                assert high < 0, c
+            if m > 1:
+                assert c.confidence >= 0.95 and f"{100 * c.confidence:.3g}% interval" in report.sentence(c.as_dict(), m)
+    assert {"holds", "reversed", "undecided"} <= seen, seen
+
+
+def test_holm_levels_step_down_and_stop_at_the_first_failure():
+    levels = stats.holm_levels([0.001, 0.04, 0.012, math.nan])  # 0.001 < .05/3; 0.012 < .05/2; 0.04 < .05
+    assert levels[:3] == pytest.approx([0.05 / 3, 0.05, 0.025]) and levels[3] == 0.05
+    levels = stats.holm_levels([0.001, 0.0001, 0.03])  # 0.03 fails at .05/1? no: 0.03 < .05, all reject
+    assert levels == pytest.approx([0.025, 0.05 / 3, 0.05])
+    levels = stats.holm_levels([0.02, 0.03, 0.04])  # the first step fails: every comparison at .05/3
+    assert levels == pytest.approx([0.05 / 3] * 3)
+
+
+def test_equivalence_and_the_smallest_region_read_the_adjusted_interval():
+    d = dict(enumerate([0.010, 0.014, 0.012, 0.008, 0.011]))
+    zero = dict.fromkeys(d, 0.0)
+    c95 = stats.paired(zero, d, better_name="a", worse_name="b", metric="bpb", region=0.0145)
+    assert c95.high < 0.0145, "alone (95%) the interval lies inside the region"
+    noisy = [stats.paired(zero, dict(enumerate(rng)), better_name="a", worse_name=f"n{i}", metric="bpb", region=0.01)
+             for i, rng in enumerate(([0.3, -0.2, 0.1, -0.1, 0.2], [0.2, -0.3, 0.2, -0.2, 0.1]))]
+    alone, among = stats.decide([c95])[0], stats.decide([c95, *noisy])[0]
+    assert alone.verdict == "equivalent" and among.confidence > 0.95 and among.high > alone.high
+    assert among.smallest_region == pytest.approx(max(abs(among.low), abs(among.high)))
+    assert among.verdict == ("equivalent" if among.high <= 0.0145 else "holds"), among
+    text = report.sentence(among.as_dict(), 3)
+    assert f"smallest region these seeds could call equivalent ±{among.smallest_region:.4f}" in text
+
+
+def test_seeds_needed_is_at_the_verdicts_level_and_never_inside_the_region():
+    d = dict(enumerate([0.02, -0.01, 0.03, 0.0, 0.01]))  # mean 0.01
+    zero = dict.fromkeys(d, 0.0)
+    inside = stats.decide([stats.paired(zero, d, better_name="a", worse_name="b", metric="bpb", region=0.02)])[0]
+    assert inside.verdict == "undecided" and inside.seeds_needed is None, inside
+    assert "inside the region: more seeds would be spent to show equivalence" in report.sentence(inside.as_dict(), 1)
+    outside = stats.decide([stats.paired(zero, d, better_name="a", worse_name="b", metric="bpb", region=0.001)])[0]
+    assert outside.seeds_needed == stats.seeds_needed(outside.diffs), outside
+    other = stats.paired(zero, dict(enumerate([0.9, -1.0, 0.5, -0.3, 0.1])), better_name="a", worse_name="c",
+                         metric="bpb", region=0.001)
+    among = stats.decide([stats.paired(zero, d, better_name="a", worse_name="b", metric="bpb", region=0.001),
+                          other])[0]
+    assert among.seeds_needed == stats.seeds_needed(among.diffs, alpha=1 - among.confidence) > outside.seeds_needed
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # the split nothing chose, and windows over the whole part
 
@@ -420,14 +494,34 @@ def test_a_run_another_claim_trained_is_found_by_its_run_config(tmp_path):
     sibling = tmp_path / "qk" / "runs" / "separate-s1"
     sibling.mkdir(parents=True)
     cfg = runs.resolved([*overrides, "name=claims-qk"]) | {"name": "claims-qk"}
-    cfg["train"] = cfg["train"] | {"num_threads": 1}  # threads do not change what a run learns
     (sibling / "config.json").write_text(json.dumps(cfg))
-    (sibling / runs.DONE).write_text(json.dumps({"seconds": 1.0}))
+    (sibling / runs.DONE).write_text(json.dumps({"seconds": 1.0, "launch": runs.launch_of(())}))
     out = tmp_path / "scale"
     assert runs.finished_twin(out, [*overrides, "name=claims-scale", "model.attn_scale=sqrt"]) == sibling.resolve()
     assert runs.finished_twin(out, [*BASE, *QUICK, "train.seed=2"]) is None, "another seed is another run"
     assert runs.finished_twin(out, [*overrides, "model.attn_scale=none"]) is None, "another setting is another run"
     assert runs.finished_twin(tmp_path / "qk", overrides, skip=sibling) is None, "a run is not its own twin"
+
+
+def test_a_twin_launched_another_way_is_not_reused(tmp_path):
+    """Threads, launcher and torch change the last digits of a run, and a high rate amplifies them: a run is
+    reused as another claim's only when it was launched the same way (and one that does not say is never)."""
+    overrides = [*BASE, *QUICK, "train.seed=1"]
+    sibling = tmp_path / "qk" / "runs" / "separate-s1"
+    sibling.mkdir(parents=True)
+    joblib = ("hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "train.num_threads=1")
+    (sibling / "config.json").write_text(json.dumps(runs.resolved([*overrides, *joblib[2:]])))
+    here = runs.launch_of(joblib)
+    assert here == {"launcher": "joblib n_jobs=2", "threads": 1, "torch": torch.__version__}
+    out = tmp_path / "scale"
+    for launch, found in ((None, False), (here, True), (here | {"threads": 2}, False),
+                          (here | {"launcher": "basic"}, False), (here | {"torch": "0.0"}, False)):
+        (sibling / runs.DONE).write_text(json.dumps({"seconds": 1.0} | ({"launch": launch} if launch else {})))
+        twin = runs.finished_twin(out, [*overrides, *joblib[2:]], launch=here)
+        assert (twin == sibling.resolve()) is found, (launch, twin)
+    (sibling / runs.DONE).write_text(json.dumps({"seconds": 1.0, "launch": here}))
+    assert runs.finished_twin(out, [*overrides, "train.num_threads=2"], launch=here | {"threads": 2}) is None, \
+        "a run config with other threads is another run"
 
 
 def test_quadratic_runs_the_wall_benchmark_and_computes_the_growth(tmp_path):
@@ -450,7 +544,7 @@ def test_an_arm_whose_time_is_a_budget_is_trained_here_not_copied(tmp_path, monk
     sibling = tmp_path / "qk" / "runs" / "separate-s1"
     sibling.mkdir(parents=True)
     (sibling / "config.json").write_text(json.dumps(runs.resolved([*overrides, "name=claims-qk"])))
-    (sibling / runs.DONE).write_text(json.dumps({"seconds": 1.0}))
+    (sibling / runs.DONE).write_text(json.dumps({"seconds": 1.0, "launch": runs.launch_of(())}))
     launched = []
     same = runs.Job("transformer", 1, None, ("train.seed=1",))
     for timed, out in ((frozenset({"transformer"}), "rnn"), (frozenset(), "other")):

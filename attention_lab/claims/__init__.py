@@ -14,7 +14,7 @@ The modules, in the order a claim runs:
     runs.py        the runs to train as one Hydra multirun of train.py (any launcher); finished runs reused
     trained.py     what a finished run's files say (curve, speed, wall time, rate)
     measure.py     one run's final checkpoint measured on one half of the held-out plays
-    stats.py       paired seeds -> mean difference, 95% interval, p, Holm, region of practical equivalence, verdict
+    stats.py       paired seeds -> mean difference, p, Holm, the interval at Holm's level, equivalence, verdict
     experiment.py  one claim end to end: sweep, choose each arm's rate, seeds, measure on the test plays, decide
     report.py      report.md and results.json; docs/claims.md assembled from the reports
     cli.py         the command

@@ -51,22 +51,52 @@ def _p(p: float) -> str:
     return f"{p:.2g}" if p >= 0.001 else f"{p:.1e}"
 
 
+LOSSES = ("bpb", "honest_bpb")  # metrics where lower is better: only these get "(worse)" / "(better)"
+
+
+def _level(c: dict) -> str:
+    """The interval's level as the sentence names it: 95% alone, Holm's step's level among several."""
+    conf = c.get("confidence", 0.95)
+    return f"{100 * conf:.3g}%"
+
+
 def sentence(c: dict, n_compared: int) -> str:
-    """One expectation in words, every number from the comparison."""
+    """One expectation in words, every number from the comparison; the interval printed is the one the verdict
+    word was read from (the level Holm's step used)."""
     unit = UNITS.get(c["metric"], f"in {c['metric']}")
-    worse = c["worse"] + (f" ({c['metric']} under the control)" if c["better"] == c["worse"] else "")
-    direction = "higher (worse)" if c["mean"] > 0 else "lower (better)"
-    text = (f"**{c['verdict']}**: {worse} is {direction} than {c['better']} by {abs(c['mean']):.4f} {unit} "
-            f"(mean of {len(c['seeds'])} paired seed{'s' * (len(c['seeds']) > 1)}")
-    if len(c["seeds"]) > 1:
-        text += (f"; 95% interval {c['low']:+.4f} to {c['high']:+.4f}; p = {_p(c['p'])}, {_p(c['p_holm'])} after "
-                 f"Holm's correction for {n_compared}; region of practical equivalence ±{c['region']:g})")
+    if c["better"] == c["worse"]:
+        worse = f"the trained model's {c['metric']}, read with the control,"
+    else:
+        worse = c["worse"]
+    up = c["mean"] > 0
+    if c["metric"] in LOSSES:
+        direction = "higher (worse)" if up else "lower (better)"
+    else:
+        direction = "higher, as the claim predicts," if up else "lower, against the claim's prediction,"
+    n = len(c["seeds"])
+    text = f"**{c['verdict']}**: {worse} is {direction} than {c['better']} by {abs(c['mean']):.4f} {unit} (mean of {n} paired seed{'s' * (n > 1)}"
+    if n > 1:
+        step = (f"the level Holm's step tested it at among {n_compared}" if n_compared > 1 else "one comparison")
+        text += (f"; {_level(c)} interval {c['low']:+.4f} to {c['high']:+.4f} ({step}); p = {_p(c['p'])}, "
+                 f"{_p(c['p_holm'])} after Holm's correction for {n_compared}; region of practical equivalence "
+                 f"±{c['region']:g}; the smallest region these seeds could call equivalent ±{c['smallest_region']:.4f}")
+        if not math.isnan(c.get("correlation", float("nan"))):
+            text += (f"; the arms' seeds correlate {c['correlation']:+.2f}, paired sd / unpaired sd "
+                     f"{c['paired_over_unpaired']:.2f})")
+        else:
+            text += ")"
     else:
         text += "; one seed: no interval)"
+    if c.get("left_out"):
+        text += "; left out by the divergence rule: " + ", ".join(c["left_out"])
     if c["verdict"] == "undecided":
-        text += ("; this many seeds cannot tell" + (f": about {c['seeds_needed']} paired seeds would find a "
-                 "difference of this size 4 times in 5" if c.get("seeds_needed") else
-                 ": the difference is too small against the seed noise for any practical number of seeds"))
+        if abs(c["mean"]) <= c["region"]:
+            text += ("; this many seeds cannot tell, and the difference seen lies inside the region: more seeds "
+                     "would be spent to show equivalence, not a difference")
+        else:
+            text += ("; this many seeds cannot tell" + (f": about {c['seeds_needed']} paired seeds would find a "
+                     "difference of this size 4 times in 5 at this level" if c.get("seeds_needed") else
+                     ": the difference is too small against the seed noise for any practical number of seeds"))
     elif c["verdict"] == "equivalent":
         text += ": the whole interval lies inside the region, no difference that matters"
     return text
@@ -146,13 +176,16 @@ def _fmt(v: float) -> str:
 
 
 def verdict_summary(doc: dict) -> str:
-    """The claim's verdicts in one table cell: each expectation's word and its difference."""
+    """The claim's verdicts in one table cell: each expectation's word, its difference and the interval the word
+    was read from (Holm's step's level)."""
     parts = []
     for c in doc.get("comparisons", []):
-        what = f"{c['worse']} vs {c['better']}" if c["better"] != c["worse"] else f"{c['metric']} vs control"
-        metric = "" if c["metric"] == "bpb" else f" ({c['metric']})"
+        if c["better"] != c["worse"]:
+            what = f"{c['worse']} vs {c['better']}" + ("" if c["metric"] == "bpb" else f" ({c['metric']})")
+        else:
+            what = f"{c['metric']}: trained attention vs the pasted control"
         interval = "" if math.isnan(c["low"]) else f" [{c['low']:+.3f}, {c['high']:+.3f}]"
-        parts.append(f"{what}{metric}: **{c['verdict']}** {c['mean']:+.3f}{interval}")
+        parts.append(f"{what}: **{c['verdict']}** {c['mean']:+.3f}{interval}")
     return "; ".join(parts) if parts else doc.get("summary", "")
 
 
@@ -353,7 +386,7 @@ def _runs_cell(doc: dict) -> str:
 
 def summary_table(root: Path) -> str:
     rows = summary_rows(root)
-    lines = ["| claim | verdicts (mean paired difference, bits/byte unless named; [95% interval]) | runs (wall clocks summed) |",
+    lines = ["| claim | verdicts (mean paired difference, bits/byte unless named; [interval at the level of its verdict: Holm's step]) | runs (wall clocks summed) |",
              "|---|---|---|"]
     lines += [f"| `{n}` | {v} | {t} |" for n, v, t in rows]
     return "\n".join(lines)

@@ -10,8 +10,11 @@ a group `claims_job` into <out>/jobs/ and train.py runs them as one sweep over t
 so Hydra's launcher schedules them: in one process one after another (basic), side by side on the cores
 (joblib: pip install hydra-joblib-launcher), or on a cluster (submitit). Each run is an ordinary run folder
 <out>/runs/<job>/. A job whose folder holds claims_done.json is not trained again, and one whose run config
-another claim beside this one already trained (the base arm is in six claims) is copied from there first.
-What a run learns does not depend on the launcher: its seed fixes its initialisation and its batches.
+another claim beside this one already trained (the base arm is in six claims) is copied from there first, but
+only if that run was launched the same way: its claims_done.json records the launch (`launch_of`: the launcher,
+the CPU threads a run had and the torch version), and a twin is reused only when all three match. Its seed fixes
+a run's initialisation and batches, but not every float32 sum: two launches that give a run different threads
+give numbers that differ in the last digits, and training at a high rate amplifies that into different runs.
 """
 
 from __future__ import annotations
@@ -74,6 +77,11 @@ class Runner:
     # their time is measured here, beside the runs that spend it, not under whatever load another claim ran
     timed: frozenset[str] = frozenset()
 
+    @property
+    def launch(self) -> dict:
+        """How this runner's runs are launched, as claims_done.json records it and a twin must match."""
+        return launch_of(self.launcher)
+
     def run_dir(self, j: Job) -> Path:
         return self.out / "runs" / j.name
 
@@ -88,7 +96,8 @@ class Runner:
             run_dir = self.run_dir(j)
             if finished(run_dir):
                 continue
-            twin = None if j.arm in self.timed else finished_twin(self.out, self.overrides(j), skip=run_dir)
+            twin = None if j.arm in self.timed else finished_twin(self.out, self.overrides(j), skip=run_dir,
+                                                                   launch=self.launch)
             if twin is not None:  # the same run, trained for another claim: copied, so this claim's folder is whole
                 self.log(f"  {j.name}: the same run as {twin}, copied")
                 shutil.copytree(twin, run_dir, dirs_exist_ok=True)
@@ -128,6 +137,9 @@ class Runner:
         if missing:
             raise RuntimeError(f"claim {self.claim}: the sweep ended without finishing {', '.join(missing)} "
                                f"(see {log_path})")
+        for j in todo:  # how each was launched, so that a twin is only ever one launched the same way
+            done = self.run_dir(j) / DONE
+            write_json_atomic(done, json.loads(done.read_text()) | {"launch": self.launch})
         self.log(f"  trained in {(time.time() - t0) / 60:.1f} min")
 
     def _watch(self, proc: subprocess.Popen, todo: list[Job]) -> None:
@@ -193,6 +205,20 @@ def finished(run_dir: Path) -> bool:
     return True
 
 
+def launch_of(launcher: tuple[str, ...] | list[str]) -> dict:
+    """A launch as a twin must match it: the Hydra launcher (and its size), the threads a run gets, torch."""
+    import os
+
+    import torch
+
+    name = next((o.split("=", 1)[1] for o in launcher if o.startswith("hydra/launcher=")), "basic")
+    jobs = next((o.split("=", 1)[1] for o in launcher if o.startswith("hydra.launcher.n_jobs=")), None)
+    threads = next((int(o.split("=", 1)[1]) for o in launcher if o.startswith("train.num_threads=")), None)
+    return {"launcher": name + (f" n_jobs={jobs}" if jobs else ""),
+            "threads": threads if threads is not None else torch.get_num_threads() or os.cpu_count(),
+            "torch": torch.__version__}
+
+
 def resolved(overrides: list[str]) -> dict:
     """The run config these overrides compose to, as its config.json holds it, without the run's name."""
     import dataclasses
@@ -201,21 +227,23 @@ def resolved(overrides: list[str]) -> dict:
 
 
 def _learned(cfg: dict) -> dict:
-    """A run config without what does not change what a run learns: its name, and the CPU threads (a launcher
-    running two runs at once gives each fewer; the same run at 1 and 2 threads ends at the same loss)."""
+    """A run config without its name (which says where it was trained, not what it learns)."""
     cfg = dict(cfg)
     cfg.pop("name", None)
-    cfg["train"] = {k: v for k, v in cfg.get("train", {}).items() if k != "num_threads"}
     return cfg
 
 
-def finished_twin(out: Path, overrides: list[str], skip: Path | None = None) -> Path | None:
+def finished_twin(out: Path, overrides: list[str], skip: Path | None = None, launch: dict | None = None) -> Path | None:
     """A finished run beside `out` (out/../*/runs/*: this claim's or another's) whose run config equals these
-    overrides' (the name aside): the base arm is the same run in six claims, trained once."""
+    overrides' (the name aside) and whose launch (launcher, threads, torch) equals `launch`: the base arm is the
+    same run in six claims, trained once. A run that does not record its launch is nobody's twin."""
     want = None
+    launch = launch if launch is not None else launch_of(())
     for done in sorted(out.resolve().parent.glob(f"*/runs/*/{DONE}")):
         run = done.parent
         if (skip is not None and run == Path(skip).resolve()) or not (run / "config.json").exists():
+            continue
+        if json.loads(done.read_text()).get("launch") != launch:
             continue
         want = want if want is not None else resolved(overrides)
         if _learned(json.loads((run / "config.json").read_text())) == want:

@@ -1,23 +1,33 @@
 """The verdict on one expectation of a claim, from paired seeds: a difference, its interval, a test, a region.
 
-Arm A and arm B trained with seed s read the same batches in the same order and are scored on the same text, so
-the noise they share cancels in the difference d_s = metric(worse arm, s) - metric(better arm, s) (common random
-numbers). Over n seeds:
+Arm A and arm B trained with seed s start from the same random stream, read the same batches in the same order and
+are scored on the same text, so whatever noise they share drops out of d_s = metric(worse arm, s) - metric(better
+arm, s) (common random numbers). How much they share is measured, not assumed: `correlation` is the correlation of
+the two arms' seeds, and `paired_over_unpaired` the paired sd of the mean over the sd an unpaired comparison of the
+same numbers would have (1: pairing bought nothing). Over n seeds:
 
     mean      the mean of d_s; > 0 is the direction the claim predicts
-    interval  its 95% t interval (scipy.stats.ttest_rel)
-    p         the two-sided paired t-test's p-value; p_holm: Holm's step-down correction over the expectations of
-              one claim (Holm 1979), so a claim with five comparisons is not five chances of a false "holds"
-    region    the region of practical equivalence (Benavoli et al. 2017): differences inside +-region are too small
-              to matter (0.01 bits/byte unless the expectation says otherwise)
+    p         the two-sided paired t-test's p-value (scipy.stats.ttest_rel); p_holm: Holm's step-down correction over
+              the expectations of one claim (Holm 1979), so a claim with five comparisons is not five chances of a
+              false "holds"
+    interval  the paired t interval at the level Holm's step tested it at (`confidence`): the comparison with the
+              k-th smallest p of m is tested at 0.05 / (m - k + 1), so its interval is the 1 - 0.05 / (m - k + 1)
+              one; the comparisons from the first that fails on are all read at that failing step's level. So an
+              interval excludes 0 exactly when the verdict is holds or reversed, whatever the words say beside it
+    region    the region of practical equivalence: differences inside +-region are too small to matter (0.01
+              bits/byte unless the expectation says otherwise); `smallest_region`: the narrowest region this
+              interval lies inside, i.e. the smallest region these seeds could call equivalent
 
 and the verdict word:
 
-    equivalent  the whole interval lies inside the region: no difference that matters, a finding in itself
+    equivalent  that same interval lies inside the region: interval inclusion, the two one-sided tests of Schuirmann
+                1987 (conservative here: the interval is the (1 - alpha)-level one, not 1 - 2 alpha)
     holds       p_holm < 0.05 and the mean in the claimed direction
     reversed    p_holm < 0.05 and the mean against it
-    undecided   neither: these seeds cannot tell; `seeds_needed` says how many paired seeds would detect a
-                difference of this size (the observed mean and spread) with 80% power
+    undecided   neither: these seeds cannot tell. Where the observed mean lies outside the region, `seeds_needed`
+                says how many paired seeds would detect a difference of this size (the observed mean and spread) at
+                the level this comparison was tested at, with 80% power; a mean inside the region gets none (more
+                seeds would be spent to show equivalence, and `smallest_region` says how far that is)
 
 One seed gives no interval: always undecided.
 """
@@ -44,36 +54,59 @@ class Comparison:
     seeds: tuple[int, ...]
     diffs: tuple[float, ...]  # worse - better, one per paired seed
     mean: float
-    low: float  # the 95% t interval of the mean difference (nan with one seed)
+    low: float  # the t interval of the mean difference at `confidence` (nan with one seed)
     high: float
     p: float  # two-sided paired t-test (nan with one seed)
     p_holm: float = float("nan")
     verdict: str = "undecided"
-    seeds_needed: int | None = None  # undecided only: paired seeds for 80% power at the observed effect
+    seeds_needed: int | None = None  # undecided, mean outside the region: paired seeds for 80% power at its level
+    confidence: float = 1 - ALPHA  # the interval's level: 0.95 from paired(), Holm's step's level after decide()
+    smallest_region: float = float("nan")  # the narrowest +-region the interval lies inside
+    correlation: float = float("nan")  # between the two arms' seeds: what pairing can remove
+    paired_over_unpaired: float = float("nan")  # sd of the paired mean / sd of an unpaired one (1: no gain)
+    left_out: tuple[str, ...] = ()  # runs left out by the divergence rule, e.g. "tied seed 3 (diverged: ...)"
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
 
 
+def t_interval(diffs, confidence: float) -> tuple[float, float]:
+    """The t interval of the mean of `diffs` at this confidence (the point itself when every diff is equal)."""
+    d = np.asarray(diffs, dtype=np.float64)
+    mean = float(d.mean())
+    if len(d) < 2:
+        return float("nan"), float("nan")
+    sd = float(d.std(ddof=1))
+    if sd == 0:
+        return mean, mean
+    half = float(stats.t.ppf(1 - (1 - confidence) / 2, len(d) - 1)) * sd / math.sqrt(len(d))
+    return mean - half, mean + half
+
+
 def paired(better: dict[int, float], worse: dict[int, float], *, better_name: str, worse_name: str, metric: str,
-           region: float) -> Comparison:
-    """Pair two arms' values by seed (seeds one arm lacks are left out) and compute mean, interval and p."""
+           region: float, left_out: tuple[str, ...] = ()) -> Comparison:
+    """Pair two arms' values by seed (seeds one arm lacks are left out) and compute mean, 95% interval and p."""
     seeds = tuple(sorted(set(better) & set(worse)))
     if not seeds:
         raise ValueError(f"{better_name} and {worse_name} share no seed: nothing to pair")
     a = np.array([worse[s] for s in seeds], dtype=np.float64)
     b = np.array([better[s] for s in seeds], dtype=np.float64)
     d = a - b
-    mean, low, high, p = float(d.mean()), float("nan"), float("nan"), float("nan")
+    mean, p = float(d.mean()), float("nan")
+    low, high = t_interval(d, 1 - ALPHA)
+    corr = ratio = float("nan")
     if len(seeds) > 1:
         if np.all(d == d[0]):  # no spread at all: the interval is the point, and p is 0 or 1
-            low = high = mean
             p = 1.0 if mean == 0 else 0.0
         else:
-            test = stats.ttest_rel(a, b)
-            ci = test.confidence_interval(1 - ALPHA)
-            low, high, p = float(ci.low), float(ci.high), float(test.pvalue)
-    return Comparison(better_name, worse_name, metric, region, seeds, tuple(float(x) for x in d), mean, low, high, p)
+            p = float(stats.ttest_rel(a, b).pvalue)
+        unpaired = math.sqrt(a.var(ddof=1) + b.var(ddof=1))
+        if unpaired > 0:
+            ratio = float(d.std(ddof=1) / unpaired)
+        if a.std() > 0 and b.std() > 0:
+            corr = float(np.corrcoef(a, b)[0, 1])
+    return Comparison(better_name, worse_name, metric, region, seeds, tuple(float(x) for x in d), mean, low, high, p,
+                      correlation=corr, paired_over_unpaired=ratio, left_out=tuple(left_out))
 
 
 def holm(pvalues: list[float]) -> list[float]:
@@ -89,9 +122,26 @@ def holm(pvalues: list[float]) -> list[float]:
     return out
 
 
+def holm_levels(pvalues: list[float], alpha: float = ALPHA) -> list[float]:
+    """The level each comparison was tested at in Holm's step-down: alpha / (m - k) for the k-th smallest p (k from
+    0) while the steps reject, and the first failing step's level for it and every comparison after it (alpha
+    for a missing p)."""
+    idx = sorted((i for i, p in enumerate(pvalues) if not math.isnan(p)), key=lambda i: pvalues[i])
+    m = len(idx)
+    out = [alpha] * len(pvalues)
+    stopped = None
+    for rank, i in enumerate(idx):
+        level = alpha / (m - rank) if stopped is None else stopped
+        if stopped is None and not pvalues[i] < level:
+            stopped = level
+        out[i] = level
+    return out
+
+
 def seeds_needed(diffs: tuple[float, ...], power: float = POWER, alpha: float = ALPHA, limit: int = 1000) -> int | None:
-    """The number of paired seeds a two-sided paired t-test needs to find a mean difference of the observed size
-    (mean / sd of the differences) with this power; None when the observed mean is 0 or above `limit` seeds."""
+    """The number of paired seeds a two-sided paired t-test at level `alpha` needs to find a mean difference of the
+    observed size (mean / sd of the differences) with this power; None when the observed mean is 0 or above
+    `limit` seeds."""
     d = np.asarray(diffs, dtype=np.float64)
     if len(d) < 2 or d.std(ddof=1) == 0 or d.mean() == 0:
         return None
@@ -104,16 +154,22 @@ def seeds_needed(diffs: tuple[float, ...], power: float = POWER, alpha: float = 
 
 
 def decide(comparisons: list[Comparison]) -> list[Comparison]:
-    """Holm-correct the p-values of one claim's comparisons and attach each verdict word."""
+    """Holm-correct the p-values of one claim's comparisons; each interval at the level its Holm step used; the
+    equivalence rule, `seeds_needed` and `smallest_region` on that same interval; each verdict word."""
     adjusted = holm([c.p for c in comparisons])
+    levels = holm_levels([c.p for c in comparisons])
     out = []
-    for c, ph in zip(comparisons, adjusted):
-        if len(c.seeds) > 1 and -c.region <= c.low and c.high <= c.region:
+    for c, ph, level in zip(comparisons, adjusted, levels):
+        low, high = t_interval(c.diffs, 1 - level)
+        if len(c.seeds) > 1 and -c.region <= low and high <= c.region:
             word = "equivalent"
         elif not math.isnan(ph) and ph < ALPHA:
             word = "holds" if c.mean > 0 else "reversed"
         else:
             word = "undecided"
-        needed = seeds_needed(c.diffs) if word == "undecided" else None
-        out.append(Comparison(**(c.as_dict() | {"p_holm": ph, "verdict": word, "seeds_needed": needed})))
+        needed = seeds_needed(c.diffs, alpha=level) if word == "undecided" and abs(c.mean) > c.region else None
+        smallest = max(abs(low), abs(high)) if len(c.seeds) > 1 else float("nan")
+        out.append(Comparison(**(c.as_dict() | {"p_holm": ph, "verdict": word, "seeds_needed": needed, "low": low,
+                                                "high": high, "confidence": 1 - level,
+                                                "smallest_region": smallest})))
     return out
