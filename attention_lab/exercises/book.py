@@ -61,10 +61,16 @@ class Case:
     sizes: dict
     args: tuple
     dtype: torch.dtype = F32
+    note: str = ""  # what the case is for, with its numbers ("row maxima 16 to 9.6e+03")
 
     @property
     def label(self) -> str:
-        return " ".join(f"{k}={v}" for k, v in self.sizes.items()) + f" {str(self.dtype).removeprefix('torch.')}"
+        return (" ".join(f"{k}={v}" for k, v in self.sizes.items()) + f" {str(self.dtype).removeprefix('torch.')}"
+                + (f", {self.note}" if self.note else ""))
+
+    @property
+    def large(self) -> bool:
+        return bool(self.note)
 
     def float_args(self) -> tuple:
         """The inputs in float32: the reference and the mistakes are computed from these."""
@@ -94,11 +100,16 @@ class Evidence:
 class Mistake:
     name: str
     title: str  # a few words, the tutorials' own: "no 1/sqrt(d_k)"
-    compute: Callable[[Case], object]  # the output with this mistake, from the float32 inputs
+    compute: Callable[[Case], object] | None  # the output with this mistake, from the float32 inputs
     explain: Callable[[Evidence], str]  # one sentence, with the number that shows it
-    why: str  # the command of the experiment that shows why it matters
+    why: str  # the command of the experiment that shows why it matters (or, without one, why in words)
+    # instead of an output: (case, yours, reference's, which of yours are within tolerance) -> yours fits this
+    # mistake (a softmax that overflows: yours differs only where the case's scores overflow exp)
+    matches: Callable[[Case, list, list, list], bool] | None = None
 
     def output(self, case: Case):
+        if self.compute is None:
+            raise NotImplementedError(f"{self.name} is recognised by its pattern, not computed")
         return self.compute(case)
 
 
@@ -151,6 +162,129 @@ class _Record(nn.Module):
         return x
 
 
+# ----------------------------------------------------------------------------------- numerics: large scores
+
+EXP_OVERFLOW = math.log(torch.finfo(F32).max)  # 88.72: exp of a larger score is inf in float32 (and in bfloat16)
+EXP_ZERO = math.log(torch.finfo(F32).smallest_normal)  # -87.34: exp below this is subnormal, then 0 (below -103.97)
+EXP_IS_ZERO = math.log(2.0 ** -150)  # -103.97: below it exp rounds to 0 (half float32's smallest subnormal)
+HALF_MAX = torch.finfo(torch.float16).max  # 65504: float16's largest number
+
+
+def _aligned(g: torch.Generator, k: Tensor, row_scale: Tensor, limit: Tensor) -> Tensor:
+    """Queries (B, nh, T, hs) for keys k (B, nh, S, hs): query i is row_scale[..., i] times one key j <= limit[i]
+    picked at random (plus a little noise). Its largest score is about row_scale * hs / sqrt(hs), every other one
+    far below it, so the softmax is saturated: any correct order of operations gives the same output, although
+    float32 rounds scores of 1e4 by about 1e-3."""
+    b, nh, _, hs = k.shape
+    t = limit.numel()
+    pick = (torch.rand(b, nh, t, generator=g) * (limit + 1)).floor().long()  # (B, nh, T)
+    chosen = torch.gather(k, 2, pick[..., None].expand(b, nh, t, hs))  # (B, nh, T, hs)
+    return row_scale[..., None] * chosen + 0.05 * torch.randn(b, nh, t, hs, generator=g)
+
+
+def _maxima_note(scores: Tensor, visible: Tensor | None = None) -> str:
+    """'row maxima 4.1 to 9.8e+03': the smallest and largest of the rows' largest (visible) scores."""
+    top = (scores if visible is None else scores.masked_fill(~visible, -torch.inf)).amax(-1)
+    return f"row maxima {top.min().item():.2g} to {top.max().item():.2g}"
+
+
+def _overflow_rows(scores: Tensor) -> Tensor:
+    """(..., S) scores -> (...) the rows where exp of the scores as they are overflows, in one entry or in the sum
+    of the row's S entries."""
+    return scores.amax(-1) > EXP_OVERFLOW - math.log(scores.size(-1))
+
+
+def _sunk_rows(scores: Tensor, visible: Tensor) -> Tensor:
+    """(B, nh, T, S) -> (B, nh, T): the rows whose largest visible score lies so far below the largest score of
+    the whole tensor that exp(score - that) is subnormal or 0 for every key of the row."""
+    return scores.masked_fill(~visible, -torch.inf).amax(-1) < scores.max() + EXP_ZERO
+
+
+def _only_in(rows_of: Callable[[Case], Tensor], blown: bool = True) -> Callable:
+    """A matcher: yours agrees with the reference except in the rows rows_of(case) marks (broadcast over the
+    first output; any other output must agree everywhere), and there (blown) it is NaN, inf or 0, what exp's
+    overflow or underflow leaves."""
+    def matches(case: Case, mine: list, ref: list, ok: list) -> bool:
+        bad = ~ok[0]
+        if not bad.any():
+            return all(bool(o.all()) for o in ok[1:])
+        rows = rows_of(case).expand_as(bad)
+        if bool((bad & ~rows).any()) or not all(bool(o.all()) for o in ok[1:]):
+            return False
+        m = mine[0].float()
+        return not blown or bool((~torch.isfinite(m) | (m == 0))[bad].all())
+    return matches
+
+
+def _worst_row(ev: Evidence, rows_of: Callable[[Case], Tensor], axes: str) -> tuple[tuple, float]:
+    """The first entry of yours that differs (as an index of the first output) in a marked row, and its value."""
+    mine = (ev.mine[0] if isinstance(ev.mine, tuple) else ev.mine).float()
+    ref = (ev.ref[0] if isinstance(ev.ref, tuple) else ev.ref).float()
+    differs = ~torch.isclose(mine, ref, atol=1e-3, rtol=1e-3, equal_nan=False) & rows_of(ev.case).expand_as(mine)
+    found = differs.nonzero()
+    idx = tuple(int(x) for x in found[0]) if len(found) else (0,) * mine.dim()
+    return idx, mine[idx].item()
+
+
+def _where(idx: tuple, axes: str) -> str:
+    if axes == "position":  # multi_head: (B, T, C)
+        return f"position {idx[1]}"
+    return f"query {idx[2]} of head {idx[1]}" if idx[2] or axes == "query" else f"the new query of head {idx[1]}"
+
+
+def numerics_mistakes(scores_of: Callable[[Case], Tensor], visible_of: Callable[[Case], Tensor],
+                      spread: Callable[[Tensor], Tensor], axes: str = "query") -> list[Mistake]:
+    """The softmax written by hand, wrong only where scores are large: exp of the raw scores (overflow) and the
+    whole tensor's max subtracted (underflow). scores_of(case): the scaled scores (B, nh, T, S) before any mask;
+    visible_of(case): (T, S) the keys each query may see; spread: rows (B, nh, T) -> a mask of the first output."""
+    def overflowing(c: Case) -> Tensor:
+        return spread(_overflow_rows(scores_of(c)))
+
+    def sunk(c: Case) -> Tensor:
+        return spread(_sunk_rows(scores_of(c), visible_of(c)))
+
+    def row_max(c: Case, idx: tuple) -> tuple[float, float]:
+        s = scores_of(c)
+        rows = s.masked_fill(~visible_of(c), -torch.inf).amax(-1)  # (B, nh, T)
+        if axes == "position":  # the largest over the heads at that position
+            return rows[idx[0], :, idx[1]].max().item(), s.max().item()
+        return rows[idx[0], idx[1], idx[2]].item(), s.max().item()
+
+    def unstable(ev: Evidence) -> str:
+        idx, value = _worst_row(ev, overflowing, axes)
+        top, _ = row_max(ev.case, idx)
+        return (f"exp without subtracting the row's max: exp overflows float32 above {EXP_OVERFLOW:.1f} (exp("
+                f"{EXP_OVERFLOW:.1f}) = {torch.finfo(F32).max:.2g}), and {_where(idx, axes)} has a largest score of "
+                f"{top:.3g} ({ev.case.label}), so your output there is {value:.4g}; softmax(s) = softmax(s - the "
+                "row's max): subtract s.amax(dim=-1, keepdim=True) before exp, or call torch.softmax, which does")
+
+    def whole_max(ev: Evidence) -> str:
+        idx, value = _worst_row(ev, sunk, axes)
+        top, overall = row_max(ev.case, idx)
+        return (f"the whole tensor's max subtracted, not each row's: {_where(idx, axes)} has a largest score of "
+                f"{top:.3g}, {overall - top:.3g} below the tensor's largest ({overall:.3g}, {ev.case.label}), so "
+                f"every exp(s - max) in its row is 0 (exp is 0 below {EXP_IS_ZERO:.0f}) and your output there "
+                f"is {value:.4g} (0/0); subtract each row's own max: s.amax(dim=-1, keepdim=True)")
+
+    return [
+        Mistake("unstable_softmax", "exp without subtracting the row's max", None, unstable, CLAIM.format("scale"),
+                matches=_only_in(overflowing)),
+        Mistake("global_max", "the whole tensor's max subtracted, not each row's", None, whole_max,
+                CLAIM.format("scale"), matches=_only_in(sunk, blown=False)),
+    ]
+
+
+# checking.py recognises these two in any exercise whose inputs are float tensors (by their effect, not an output)
+IN_PLACE = Mistake("in_place", "your function changes its input in place", None, lambda ev: "",
+                   "in the model, q, k and v are views of one projection that autograd, hooks and the KV cache keep; "
+                   "an in-place edit changes them behind their backs (autograd raises, the cache holds other keys): "
+                   "make a new tensor (q = q * scale, not q *= scale; masked_fill, not masked_fill_)")
+LOWER_PRECISION = Mistake("lower_precision", "computed in a lower precision than the input's", None, lambda ev: "",
+                          f"float16 keeps 11 bits of mantissa and overflows above {HALF_MAX:.0f}, bfloat16 keeps 8: "
+                          "a float32 function rounded to either inside loses what float32 keeps (mixed precision, "
+                          "autocast, keeps the softmax and its sum in float32 for this reason)")
+
+
 # ------------------------------------------------------------------------------------------------ 1. scores
 
 
@@ -170,6 +304,11 @@ def _scores_cases() -> list[Case]:
         g = _gen(100 + i)
         out.append(Case({"B": b, "nh": nh, "T": t, "S": s, "hs": hs},
                         (_randn(g, b, nh, t, hs, dtype=dtype), _randn(g, b, nh, s, hs, dtype=dtype)), dtype))
+    # large scores, up to 1e4: q.k reaches 8e4 before the division by sqrt(64), past float16's 65504
+    g = _gen(150)
+    k = torch.randn(1, 2, 12, 64, generator=g)
+    q = _aligned(g, k, torch.logspace(0.1, math.log10(1250), 12), torch.full((12,), 11))
+    out.append(Case({"B": 1, "nh": 2, "T": 12, "S": 12, "hs": 64}, (q, k), F32, _maxima_note(scores_with(q, k))))
     return out
 
 
@@ -361,7 +500,18 @@ def _attention_cases() -> list[Case]:
         g = _gen(300 + i)
         out.append(Case({"B": b, "nh": nh, "T": t, "hs": hs},
                         tuple(_randn(g, b, nh, t, hs, dtype=dtype) for _ in range(3)), dtype))
+    for seed, dtype in ((350, F32), (351, BF16)):  # large scores: row maxima from about 4 to 1e4
+        out.append(_large_attention_case(seed, dtype))
     return out
+
+
+def _large_attention_case(seed: int, dtype: torch.dtype, b: int = 1, nh: int = 2, t: int = 12, hs: int = 16) -> Case:
+    g = _gen(seed)
+    k = torch.randn(b, nh, t, hs, generator=g)
+    q = _aligned(g, k, torch.logspace(0, math.log10(2500), t), torch.arange(t))
+    q, k, v = q.to(dtype), k.to(dtype), _randn(g, b, nh, t, hs, dtype=dtype)
+    note = _maxima_note(scores_with(q.float(), k.float()), _causal(t))
+    return Case({"B": b, "nh": nh, "T": t, "hs": hs}, (q, k, v), dtype, note)
 
 
 def _row_sums(ev: Evidence) -> Tensor | None:
@@ -395,7 +545,9 @@ def _attention_mistakes() -> list[Mistake]:
         return (f"the mask is applied after the softmax: {said}; the future keys were in the softmax's denominator, "
                 "so they still shape every weight (the future leaks); put -inf on their scores before the softmax")
 
-    return [
+    numerics = numerics_mistakes(lambda c: scores_with(*c.float_args()[:2]), lambda c: _causal(c.sizes["T"]),
+                                 lambda rows: rows[..., None])
+    return numerics + [
         scale_mistake("no_scale"),
         scale_mistake("divided_by_dk"),
         Mistake("mask_after_softmax", "the mask is applied after the softmax",
@@ -502,7 +654,31 @@ def _multi_head_cases() -> list[Case]:
         args = (_randn(g, b, t, c), _randn(g, 3 * c, c) / math.sqrt(c), _randn(g, 3 * c) * 0.1,
                 _randn(g, c, c) / math.sqrt(c), _randn(g, c) * 0.1, nh)
         out.append(Case({"B": b, "T": t, "C": c, "nh": nh, "hs": c // nh}, args, dtype))
-    return out
+    return out + [_large_multi_head_case()]
+
+
+def _multi_head_scores(case: Case) -> Tensor:
+    """The scaled scores (B, nh, T, T) inside the model's layer for this case, before the mask."""
+    x, w_qkv, b_qkv, _, _, nh = case.float_args()
+    q, k, _ = _split_heads(F.linear(x, w_qkv, b_qkv), nh)
+    return scores_with(q, k)
+
+
+def _large_multi_head_case(b: int = 1, t: int = 16, c: int = 32, nh: int = 2) -> Case:
+    """Position p's vector times 0.5 .. 63, so the heads' row maxima run from about 1 to 2e3; the first seed
+    whose every row above a score of 30 leads its second key by 10 or more (a saturated softmax: see _aligned)."""
+    scale = torch.logspace(-0.3, 1.8, t)[:, None]  # (T, 1)
+    for seed in range(450, 550):
+        g = _gen(seed)
+        args = (_randn(g, b, t, c) * scale, _randn(g, 3 * c, c) / math.sqrt(c), _randn(g, 3 * c) * 0.1,
+                _randn(g, c, c) / math.sqrt(c), _randn(g, c) * 0.1, nh)
+        case = Case({"B": b, "T": t, "C": c, "nh": nh, "hs": c // nh}, args, F32)
+        s = _multi_head_scores(case).masked_fill(~_causal(t), -torch.inf)
+        top = s.topk(2, dim=-1).values  # (B, nh, T, 2); query 0's second is -inf
+        if bool((top[..., 0] - top[..., 1])[top[..., 0] > 30].ge(10).all()):
+            case.note = _maxima_note(s)
+            return case
+    raise AssertionError("no seed gives a saturated large-scores case for multi_head")
 
 
 def _multi_head_mistakes(attention_mistakes: list[Mistake]) -> list[Mistake]:
@@ -535,8 +711,10 @@ def _multi_head_mistakes(attention_mistakes: list[Mistake]) -> list[Mistake]:
                                  "ends with y @ w_proj.T + b_proj, which mixes what the heads found"),
                      project=False),
     ]
+    out += numerics_mistakes(_multi_head_scores, lambda c: _causal(c.sizes["T"]), lambda rows: rows.any(1)[..., None],
+                             axes="position")
     for m in attention_mistakes:  # a mistake inside the heads: the same idea, one level down
-        if m.name in ("keys_not_transposed",):
+        if m.name in ("keys_not_transposed",) or m.compute is None:
             continue
         out.append(Mistake(m.name, m.title,
                            (lambda mm: lambda c: multi_head_with(*c.float_args(),
@@ -742,7 +920,20 @@ def _decode_cases() -> list[Case]:
         new = tuple(_randn(g, b, nh, 1, hs, dtype=dtype) for _ in range(3))
         old = tuple(_randn(g, b, nh, s, hs, dtype=dtype) for _ in range(2))
         out.append(Case({"B": b, "nh": nh, "S": s, "hs": hs}, new + old, dtype))
+    for seed, dtype in ((750, F32), (751, BF16)):  # large scores: the four rows' maxima about 12, 120, 1.2e3, 1e4
+        g = _gen(seed)
+        keys = torch.randn(2, 2, 16, 16, generator=g)  # 15 cached keys and the new one
+        q = _aligned(g, keys, torch.tensor([3.0, 30.0, 300.0, 2500.0]).view(2, 2, 1), torch.tensor([15]))
+        v = torch.randn(2, 2, 16, 16, generator=g)
+        args = tuple(a.to(dtype) for a in (q, keys[:, :, 15:], v[:, :, 15:], keys[:, :, :15], v[:, :, :15]))
+        out.append(Case({"B": 2, "nh": 2, "S": 15, "hs": 16}, args, dtype,
+                        _maxima_note(scores_with(args[0].float(), keys.to(dtype).float()))))
     return out
+
+
+def _decode_scores(case: Case) -> Tensor:
+    q, k, _, k_cache, _ = case.float_args()
+    return scores_with(q, torch.cat([k_cache, k], dim=2))  # (B, nh, 1, S + 1)
 
 
 def _decode_mistakes() -> list[Mistake]:
@@ -771,7 +962,9 @@ def _decode_mistakes() -> list[Mistake]:
                                    f"{words.format(_factor(name, _hs(ev)))} ({ev.case.label})"),
                        CLAIM.format("scale"))
 
-    return [
+    numerics = numerics_mistakes(_decode_scores, lambda c: torch.ones(1, c.sizes["S"] + 1, dtype=torch.bool),
+                                 lambda rows: rows[..., None], axes="new")
+    return numerics + [
         Mistake("own_key_not_seen", "attended before appending",
                 own_not_seen,
                 lambda ev: ("attended before appending: the new token attends over the cached keys only, not its own "

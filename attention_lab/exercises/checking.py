@@ -10,16 +10,26 @@ their output first differs. Bad code (an exception, a wrong shape, dtype or devi
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from attention_lab.exercises.book import EXERCISES, Case, Evidence, Exercise, Mistake, Tolerance
-from attention_lab.exercises.learner import LearnerError, Outcome, call, load_function
+from attention_lab.exercises.book import (
+    EXERCISES,
+    IN_PLACE,
+    LOWER_PRECISION,
+    Case,
+    Evidence,
+    Exercise,
+    Mistake,
+    Tolerance,
+)
+from attention_lab.exercises.learner import LearnerError, Outcome, call, load_function, same
 
 DEFAULT_TIMEOUT = 30.0  # seconds for all cases together; the reference needs well under one
 PROBE_TIMEOUT = 5.0
@@ -93,6 +103,7 @@ class Run:
     ref: list[Tensor]
     outcome: Outcome
     mine: list[Tensor] | None
+    changed: list[str] = field(default_factory=list)  # the inputs the learner's function changed in place
 
     @property
     def typed(self) -> bool:
@@ -143,14 +154,22 @@ def _check(name: str, fn, function: str | None, convention: str | None, timeout:
             t0 = time.perf_counter()
             ref = _ref_parts(reference(*case.float_args()))
             ref_seconds = time.perf_counter() - t0
-        outcome = call(fn, case.args, timeout=max(deadline - time.monotonic(), 0.01))
+        given = tuple(a.clone() if isinstance(a, Tensor) else a for a in case.args)  # theirs to change, not ours
+        outcome = call(fn, given, timeout=max(deadline - time.monotonic(), 0.01))
+        changed = [n for n, before, after in zip(input_names(ex), case.args, given)
+                   if isinstance(before, Tensor) and not same(after, before)]
         if outcome.timed_out:
             at = f" at line {outcome.line} of {where}" if outcome.line else ""
             return Result(name, "error", f"error: {name}: your {ex.function} was stopped after {timeout:g} s on case "
                                          f"{case.label}{at}; the reference takes {ref_seconds:.2g} s there (a Python "
                                          "loop over the entries? use tensor operations)")
-        runs.append(Run(case, ref, outcome, parts(outcome.value, n_out) if outcome.error is None else None))
+        runs.append(Run(case, ref, outcome, parts(outcome.value, n_out) if outcome.error is None else None, changed))
+    in_place = next((r for r in runs if r.changed), None)
     if all(r.ok(tol[r.case.dtype]) for r in runs) and not _type_problem(runs, ex):
+        if in_place is not None:
+            return Result(name, "fail", f"fail: {name}: {_in_place_sentence(ex, in_place, fn, where)}; its output "
+                                        f"agrees with the reference on all {len(runs)} cases.\n  why it matters: "
+                                        f"{IN_PLACE.why}", IN_PLACE.name)
         return Result(name, "pass", _pass_message(ex, runs, where, convention))
     problem = _type_problem(runs, ex)
     found = diagnose(runs, mistakes, tol)
@@ -168,19 +187,102 @@ def _check(name: str, fn, function: str | None, convention: str | None, timeout:
         suffix = f", which matches none of the {len(mistakes)} known mistakes"
     if problem is not None:
         run, what = problem
-        traced = call(fn, run.case.args, timeout=PROBE_TIMEOUT, trace=True)
+        traced = call(fn, fresh(run.case.args), timeout=PROBE_TIMEOUT, trace=True)
         line = f" line {traced.line}" if traced.line else ""
         return Result(name, "error", f"error: {name}: {where}{line}: your {ex.function} returned{what} "
                                      f"(case {run.case.label}){suffix}")
+    lower = lower_precision(fn, ex, runs, reference, tol)
+    if lower is not None:
+        return Result(name, "fail", f"fail: {name}: {lower}.\n  why it matters: {LOWER_PRECISION.why}"
+                                    + _also_in_place(ex, runs, fn, where), LOWER_PRECISION.name)
     bad = next((r for r in runs if _non_finite_where_ref_finite(r)), None)
     if bad is not None:
-        traced = call(fn, bad.case.args, timeout=PROBE_TIMEOUT, trace=True)
+        traced = call(fn, fresh(bad.case.args), timeout=PROBE_TIMEOUT, trace=True)
         at = f" line {traced.bad_line}" if traced.bad_line else ""
         kind = "NaN" if any(torch.isnan(m).any() for m in bad.mine) else "inf"
         return Result(name, "error", f"error: {name}: {where}{at}: a {kind} appears there and reaches your output, "
                                      f"where the reference is finite (case {bad.case.label})"
                                      + ("" if traced.bad_line else "; it first shows in your output"))
-    return Result(name, "fail", _unknown_message(ex, runs, mistakes, tol))
+    return Result(name, "fail", _unknown_message(ex, runs, mistakes, tol) + _also_in_place(ex, runs, fn, where))
+
+
+def fresh(args: tuple) -> tuple:
+    """The case's inputs as the learner's function gets them: copies, so an in-place edit never reaches the case."""
+    return tuple(a.clone() if isinstance(a, Tensor) else a for a in args)
+
+
+def input_names(ex: Exercise) -> list[str]:
+    return [p.split("=")[0].strip() for p in ex.signature.split(",")]
+
+
+def _in_place_sentence(ex: Exercise, run: Run, fn, where: str) -> str:
+    """'your mask changes its input scores in place: ... at line 9 of FILE' with the first changed entry."""
+    name = run.changed[0]
+    i = input_names(ex).index(name)
+    given = fresh(run.case.args)
+    traced = call(fn, given, timeout=PROBE_TIMEOUT, trace=True, watch=True)
+    before, after = run.case.args[i], given[i]
+    at = f" at line {traced.changed_line} of {where}" if traced.changed_line else f" ({where})"
+    if after.shape != before.shape:
+        what = f"its shape went from {tuple(before.shape)} to {tuple(after.shape)}"
+    else:
+        diff = ~(after.eq(before) | (after.isnan() & before.isnan()))
+        idx = tuple(int(x) for x in diff.nonzero()[0])
+        what = (f"{int(diff.sum())} of its {before.numel()} entries differ after the call ({name}"
+                f"[{', '.join(map(str, idx))}] was {before[idx].item():.4g}, now {after[idx].item():.4g})")
+    others = [n for n in run.changed[1:]]
+    return (f"{IN_PLACE.title.replace('your function', f'your {ex.function}').replace('its input', f'its input {name}')}"
+            f"{at}: {what} (case {run.case.label})" + (f"; it changes {', '.join(others)} too" if others else ""))
+
+
+def _also_in_place(ex: Exercise, runs: list[Run], fn, where: str) -> str:
+    run = next((r for r in runs if r.changed), None)
+    return "" if run is None else f"\n  also: {_in_place_sentence(ex, run, fn, where)}"
+
+
+NUDGE = 2.0 ** -20  # float32 resolves a change of 1 part in 2^20 (8 of its steps); float16 and bfloat16 do not
+
+
+def lower_precision(fn, ex: Exercise, runs: list[Run], reference, tol: dict) -> str | None:
+    """The sentence when the learner's float32 function computes in fewer bits inside: its first float input
+    nudged by 1 part in 2^20 moves the reference's output at most entries and theirs at almost none (the nudge is
+    rounded away), while their output stays near the reference's (within 5% of its largest entry). None else."""
+    run = next((r for r in runs if r.case.dtype == torch.float32 and not r.case.large and r.typed
+                and not r.ok(tol[r.case.dtype]) and r.ref[0].numel() >= 16), None)
+    if run is None:
+        return None
+    first = next((i for i, a in enumerate(run.case.args) if isinstance(a, Tensor) and a.is_floating_point()), None)
+    if first is None:
+        return None
+    mine, ref = run.mine[0].float(), run.ref[0]
+    finite = torch.isfinite(mine) & torch.isfinite(ref)
+    scale = ref[torch.isfinite(ref)].abs().max().item() if torch.isfinite(ref).any() else 0.0
+    if not finite.any() or (mine - ref)[finite].abs().max().item() > 0.05 * scale:
+        return None
+    sign = torch.randint(0, 2, run.case.args[first].shape, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    nudged = list(fresh(run.case.args))
+    nudged[first] = nudged[first] * (1 + NUDGE * sign)
+    with torch.no_grad():
+        ref2 = _ref_parts(reference(*Case(run.case.sizes, tuple(nudged)).float_args()))[0]
+    out = call(fn, tuple(nudged), timeout=PROBE_TIMEOUT)
+    mine2 = parts(out.value, len(ex.outputs)) if out.error is None else None
+    if mine2 is None or mine2[0].shape != mine.shape:
+        return None
+    moved = (ref2 != ref) & finite
+    still = moved & (mine2[0].float() == mine)
+    if int(moved.sum()) < 8 or int(still.sum()) < 0.5 * int(moved.sum()):
+        return None
+    kinds = [n for d, n in ((torch.bfloat16, "bfloat16"), (torch.float16, "float16"))
+             if bool((mine[finite].to(d).float() == mine[finite]).all())]
+    diff = (mine - ref)[finite].abs().max().item()
+    names = input_names(ex)
+    return (f"{LOWER_PRECISION.title}: when {names[first]} changes by 1 part in 2^{-round(math.log2(NUDGE))} (float32 "
+            f"resolves it, float16 and bfloat16 round it away), the reference's output moves at {int(moved.sum())} of "
+            f"its {moved.numel()} entries and yours at only {int(moved.sum()) - int(still.sum())} of those: your "
+            f"{ex.function} rounds to fewer bits inside"
+            + (f" (every entry it returns is a {' and a '.join(kinds)} number)" if kinds else "")
+            + f"; its largest difference from the reference is {diff:.3g} (case {run.case.label}); keep the input's "
+              "dtype throughout: no .half(), .bfloat16() or dtype=torch.float16 inside")
 
 
 def default_file(name: str) -> Path:
@@ -242,11 +344,22 @@ def _non_finite_where_ref_finite(run: Run) -> bool:
 def diagnose(runs: list[Run], mistakes: list[Mistake], tol: dict) -> tuple[Mistake, Run] | None:
     """The first mistake of the catalogue that the learner's outputs match on every case where their function
     returned tensors of the input's dtype (the cases where it raised are the error the message adds), differing
-    from the reference on at least one: (mistake, that case)."""
+    from the reference on at least one: (mistake, that case). A mistake known by its output is compared on the
+    ordinary cases; one known by its pattern (the softmax's overflow) on every case."""
     for m in mistakes:
         shown = None
         for r in runs:
             if not r.typed:
+                continue
+            t = tol[r.case.dtype]
+            if m.matches is not None:  # a mistake known by its pattern (where the scores overflow), not an output
+                if not all(a.shape == b.shape for a, b in zip(r.mine, r.ref)) or not m.matches(
+                        r.case, r.mine, r.ref, [close(a, b, t) for a, b in zip(r.mine, r.ref)]):
+                    break
+                if shown is None and not agree(r.mine, r.ref, t):
+                    shown = r
+                continue
+            if r.case.large:  # large scores test the numerics; another idea's output there hangs on near ties
                 continue
             try:
                 with torch.no_grad():
@@ -274,9 +387,10 @@ def _mistake_result(ex: Exercise, found: tuple[Mistake, Run], runs: list[Run], f
                 f"{f' line {line}' if line else ''}: {_first_line(e)}")
     elif typed is not None:
         also = f"\n  also: on case {typed[0].case.label} it returned{typed[1]}"
+    also += _also_in_place(ex, runs, fn, where)
 
     def probe(*args):
-        out = call(fn, args, timeout=PROBE_TIMEOUT)
+        out = call(fn, fresh(args), timeout=PROBE_TIMEOUT)
         return out.value if out.error is None else None
 
     mine = run.mine[0] if len(run.mine) == 1 else tuple(x.float() for x in run.mine)

@@ -101,8 +101,15 @@ class Outcome:
     error: BaseException | None = None
     line: int | None = None  # raised: the line in their file; traced: the line of their `return`
     bad_line: int | None = None  # traced: the line after which a NaN or +inf first appeared in their variables
+    changed_line: int | None = None  # traced with watch: the line after which one of the inputs first changed
     seconds: float = 0.0
     timed_out: bool = False
+
+
+def same(now: Tensor, before: Tensor) -> bool:
+    """The tensor holds what it held (its shape and every entry; NaN equals NaN)."""
+    return now.shape == before.shape and now.dtype == before.dtype and bool(
+        (now.eq(before) | (now.isnan() & before.isnan()) if now.is_floating_point() else now.eq(before)).all())
 
 
 def _has_bad(x) -> bool:
@@ -110,13 +117,16 @@ def _has_bad(x) -> bool:
         (torch.isnan(x) | (x == math.inf)).any())
 
 
-def call(fn: Callable, args: tuple, timeout: float | None = None, trace: bool = False) -> Outcome:
+def call(fn: Callable, args: tuple, timeout: float | None = None, trace: bool = False, watch: bool = False
+         ) -> Outcome:
     """fn(*args), stopped after `timeout` seconds (SIGALRM: the main thread only; elsewhere it runs to the end),
     every exception caught. trace=True also records the line of their `return` and the line after which a NaN
-    (or +inf; -inf is how a mask hides a key) first appeared in one of their variables."""
+    (or +inf; -inf is how a mask hides a key) first appeared in one of their variables; watch=True (with trace)
+    the line after which one of the tensors in args first changed (an in-place edit)."""
     files = code_files(fn)
     out = Outcome()
-    tracer = _Tracer(files, getattr(fn, "__code__", None)) if trace else None
+    watched = [(a, a.clone()) for a in args if isinstance(a, Tensor)] if watch else []
+    tracer = _Tracer(files, getattr(fn, "__code__", None), watched) if trace else None
     use_alarm = timeout is not None and threading.current_thread() is threading.main_thread() and hasattr(
         signal, "setitimer")
     previous = None
@@ -146,6 +156,7 @@ def call(fn: Callable, args: tuple, timeout: float | None = None, trace: bool = 
         if out.error is None:
             out.line = tracer.return_line
         out.bad_line = tracer.bad_line
+        out.changed_line = tracer.changed_line
     return out
 
 
@@ -153,10 +164,11 @@ class _Tracer:
     """sys.settrace for the learner's frames only: the last `return` line of their function, and the first line
     after which one of their local tensors holds a NaN or +inf."""
 
-    def __init__(self, files: set[str], top):
-        self.files, self.top = files, top
+    def __init__(self, files: set[str], top, watched: list[tuple[Tensor, Tensor]] = ()):
+        self.files, self.top, self.watched = files, top, watched
         self.return_line = None
         self.bad_line = None
+        self.changed_line = None
 
     def global_trace(self, frame, event, arg):
         f = frame.f_code.co_filename
@@ -168,6 +180,9 @@ class _Tracer:
             if self.bad_line is None and event in ("line", "return"):
                 if any(_has_bad(v) for v in list(frame.f_locals.values())) or (event == "return" and _has_bad(arg)):
                     self.bad_line = last[0]
+            if self.watched and self.changed_line is None and event in ("line", "return") and any(
+                    not same(now, before) for now, before in self.watched):
+                self.changed_line = last[0]
             if event == "return" and frame.f_code is self.top:
                 self.return_line = frame.f_lineno
             last[0] = frame.f_lineno
