@@ -31,7 +31,6 @@ there whichever implementation is set. The cache is passed as `cache` (transform
 (earlier), whichever the installed transformers uses.
 """
 
-import dataclasses
 import math
 
 import torch
@@ -49,7 +48,7 @@ except ImportError:  # pragma: no cover - older transformers: no cache, every st
 
 # transformers 5.24 renamed past_key_values to cache (in forward's arguments, generation's inputs and the outputs) and
 # warns at the old name: use the name the installed version's outputs carry
-CACHE = "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"
+CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
 # ------------------------------------------------------------------------------------------------------ positions
