@@ -990,6 +990,9 @@ MUTATIONS = (
              "if len(registry.entries) == 1 and any(", "if False and any(",
              ("tests/test_newcomer.py::test_compare_on_a_one_model_lab_says_what_to_send",),
              "/api/compare without models on a one-run lab answers \"unknown model '1'\" instead of what to send"),
+    Mutation("film_size_stated_stale", "README.md", "(about 100 kB\nfor the default run", "(about 66 kB\nfor the default run",
+             ("tests/test_viewer.py::test_the_film_size_the_readme_and_docs_state_is_what_the_default_run_builds",),
+             "the README states the film size of an older page (66 kB) while the default run's film is about 100 kB"),
 )
 
 
