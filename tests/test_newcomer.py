@@ -64,3 +64,15 @@ def test_compare_on_a_one_model_lab_says_what_to_send(runs):
     assert got == 422, answer
     assert '"models": ["0", "0"]' in answer["error"] and "checkpoints" in answer["error"], answer
     assert "unknown model" not in answer["error"], answer
+
+
+def test_the_logit_lens_line_shows_a_newline_once_escaped(tmp_path, capsys):
+    import sample
+    from test_sample import make_run
+
+    run = make_run(tmp_path / "run")
+    assert sample.main(["--run", str(run), "--prompt", "ROMEO:\n", "--max-new-tokens", "0", "--out",
+                        str(tmp_path / "s"), "--no-html", "--device", "cpu"]) == 0
+    line = (tmp_path / "s" / "summary.txt").read_text(encoding="utf-8").strip().splitlines()[-1]
+    assert line.startswith("logit lens after '\\n' ("), line
+    assert "\\\\" not in line and " p=" in line, line

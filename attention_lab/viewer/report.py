@@ -232,10 +232,12 @@ def text_circuits(model: GPT, window: list[int], tokenizer: Tokenizer, k: int = 
 
 
 def lens_lines(lens, tokenizer: Tokenizer, labels: list[str]) -> str:
-    """The logit lens at the last token, one line: the most likely next token after the embeddings and each block."""
-    tops = [f"{name} {tokenizer.token_strings([int(lens.ids[i, -1, 0])])[0]!r} {lens.probs[i, -1, 0]:.2f}"
+    """The logit lens at the last token, one line: the most likely next token after the embeddings and each block,
+    with its probability. Tokens are quoted as token_strings shows them (a newline once as \\n, never \\\\n)."""
+    tops = [f"{name} '{tokenizer.token_strings([int(lens.ids[i, -1, 0])])[0]}' p={lens.probs[i, -1, 0]:.2f}"
             for i, name in enumerate(["emb"] + [f"L{i}" for i in range(lens.ids.shape[0] - 1)])]
-    return f"logit lens after {labels[-1]!r} (the most likely next token after each layer): " + " | ".join(tops)
+    return (f"logit lens after '{labels[-1]}' (the most likely next token after the embeddings and after each layer, "
+            "with its probability): " + " | ".join(tops))
 
 
 def inside_data(model: GPT, qkv: np.ndarray, shares: np.ndarray, tokenizer: Tokenizer, lens, circuits: dict) -> dict:
