@@ -993,6 +993,14 @@ MUTATIONS = (
     Mutation("film_size_stated_stale", "README.md", "(about 100 kB\nfor the default run", "(about 66 kB\nfor the default run",
              ("tests/test_viewer.py::test_the_film_size_the_readme_and_docs_state_is_what_the_default_run_builds",),
              "the README states the film size of an older page (66 kB) while the default run's film is about 100 kB"),
+    Mutation("inside_headers_scroll_away", "attention_lab/viewer/assets/viewer.css",
+             "#in-table thead th { position: sticky;", "#in-table thead th { position: static;",
+             ("tests/test_viewer.py::test_the_step_inside_headers_stay_in_view_while_its_rows_scroll",),
+             "the step-inside table's column names scroll out of view with its rows", browser=True),
+    Mutation("lens_line_escapes_twice", "attention_lab/viewer/report.py",
+             "return (f\"logit lens after '{labels[-1]}' (", "return (f\"logit lens after {labels[-1]!r} (",
+             ("tests/test_newcomer.py::test_the_logit_lens_line_shows_a_newline_once_escaped",),
+             "the logit lens line prints a newline token as '\\\\n' (escaped twice)"),
 )
 
 

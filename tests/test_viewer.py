@@ -773,3 +773,18 @@ def test_the_film_size_the_readme_and_docs_state_is_what_the_default_run_builds(
     assert len(stated) == 2, "README.md and docs/heads.md should each state the default film's size"
     for n in stated:
         assert abs(n - kb) <= 0.1 * kb, f"the docs say {n} kB for the default film; it builds to {kb:.0f} kB: update them"
+
+
+def test_the_step_inside_headers_stay_in_view_while_its_rows_scroll(browser, sampled_page):
+    path, weights = sampled_page
+    open_page(browser, path)
+    toks = css(browser, "#tokens .tok")
+    hover(browser, toks[len(toks) - 1])
+    box = css(browser, "#inside .in-scroll")[0]
+    browser.execute_script("arguments[0].scrollTop = arguments[0].scrollHeight", box)
+    top, head = browser.execute_script(
+        "const b = arguments[0].getBoundingClientRect(), h = arguments[0].querySelector('thead th')"
+        ".getBoundingClientRect(); return [b.top, h.top];", box)
+    assert browser.execute_script("return arguments[0].scrollTop", box) > 0, "fixture: the table should scroll"
+    assert abs(head - top) <= 2, f"the step-inside table's header row scrolled out of view ({head} vs box {top})"
+    assert_quiet(browser, "scrolling the step-inside table")
