@@ -940,6 +940,11 @@ MUTATIONS = (
              "a learner's attention under a KV cache returns the rows of the zero-padded queries instead of the last "
              "T: a model trained with the learner's own attention samples nonsense with the cache, while the "
              "uncached path and training stay right"),
+    Mutation("lab_panel_of_another_text", "attention_lab/lab/app.py",
+             "        if key != _qkv_key(req, lm):\n", "        if kept is None:\n",
+             ("tests/test_lab_server.py::test_the_panel_apart_is_the_analysis_own_and_its_qkv_float32_bytes",),
+             "the step-inside panel (POST /api/inside and /api/qkv) answers from the last analysis of the checkpoint "
+             "whatever its text: after another text the panel steps through numbers of the wrong text"),
     Mutation("bracket_steps_from_the_grid", "attention_lab/claims/experiment.py",
              "if (r := _beyond(sorted({m for (n, m, _) in sweep_jobs if n == a.name}), sweep[a.name])) is not None",
              "if (r := _beyond(sorted(claim.rates), sweep[a.name])) is not None",
@@ -1001,6 +1006,15 @@ MUTATIONS = (
              "return (f\"logit lens after '{labels[-1]}' (", "return (f\"logit lens after {labels[-1]!r} (",
              ("tests/test_newcomer.py::test_the_logit_lens_line_shows_a_newline_once_escaped",),
              "the logit lens line prints a newline token as '\\\\n' (escaped twice)"),
+    # the GPU check (issue 38): one prepared call must say when a step failed
+    Mutation("gpu_check_exits_zero_on_failure", "bench/gpu_check.py",
+             'return 0 if all(r["ok"] for r in rows) else 1', "return 0",
+             ("tests/test_gpu_check.py::test_a_failing_step_fails_the_check_and_the_others_still_run",),
+             "the GPU check exits 0 with a failed step: the one call a lent GPU allows reads as a pass"),
+    Mutation("gpu_check_nan_within_tolerance", "bench/gpu_check.py",
+             "if not err <= tol:  # NaN fails too", "if err > tol:",
+             ("tests/test_gpu_check.py::test_a_difference_over_the_tolerance_or_nan_fails",),
+             "a NaN difference (bf16 overflow in a fused kernel) passes the tolerance check"),
 )
 
 
