@@ -76,3 +76,14 @@ def test_the_logit_lens_line_shows_a_newline_once_escaped(tmp_path, capsys):
     line = (tmp_path / "s" / "summary.txt").read_text(encoding="utf-8").strip().splitlines()[-1]
     assert line.startswith("logit lens after '\\n' ("), line
     assert "\\\\" not in line and " p=" in line, line
+
+
+def test_every_ablation_number_says_what_its_sign_means():
+    """A negative Δ (the film's Δprobe -0.78 beside Δval +0.56) is one hover away from its meaning."""
+    from attention_lab.interp.heads import format_head_table
+    from attention_lab.interp.roles import ABLATION_TABLE, ROLES
+
+    for role in ABLATION_TABLE:
+        assert "+ the model needs" in role.help and "- it does better without it" in role.help, role.help
+    rows = [{"layer": 0, "head": 0, "role": "mixed", "ablation": -0.5} | {r: 0.1 for r in ROLES}]
+    assert "- it does better without it" in format_head_table(rows)

@@ -314,7 +314,8 @@ def format_head_table(rows: Sequence[dict]) -> str:
     lines.append("prev, dup, ind: share of attention on the role's target over the queries that have one (the stripe); "
                  "\u00b7TL: the same over every query, TransformerLens's detect_head (attention_lab/interp/roles.py); "
                  "ent: entropy, 1 = uniform"
-                 + ("; ablation: loss change (nats/token) on this text when the head is zeroed" if has_ablation else "")
+                 + ("; ablation: loss change (nats/token) on this text when the head is zeroed (+ the model needs "
+                    "it, - it does better without it)" if has_ablation else "")
                  + ("; copy: share of tokens whose own logit the head's OV circuit raises most" if has_copying else "")
                  + ("; copy@text: the same on this text, for the token each position attends to most" if has_text else ""))
     return "\n".join(lines)

@@ -87,11 +87,15 @@ ROLE_TABLE = (
 # not roles but per-head numbers the pages and tables show beside them: the loss change when the head is zeroed
 ABLATION_TABLE = (
     Role("ablation_probe", "\u0394probe", "ablation, probe",
-         "loss change (nats/token) on the probe's repeated half when this head alone is zeroed", "nats", False),
+         "loss change (nats/token) on the probe's repeated half (random tokens seen a second time) when this head "
+         "alone is zeroed: + the model needs the head there, - it does better without it (the probe's loss can exceed "
+         "ln(vocab): a model can be surer and wronger than uniform)", "nats", False),
     Role("ablation_val", "\u0394val", "ablation, validation",
-         "loss change (nats/token) on validation text when this head alone is zeroed", "nats", False),
+         "loss change (nats/token) on validation text when this head alone is zeroed: + the model needs the head, "
+         "- it does better without it", "nats", False),
     Role("ablation", "\u0394loss", "ablation",
-         "loss change (nats/token) on this text when this head alone is zeroed", "nats", False),
+         "loss change (nats/token) on this text when this head alone is zeroed: + the model needs the head here, "
+         "- it does better without it", "nats", False),
 )
 ROLES = tuple(r.name for r in ROLE_TABLE)  # every role score role_scores computes, in table order
 TRACKED_ROLES = tuple(r.name for r in ROLE_TABLE if r.tracked)
