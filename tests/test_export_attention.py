@@ -159,10 +159,14 @@ def readme_transformers_block() -> str:
     return blocks[0]
 
 
-def test_the_readme_snippet_runs_as_written_for_the_default_model(tmp_path, bpe_json):
+@pytest.mark.parametrize("name", ["default", "gpt2"])
+def test_the_readme_snippet_runs_as_written_for_the_default_model(tmp_path, bpe_json, name):
     """Exported as `python -m attention_lab.export` writes it, into exported/; the snippet run in a fresh interpreter:
-    it prints generated text and draws the attention, and transformers warns of nothing deprecated."""
-    export_pretrained(variant("default", bpe_json), tmp_path / "exported", bpe_json)
+    it prints generated text and draws the attention (head_view fails on an empty tuple), and transformers warns of
+    nothing deprecated. Also for a GPT-2 export, which returns weights only under attn_implementation="eager"."""
+    model = variant(name, bpe_json) if name == "default" else tiny(bpe_json, seed=3, pos_encoding="learned",
+                                                                   block_size=96)  # room for 50 new tokens
+    export_pretrained(model, tmp_path / "exported", bpe_json)
     code = readme_transformers_block()
     assert 'from_pretrained("exported/"' in code and "output_attentions=True" in code
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
