@@ -34,6 +34,7 @@ from attention_lab.store.logger import RunLogger  # noqa: E402
 from attention_lab.store.runlock import RunLock, RunLocked  # noqa: E402
 from attention_lab.training.callbacks import EvalContext, build_callbacks  # noqa: E402
 from attention_lab.training.config import Config, register_configs, to_config  # noqa: E402
+from attention_lab.training.learner import recorded_config  # noqa: E402
 from attention_lab.training.loop import StopRequest, Throughput, schedule_position, train_step, validation_loss  # noqa: E402,E501
 from attention_lab.training.optim import configure_optimizer, lr_at, lr_multiplier  # noqa: E402
 from attention_lab.training.run import Run, finish, wrap_model  # noqa: E402
@@ -95,8 +96,9 @@ def setup_run(cfg: Config, run_dir: Path, overrides: list[str], info, device, dt
         run.last_eval = {k: v for k, v in saved_meta.items() if k in ("val_loss", "val_bpb")}
         for callback in run.callbacks:
             callback.resume(run_dir, state.step)
-    log.provenance(cfg, overrides, {"data_dir": str(data.dir.resolve()), "world_size": info.world_size, "n_params":
-                                    n_params, "peak_flops": peak, "peak_dtype": str(dtype)[6:], "device": str(device)})
+    log.provenance(recorded_config(cfg, raw_model), overrides, {  # a learner's attention: their file and its hash
+        "data_dir": str(data.dir.resolve()), "world_size": info.world_size, "n_params": n_params, "peak_flops": peak,
+        "peak_dtype": str(dtype)[6:], "device": str(device)})
     shape = (f"{model_cfg.n_layer} layers x {model_cfg.n_head} heads x {model_cfg.n_embd} wide, "
              f"{model_cfg.pos_encoding} positions" if arch_of(model_cfg) == "gpt" else
              f"an LSTM: {model_cfg.n_layer} layers x {model_cfg.n_embd} wide (embedding and hidden size)"

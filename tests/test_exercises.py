@@ -425,7 +425,12 @@ def test_the_command_line_codes_and_the_solution_after_a_pass(tmp_path, capsys, 
     (tmp_path / "my_attention" / "attention.py").write_text(HEADER + inspect.getsource(answers.attention))
     assert cli_main(["check", "attention"]) == 0
     out = capsys.readouterr().out
-    assert "pass: attention" in out and "model.attn_impl=my_attention/attention.py:attention" in out
+    assert "pass: attention" in out, out
+    command = next(line for line in out.splitlines() if "train a model with it:" in line).split(": ", 1)[1]
+    from attention_lab.exercises.checking import REPO
+
+    assert command == (f"python {REPO / 'train.py'} experiment=debug "
+                       f"model.attn_impl={tmp_path / 'my_attention' / 'attention.py'}:attention"), command
     assert cli_main(["solution", "attention"]) == 0 and "def attention(q, k, v):" in capsys.readouterr().out
     assert cli_main(["solution", "rope", "--anyway", "--rope", "adjacent"]) == 0
     assert "x[..., 0::2]" in capsys.readouterr().out

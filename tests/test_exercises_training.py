@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import re
 import shutil
 
 import numpy as np
@@ -71,6 +72,7 @@ def runs(tmp_path_factory, data_cache):
         (root / f"{name}.py").write_text(text)
     arms = {"builtin": ["model.attn_backend=math"],
             **{name: [f"model.attn_impl={root / name}.py:attention"] for name in files}}
+    arms["after"].append("train.tensorboard=true")  # the leak's line in TensorBoard too
     for name, extra in arms.items():
         train_mod.train(compose(COMMON + [f"data.cache_dir={data_cache}"] + extra), root / name)
         out[name] = root / name
@@ -99,7 +101,11 @@ def test_the_run_records_the_learners_file(runs):
     assert meta["attn_impl"] == f"{runs['root'] / 'answer.py'}:attention" and len(meta["attn_impl_sha256"]) == 64
     assert "attn_impl" not in load_checkpoint(runs["builtin"], "latest").meta
     config = json.loads((runs["answer"] / "config.json").read_text())
-    assert config["model"]["attn_impl"].endswith("answer.py:attention")
+    assert config["model"]["attn_impl"] == meta["attn_impl"], "config.json: the learner's file, by absolute path"
+    assert config["model"]["attn_impl_sha256"] == meta["attn_impl_sha256"], "config.json: the file's hash"
+    assert "causal_mask" not in config["model"] and "attn_scale" not in config["model"], (
+        "config.json records the built-in switches beside the learner's file, which replaces them")
+    assert json.loads((runs["builtin"] / "config.json").read_text())["model"]["causal_mask"] == "before_softmax"
     assert "your " in (runs["answer"] / "console.log").read_text().split("attention: ")[1][:5]
 
 
@@ -120,6 +126,38 @@ def test_a_mask_after_the_softmax_trains_and_its_honest_loss_shows_the_leak(runs
         gaps[name] = float(honest_position_losses(model, x, y).mean() - position_losses(model, x, y).mean())
     assert gaps["after"] > 0.005, f"the mask after the softmax leaks: honest - leaky loss {gaps['after']:.4f}"
     assert abs(gaps["answer"]) < 1e-4, f"a causal learner's honest loss equals its loss, got {gaps['answer']:.2e}"
+
+
+LEAK = re.compile(r"your attention reads the future: loss ([\d.]+) with it, ([\d.]+) without \(nats/token on "
+                  r"(\d+) validation windows")
+
+
+def test_a_learners_run_says_once_when_its_attention_reads_the_future(runs):
+    """The after-softmax file's run prints the two losses once, the numbers of metrics.jsonl at that evaluation,
+    and writes the line to TensorBoard; causal learners' files (and the built-in attention) never do.
+    Planted bug: exercise_leak_never_told."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    said = LEAK.findall((runs["after"] / "console.log").read_text())
+    assert len(said) == 1, f"the leak is said {len(said)} times, not once"
+    with_it, without, windows = float(said[0][0]), float(said[0][1]), int(said[0][2])
+    rows = [r for r in map(json.loads, (runs["after"] / "metrics.jsonl").read_text().splitlines()) if "honest_loss" in r]
+    assert len(rows) == 2 and windows == 16, rows
+    first = next(r for r in rows if r["honest_loss"] - r["leaky_loss"] > 1e-3)
+    assert (with_it, without) == (float(f"{first['leaky_loss']:.4g}"), float(f"{first['honest_loss']:.4g}")), (
+        "the sentence's numbers are not the evaluation's")
+    assert without > with_it
+    acc = EventAccumulator(str(runs["after"] / "tb"), size_guidance={"scalars": 0, "tensors": 0}).Reload()
+    assert "val/honest_loss" in acc.Tags()["scalars"], acc.Tags()
+    texts = [t for t in acc.Tags()["tensors"] if "future_leak" in t]
+    assert texts, f"no future_leak text in TensorBoard: {acc.Tags()['tensors']}"
+    for name in ("answer", "reference", "builtin"):
+        assert not LEAK.search((runs[name] / "console.log").read_text()), f"{name}: a causal attention told of a leak"
+    for name in ("answer", "reference"):
+        for r in map(json.loads, (runs[name] / "metrics.jsonl").read_text().splitlines()):
+            if "honest_loss" in r:
+                assert abs(r["honest_loss"] - r["leaky_loss"]) < 1e-5, (name, r)
+    assert not any("honest_loss" in line for line in (runs["builtin"] / "metrics.jsonl").read_text().splitlines())
 
 
 def test_a_model_trained_with_a_learners_attention_samples_the_same_text_with_the_cache(runs):

@@ -27,7 +27,7 @@ import inspect
 from pathlib import Path
 
 from attention_lab.exercises.book import EXERCISES
-from attention_lab.exercises.checking import Result, check, default_file, exercise_named
+from attention_lab.exercises.checking import Result, check, default_file, exercise_named, train_command
 
 __all__ = ["EXERCISES", "Result", "check", "listing", "solution", "start"]
 
@@ -40,8 +40,7 @@ def listing() -> str:
     for i, ex in enumerate(EXERCISES.values(), 1):
         lines.append(f"  {i}. {ex.name:<11} {ex.title}")
         lines.append(f"     {'':<11} checked against {ex.reference_name}; {len(ex.mistakes)} known mistakes")
-    lines += ["", "Then train with your attention: python train.py experiment=debug "
-              "model.attn_impl=my_attention/attention.py:attention"]
+    lines += ["", f"Then train with your attention: {train_command(default_file('attention'))}"]
     return "\n".join(lines)
 
 

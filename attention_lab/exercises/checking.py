@@ -206,6 +206,18 @@ def _check(name: str, fn, function: str | None, convention: str | None, timeout:
     return Result(name, "fail", _unknown_message(ex, runs, mistakes, tol) + _also_in_place(ex, runs, fn, where))
 
 
+REPO = Path(__file__).resolve().parents[2]  # attention_lab/exercises/checking.py -> the checkout
+
+
+def train_command(file: str | Path | None) -> str:
+    """The command that trains with the learner's attention, runnable from the folder it is printed in: train.py
+    and their file by absolute paths (train.py keeps the caller's folder: hydra.job.chdir is false)."""
+    spec = f"{Path(file).resolve()}:attention" if file else "path/to/your_file.py:attention"
+    script = REPO / "train.py"
+    where = str(script) if script.is_file() else "train.py (in the attention-lab checkout)"
+    return f"python {where} experiment=debug model.attn_impl={spec}"
+
+
 def fresh(args: tuple) -> tuple:
     """The case's inputs as the learner's function gets them: copies, so an in-place edit never reaches the case."""
     return tuple(a.clone() if isinstance(a, Tensor) else a for a in args)
@@ -464,8 +476,7 @@ def _pass_message(ex: Exercise, runs: list[Run], where: str, convention: str | N
     nxt = order[order.index(ex.name) + 1] if ex.name != order[-1] else None
     lines.append(f"  the project's answer: python -m attention_lab.exercises solution {ex.name}")
     if ex.name == "attention":
-        spec = where if where.endswith(".py") else "path/to/your_file.py"
-        lines.append(f"  train a model with it: python train.py experiment=debug model.attn_impl={spec}:attention")
+        lines.append(f"  train a model with it: {train_command(where if where.endswith('.py') else None)}")
     if nxt:
         lines.append(f"  next: python -m attention_lab.exercises start {nxt}")
     return "\n".join(lines)

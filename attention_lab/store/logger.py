@@ -79,7 +79,8 @@ class RunLogger:
             return
         repo = Path(__file__).resolve().parents[2]  # attention_lab/store/logger.py -> the repo
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(self.layout.config, dataclasses.asdict(config))
+        # config: the typed Config, or the dict to record (attention_lab/training/learner.py recorded_config)
+        write_json_atomic(self.layout.config, config if isinstance(config, dict) else dataclasses.asdict(config))
         write_json_atomic(self.layout.provenance, {
             "argv": sys.argv,
             "overrides": overrides,

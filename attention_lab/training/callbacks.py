@@ -278,6 +278,10 @@ def build_callbacks(cfg: Config, data: PreparedData, model_cfg: GPTConfig | LSTM
         callbacks.append(head_roles_callback(cfg, data, model_cfg))
     if tc.film:
         callbacks.append(Film())
+    if cfg.model.attn_impl:  # a learner's attention: the honest loss beside the loss as trained
+        from attention_lab.training.learner import future_leak_callback  # it imports this module
+
+        callbacks.append(future_leak_callback(cfg, data, model_cfg))
     return callbacks
 
 
