@@ -32,6 +32,7 @@ from attention_lab.runtime.device import autocast
 from attention_lab.store.layout import RunLayout
 from attention_lab.store.logger import RunLogger
 from attention_lab.training.config import Config
+from attention_lab.training.learner import future_leak_callback
 from attention_lab.viewer.page import build_film
 from data.batches import eval_batches
 from data.files import atomic_write, write_json_atomic
@@ -279,8 +280,6 @@ def build_callbacks(cfg: Config, data: PreparedData, model_cfg: GPTConfig | LSTM
     if tc.film:
         callbacks.append(Film())
     if cfg.model.attn_impl:  # a learner's attention: the honest loss beside the loss as trained
-        from attention_lab.training.learner import future_leak_callback  # it imports this module
-
         callbacks.append(future_leak_callback(cfg, data, model_cfg))
     return callbacks
 

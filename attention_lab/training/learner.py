@@ -18,7 +18,6 @@ import torch
 
 from attention_lab.exercises.learner import learner_of, parse_spec
 from attention_lab.interp.measures import honest_position_losses, position_losses
-from attention_lab.training.callbacks import Callback, EvalContext
 from data.batches import eval_batches
 
 # the built-in switches a learner's attention(q, k, v) does itself: config.json records their file instead
@@ -44,18 +43,20 @@ def recorded_config(cfg, model) -> dict:
     return out
 
 
-class FutureLeak(Callback):
+class FutureLeak:
     """The learner's attention scored twice on fixed validation windows: as trained (the whole window in view)
     and honestly (position t predicted by a pass over tokens 0..t alone). metrics.jsonl and TensorBoard get
     val/leaky_loss and val/honest_loss at every evaluation; the first evaluation where the honest loss is higher
     by more than noise (NOISE_FLOOR: the pair differs by float rounding only) prints one line and
-    writes it as TensorBoard text `future_leak`. A causal function's two losses agree to float rounding."""
+    writes it as TensorBoard text `future_leak`. A causal function's two losses agree to float rounding.
+    A callback of training/callbacks.py (on_evaluate, after_evaluate, resume), which imports this module."""
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, spec: str):
         self.x, self.y, self.spec = x, y, spec
         self.told = False
 
-    def on_evaluate(self, ctx: EvalContext) -> None:
+    def on_evaluate(self, ctx) -> None:
+        """ctx: training/callbacks.py EvalContext (the model in eval mode, the metrics, the logger)."""
         x, y = self.x.to(ctx.device), self.y.to(ctx.device)
         leaky, honest = position_losses(ctx.model, x, y), honest_position_losses(ctx.model, x, y)
         ctx.metrics["leaky_loss"], ctx.metrics["honest_loss"] = float(leaky.mean()), float(honest.mean())
@@ -66,6 +67,12 @@ class FutureLeak(Callback):
             self.told = True
             ctx.log.print(message)
             ctx.log.text("future_leak", message, ctx.step)
+
+    def after_evaluate(self, ctx) -> None:
+        pass
+
+    def resume(self, run_dir, step: int) -> None:
+        pass  # a resumed run measures again; it says so again once if the leak is still there
 
 
 def leak_sentence(leaky: np.ndarray, honest: np.ndarray, windows: int, spec: str) -> str | None:
