@@ -257,6 +257,14 @@ def test_select_keeps_the_arms_an_arm_needs_and_names_unknown_ones():
         select(CLAIMS["qk"], arms=("nonsense",))
     with pytest.raises(ValueError, match="distinct"):
         select(CLAIMS["qk"], seeds=(1, 1))
+    with pytest.raises(ValueError, match="share \\[101\\]"):
+        select(CLAIMS["qk"], seeds=(1, 101))
+
+
+def test_every_claim_sweeps_on_three_seeds_that_decide_no_verdict():
+    for claim in CLAIMS.values():
+        if claim.arms:
+            assert len(claim.sweep_seeds) >= 3 and not set(claim.sweep_seeds) & set(claim.seeds), claim.name
 
 
 def test_list_and_unknown_claims(capsys):
@@ -362,6 +370,58 @@ def test_a_winner_at_the_edge_is_bracketed_one_grid_step_further():
     assert experiment._beyond([1.0], {f"{BASE_LR:.6g}": 2.5}) == pytest.approx(3.0)
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# diverged runs: a stated rule, never chosen, never averaged in, always counted
+
+def test_the_divergence_rule_flags_a_non_finite_or_rising_run_and_nothing_else():
+    from attention_lab.claims.trained import divergence
+
+    val = [(200, 3.0), (400, 2.8), (600, 2.7)]
+    assert divergence([4.0, 3.1, 2.9, 2.75], val) is None, "a run that kept improving"
+    assert divergence([4.0, 2.9, 3.2], val).startswith("final training loss 3.2000 above the first evaluation's 3.0000")
+    assert divergence([4.0, float("nan"), 2.0], val).startswith("non-finite")
+    assert divergence([4.0, float("inf")], []).startswith("non-finite")
+    assert divergence([4.0, 2.0], val, stopped="the training loss became nan at step 3").startswith("non-finite")
+    assert divergence([], []) is None
+
+
+def test_a_rate_where_a_sweep_run_diverged_never_wins_and_all_diverged_steps_down():
+    means = {"0.001": 2.60, "0.003": 2.50, "0.009": 2.45}  # 0.009 scores best on average, but one seed diverged there
+    ok = experiment.pickable(means, {"0.009": {102: "final training loss 3.1 above the first evaluation's 3.0"}})
+    assert min(ok, key=ok.get) == "0.003" and math.isinf(ok["0.009"]), ok
+    assert experiment.pickable(means | {"0.027": math.nan}, {})["0.027"] == math.inf, "a rate with no number"
+    grid = [1 / 3, 1.0, 3.0]
+    at = {f"{BASE_LR * r:.6g}": v for r, v in zip(grid, (2.6, 2.5, math.inf))}
+    assert experiment._beyond(grid, at) is None, "the best clean rate is inside: the one above it diverged"
+    at = {f"{BASE_LR * r:.6g}": v for r, v in zip(grid, (math.inf, math.inf, math.inf))}
+    assert experiment._beyond(grid, at) == pytest.approx(1 / 9), "every rate diverged: one below the lowest"
+    assert experiment._beyond([1.0], {f"{BASE_LR:.6g}": math.inf}) == pytest.approx(1 / 3)
+
+
+def test_a_seed_whose_run_diverged_is_left_out_of_its_comparisons_and_named():
+    e = Expect("separate", "tied")
+    rs = {"separate": [{"seed": s, "bpb": 2.40 + s / 1000, "diverged": None} for s in (1, 2, 3, 4)],
+          "tied": [{"seed": s, "bpb": 2.50 + s / 1000, "diverged": None} for s in (1, 2, 3, 4)]}
+    rs["tied"][2] = {"seed": 3, "bpb": 9.0, "diverged": "final training loss 5 above the first evaluation's 3"}
+    c = experiment.compare(e, rs)
+    assert c.seeds == (1, 2, 4) and c.mean == pytest.approx(0.1), c
+    assert c.left_out == ("tied seed 3 (final training loss 5 above the first evaluation's 3)",)
+    assert "left out by the divergence rule: tied seed 3" in report.sentence(stats.decide([c])[0].as_dict(), 1)
+
+
+def test_a_diverged_sweep_run_is_counted_its_rate_refused_and_the_report_says_so(tmp_path, data_cache):
+    """A rate at which the trainer stops on a non-finite loss (no gradient clipping, a huge rate): the run is
+    recorded as diverged, the multirun goes on, the rate is never chosen, and the report counts it."""
+    claim, rep, doc = _quick(tmp_path, "qk", data_cache, ("separate",), rates=(1.0, 3e7), bracket=0,
+                             overrides=("optim.grad_clip=0",))
+    assert doc["rates"]["separate"] == pytest.approx(BASE_LR), doc["sweep"]
+    assert doc["diverged"]["separate"]["sweep"] == [1, 2] and doc["diverged"]["separate"]["seeds"] == [0, 1]
+    assert list(doc["sweep_diverged"]["separate"]) == [f"{BASE_LR * 3e7:.6g}"]
+    text = rep.read_text()
+    assert "## Diverged runs" in text and "| separate | 1 of 2 | 0 of 1 |" in text, text
+    assert "diverged: seed 11" in text and doc["diverged_rule"] in text
+
+
 def test_docs_are_assembled_from_the_reports_and_the_readme_table_replaced(tmp_path):
     root = tmp_path / "claims"
     (root / "qk").mkdir(parents=True)
@@ -380,18 +440,19 @@ def test_docs_are_assembled_from_the_reports_and_the_readme_table_replaced(tmp_p
 # ---------------------------------------------------------------------------------------------------------------
 # end to end, --quick: a real `train.py -m`
 
-def _quick(tmp_path, name, data_cache, arms, rates=(1.0,), seeds=(1,), launcher=()):
-    claim = select(CLAIMS[name], seeds, arms, rates)
+def _quick(tmp_path, name, data_cache, arms, rates=(1.0,), seeds=(1,), launcher=(), sweep_seeds=(11,),
+           overrides=(), bracket=None):
+    claim = select(CLAIMS[name], seeds, arms, rates, sweep_seeds)
     out = tmp_path / name
-    rep = experiment.run_claim(claim, out, quick=True, overrides=(f"data.cache_dir={data_cache}",), launcher=launcher,
-                               log=lambda *a: None, progress=False)
+    rep = experiment.run_claim(claim, out, quick=True, overrides=(f"data.cache_dir={data_cache}", *overrides),
+                               launcher=launcher, log=lambda *a: None, progress=False, bracket=bracket)
     return claim, rep, json.loads((out / "results.json").read_text())
 
 
 def test_a_grid_of_one_rate_is_bracketed_and_the_seeds_train_at_the_winner_of_both(tmp_path, data_cache):
-    """A winner at the edge (a grid of one is all edge) trains one rate further before the seeds; the seeds
-    train at whichever of the two won, the sweep's seeds at the winner reused as the first seeds."""
-    claim = select(CLAIMS["qk"], (1, 2), ("separate",), (1 / 3,))
+    """A winner at the edge (a grid of one is all edge) trains one rate further before the seeds; the verdict
+    seeds train at whichever of the two won (and at the common rate), none of them a sweep seed."""
+    claim = select(CLAIMS["qk"], (1, 2), ("separate",), (1 / 3,), sweep_seeds=(11,))
     out = tmp_path / "qk"
     experiment.run_claim(claim, out, quick=True, overrides=(f"data.cache_dir={data_cache}",), log=lambda *a: None,
                          progress=False, bracket=1)
@@ -400,8 +461,10 @@ def test_a_grid_of_one_rate_is_bracketed_and_the_seeds_train_at_the_winner_of_bo
     assert doc["grid"] == [f"{BASE_LR / 3:.6g}"] and doc["bracket"] == 1
     best = float(min(doc["sweep"]["separate"], key=doc["sweep"]["separate"].get))
     assert [r["lr"] for r in doc["results"]["separate"]] == pytest.approx([best, best])
-    assert doc["runs_trained"] == 4, "two rates on the sweep's two seeds, which at the winner are the seeds"
-    assert len(doc["all_runs"]) == 4 and all(s > 0 for s in doc["all_runs"].values()), doc["all_runs"]
+    at_common = best == pytest.approx(BASE_LR)
+    assert doc["runs_trained"] == 2 + 2 + (0 if at_common else 2), "two rates on the sweep's seed; the verdict seeds"
+    assert len(doc["all_runs"]) == doc["runs_trained"] and all(s > 0 for s in doc["all_runs"].values())
+    assert [r["lr"] for r in doc["results_common"]["separate"]] == pytest.approx([BASE_LR, BASE_LR])
 
 
 def test_the_sweep_chooses_on_the_choose_plays_its_winner_trains_the_seeds_and_nothing_trains_twice(
@@ -419,20 +482,24 @@ def test_the_sweep_chooses_on_the_choose_plays_its_winner_trains_the_seeds_and_n
     opened = []
     real_load = measure.load_checkpoint
     monkeypatch.setattr(measure, "load_checkpoint", lambda run, which="best": opened.append(which) or real_load(run, which))
-    claim, rep, doc = _quick(tmp_path, "qk", data_cache, ("separate", "tied"), rates=(1 / 3, 3.0), seeds=(1, 2))
+    claim, rep, doc = _quick(tmp_path, "qk", data_cache, ("separate", "tied"), rates=(1 / 3, 3.0), seeds=(1, 2),
+                             sweep_seeds=(11, 12))
     assert set(opened) == {"latest"}, f"every measure reads the final checkpoint, none a chosen one: {set(opened)}"
-    assert seen == ["choose"] * 8 + ["test"] * 4, f"the sweep on the choose plays, the seeds on the test plays: {seen}"
+    assert seen == ["choose"] * 8 + ["test"] * 8, f"the sweep on the choose plays, the seeds on the test plays: {seen}"
     assert measure.WHICH == "latest"
     for arm, rates in doc["sweep"].items():
         best = float(min(rates, key=rates.get))
         assert all(r["lr"] == pytest.approx(best) for r in doc["results"][arm]), (arm, rates, doc["results"][arm])
         assert doc["rates"][arm] == pytest.approx(best)
-    assert doc["sweep_seeds"] == [1, 2]
+    assert doc["sweep_seeds"] == [11, 12] and doc["seeds"] == [1, 2]
     for arm, rates in doc["sweep_per_seed"].items():
         for lr, by_seed in rates.items():
             assert doc["sweep"][arm][lr] == pytest.approx(np.mean(list(by_seed.values()))), "the mean picks"
-            assert set(by_seed) == {"1", "2"}
-    assert doc["runs_trained"] == 2 * 2 * 2, "the sweep's seeds at the chosen rate are reused as the seeds"
+            assert set(by_seed) == {"11", "12"}
+    assert doc["runs_trained"] == 2 * 2 * 2 + 2 * 2 * 2, "the sweep; the verdict seeds at the chosen and common rate"
+    sweep_runs = set(doc["all_runs"]) - {r["run"] for rs in (doc["results"], doc["results_common"])
+                                         for rows in rs.values() for r in rows}
+    assert len(sweep_runs) == 8 and all(run.endswith(("-s11", "-s12")) for run in sweep_runs), sweep_runs
     for r in doc["results"]["tied"]:
         assert r["step"] == 24 and (tmp_path / "qk" / r["run"] / "checkpoints").is_dir(), "the final checkpoint"
     assert not set(doc["split"]["choose"]) & set(doc["split"]["test"]), doc["split"]
@@ -559,7 +626,6 @@ def test_the_rnn_claim_trains_its_own_transformer_though_another_claim_has_its_t
                                                                                       monkeypatch):
     """The transformer's mean wall time is the equal-time LSTM's budget: every transformer run of the rnn claim,
     the sweep's and the later seeds', is trained beside the LSTM's, never copied from qk's identical base arm."""
-    monkeypatch.setattr(experiment, "SWEEP_SEEDS", 1)  # seed 2 then trains in the seeds' multirun, not the sweep's
     _quick(tmp_path, "qk", data_cache, ("separate",), seeds=(1, 2))
     claim, _, doc = _quick(tmp_path, "rnn", data_cache, ("transformer", "lstm equal time"), seeds=(1, 2))
     trained = doc["runs_trained"]

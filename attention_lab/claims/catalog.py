@@ -2,8 +2,12 @@
 published result it is read beside. Nothing here runs anything.
 
 An arm's learning rate is not part of its overrides: every arm is swept over `Claim.rates` (multiples of the base
-preset's optim.lr) on its first SWEEP_SEEDS seeds, and its seeds then train at the rate its sweep chose. An arm with `sweep=False`
-keeps the rate its overrides name (the scale claim's rate arms: there the rate is what the claim is about).
+preset's optim.lr) on the claim's `sweep_seeds`, which are never the seeds that decide its verdict (a rate chosen on
+seeds 1 and 2 selects those seeds too), and its verdict seeds then train at the rate its sweep chose. A rate at
+which any sweep run diverged (claims/trained.py DIVERGED_RULE) is never chosen. An arm with `sweep=False` keeps the
+rate its overrides name (the scale claim's rate arms: there the rate is what the claim is about). Every swept arm
+is also trained at the base rate on the verdict seeds: the common-rate verdict, a check that the verdict does not
+hang on the rates the sweep chose.
 """
 
 from __future__ import annotations
@@ -13,9 +17,9 @@ from dataclasses import dataclass, field
 BASE = ("experiment=claims",)
 BASE_LR = 3e-3  # configs/experiment/claims.yaml's optim.lr: the sweep's centre
 RATES = (1 / 3, 1.0, 3.0)  # the sweep: log-spaced around the base rate
-SEEDS = (1, 2, 3, 4, 5)
-SWEEP_SEEDS = 2  # the sweep trains the first this-many of a claim's seeds at every rate and picks by their mean
-# (one seed picked rates where other seeds then trained unstably); at the chosen rate they are also its first seeds
+SEEDS = (1, 2, 3, 4, 5)  # the seeds that decide a verdict
+SWEEP_SEEDS = (101, 102, 103)  # the seeds that choose a rate: 3 at every rate, picked by their mean, none of them a
+# verdict seed (two seeds picked rates where other seeds then trained unstably, and the verdict reused the two)
 BRACKET = 4  # while an arm's best rate sits at the grid's edge, one more rate beyond it, at most this many times
 # --quick: the same arms on a model and a run small enough for seconds (character data, 1 layer, 24 steps)
 QUICK = ("data=shakespeare_char", "model.block_size=32", "model.n_layer=1", "model.n_embd=32", "train.batch_size=4",
@@ -55,6 +59,7 @@ class Claim:
     published: str
     seeds: tuple[int, ...] = SEEDS
     rates: tuple[float, ...] = RATES
+    sweep_seeds: tuple[int, ...] = SWEEP_SEEDS
     choose_by: str = "bpb"  # the number, on the choose plays, that picks each arm's rate
     plot: str = "curves"  # "curves": validation loss over steps; "position": loss by position; "bars:a,b": metrics
     notes: tuple[str, ...] = field(default=())  # what the arms hold constant, said once in the report

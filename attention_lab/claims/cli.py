@@ -72,7 +72,10 @@ def main(argv=None) -> int:
     p.add_argument("runs", nargs="*", type=Path, help="compare: the run folders")
     p.add_argument("--list", action="store_true", help="name the claims, their statements and arms")
     p.add_argument("--quick", action="store_true", help="a tiny version in seconds (a smoke run, not a measurement)")
-    p.add_argument("--seeds", type=lambda s: tuple(int(x) for x in s.split(",")), help="e.g. 1,2,3 (default 1-5)")
+    p.add_argument("--seeds", type=lambda s: tuple(int(x) for x in s.split(",")),
+                   help="the verdict's seeds, e.g. 1,2,3 (default 1-5)")
+    p.add_argument("--sweep-seeds", type=lambda s: tuple(int(x) for x in s.split(",")),
+                   help="the seeds that choose the rates, none of them a verdict seed (default 101,102,103)")
     p.add_argument("--arms", type=lambda s: tuple(a.strip() for a in s.split(",")),
                    help="only these arms, by name, comma-separated (see --list)")
     p.add_argument("--rates", type=lambda s: tuple(float(x) for x in s.split(",")),
@@ -102,7 +105,7 @@ def main(argv=None) -> int:
 
     def go() -> None:
         t0 = time.time()
-        claim = select(CLAIMS[args.name], args.seeds, args.arms, args.rates)
+        claim = select(CLAIMS[args.name], args.seeds, args.arms, args.rates, args.sweep_seeds)
         name, jobs = (auto_launcher() if args.launcher == "auto" else (args.launcher, None))
         launcher = launcher_overrides(name, args.jobs if args.jobs is not None else jobs, extra)
         rep = run_claim(claim, out, args.quick, launcher=launcher)

@@ -1,41 +1,53 @@
-"""One claim, end to end: sweep each arm's rate on the choose plays, train the seeds at the chosen rates, score
-them on the test plays, pair the seeds, decide, write results.json and the report.
+"""One claim, end to end: sweep each arm's rate on the choose plays, train the verdict seeds at the chosen rates and
+at one common rate, score them on the test plays, pair the seeds, decide, write results.json and the report.
 
-    1. the sweep      every arm with sweep=True at each of Claim.rates x the base rate, on the claim's first
-                      SWEEP_SEEDS seeds;
-                      arms with their own fixed rate train all their seeds in the same multirun
-    2. the choice     each swept arm's rate: the lowest mean over the sweep's seeds of `choose_by` (bits/byte)
-                      on the choose plays, final checkpoint; a winner at the grid's edge is bracketed first (one
-                      more rate beyond it, the grid's own ratio, while the winner stays at the edge: at most
-                      BRACKET more)
-    3. the seeds      every arm at its chosen rate, seeds 1..5 (the sweep's seeds at the chosen rate are its runs)
+    1. the sweep      every arm with sweep=True at each of Claim.rates x the base rate, on the claim's sweep seeds
+                      (3, none of them a verdict seed); arms with their own fixed rate train all their seeds in the
+                      same multirun. A grid of one rate with no bracketing sweeps nothing: that rate is fixed in
+                      advance (--quick does this)
+    2. the choice     each swept arm's rate: the lowest mean over the sweep's seeds of `choose_by` (bits/byte) on
+                      the choose plays, final checkpoint, among the rates at which no sweep run diverged
+                      (trained.py DIVERGED_RULE); a winner at the grid's edge is bracketed first (one more rate
+                      beyond it, the grid's own ratio, while the winner stays at the edge: at most BRACKET more), and
+                      an arm whose every rate diverged tries one below the lowest
+    3. the seeds      every arm at its chosen rate on the verdict seeds (1..5), and every swept arm at the common
+                      rate (the base rate) on the same seeds: the common-rate verdict, a sensitivity check
     4. after-arms     arms that need another's time (the equal-time LSTM), once that arm's seeds have run
-    5. the verdict    every seed's final checkpoint scored on the test plays; paired differences (stats.py)
+    5. the verdict    every seed's final checkpoint scored on the test plays; paired differences (stats.py); a seed
+                      whose run diverged in either arm is left out of that comparison and named, never averaged in
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import attention_lab.claims.report as report
 import attention_lab.claims.stats as stats
-from attention_lab.claims.catalog import BASE, BASE_LR, BRACKET, QUICK, SWEEP_SEEDS, Claim
+from attention_lab.claims.catalog import BASE, BASE_LR, BRACKET, QUICK, Claim
 from attention_lab.claims.measure import Held, measure
 from attention_lab.claims.runs import Runner, job, mean_minutes
-from attention_lab.claims.trained import metrics_of
+from attention_lab.claims.trained import DIVERGED_RULE, metrics_of
 from attention_lab.store.checkpoint import load_checkpoint
 
 
 def select(claim: Claim, seeds: tuple[int, ...] | None = None, arms: tuple[str, ...] | None = None,
-           rates: tuple[float, ...] | None = None) -> Claim:
-    """The claim with only these seeds, arms (by name) and rates (multiples of the base rate); ValueError naming
-    what it has otherwise."""
+           rates: tuple[float, ...] | None = None, sweep_seeds: tuple[int, ...] | None = None) -> Claim:
+    """The claim with only these seeds, arms (by name), rates (multiples of the base rate) and sweep seeds;
+    ValueError naming what it has otherwise."""
+    for what, value in (("--seeds", seeds), ("--sweep-seeds", sweep_seeds)):
+        if value is not None and (not value or len(set(value)) != len(value)):
+            raise ValueError(f"{what} must name distinct seeds, got {value}")
     if seeds is not None:
-        if not seeds or len(set(seeds)) != len(seeds):
-            raise ValueError(f"--seeds must name distinct seeds, got {seeds}")
         claim = replace(claim, seeds=tuple(seeds))
+    if sweep_seeds is not None:
+        claim = replace(claim, sweep_seeds=tuple(sweep_seeds))
+    if set(claim.seeds) & set(claim.sweep_seeds):
+        raise ValueError(f"the verdict's seeds {claim.seeds} and the sweep's {claim.sweep_seeds} share "
+                         f"{sorted(set(claim.seeds) & set(claim.sweep_seeds))}: a rate chosen on a seed selects that "
+                         "seed too; choose other --seeds or --sweep-seeds")
     if rates is not None:
         if not rates or any(not r > 0 for r in rates):
             raise ValueError(f"--rates must be positive multiples of the base rate, got {rates}")
@@ -63,57 +75,86 @@ def run_claim(claim: Claim, out: Path, quick: bool = False, overrides: tuple[str
         return report.write_bench(claim, out, quick)
     runner = Runner(out, claim.name, (*BASE, *(QUICK if quick else ()), *overrides), launcher, log, progress,
                     timed=frozenset(a.after for a in claim.arms if a.after))
-    by_name = {a.name: a for a in claim.arms}
-    sweep_seeds = claim.seeds[:SWEEP_SEEDS]
-    n_runs = report.runs_needed(claim)
-    log(f"claim {claim.name}: {len(claim.arms)} arms, {n_runs} runs (a sweep of {len(claim.rates)} rates on seeds "
-        f"{', '.join(map(str, sweep_seeds))} per swept arm, then seeds {', '.join(map(str, claim.seeds))}); about "
-        f"{n_runs * runner.estimate() / 60:.0f} min at {runner.estimate():.0f} s a run before any is reused")
+    sweeping = sweeps(claim, bracket)
+    common = BASE_LR if sweeping else BASE_LR * claim.rates[0]  # the common rate: every swept arm at it
+    n_runs = report.runs_needed(claim, sweeping)
+    log(f"claim {claim.name}: {len(claim.arms)} arms, {n_runs} runs ("
+        + (f"a sweep of {len(claim.rates)} rates on seeds {', '.join(map(str, claim.sweep_seeds))} per swept arm, "
+           f"then seeds {', '.join(map(str, claim.seeds))} at the chosen rate and at the common rate {common:g}"
+           if sweeping else f"no sweep: the rate {common:g} fixed in advance; seeds {', '.join(map(str, claim.seeds))}")
+        + f"); about {n_runs * runner.estimate() / 60:.0f} min at {runner.estimate():.0f} s a run before any is reused")
+
+    held: dict[str, Held] = {}
+
+    def part(name: str, any_dir: Path) -> Held:
+        if name not in held:
+            block = load_checkpoint(any_dir, "latest").config.block_size
+            held[name] = Held.of(any_dir, name, block, 8 if quick else (64 if name == "choose" else 256))
+        return held[name]
 
     # 1-2. the sweep, and the arms that keep their own rate, in one multirun; each swept arm's rate chosen
-    sweep_jobs = {(a.name, r, s): job(a, s, BASE_LR * r) for a in claim.arms if a.sweep for r in claim.rates
-                  for s in sweep_seeds}
+    sweep_jobs = {(a.name, r, s): job(a, s, BASE_LR * r) for a in claim.arms if a.sweep and sweeping
+                  for r in claim.rates for s in claim.sweep_seeds}
     fixed = [job(a, s, None) for a in claim.arms if not a.sweep and not a.rate_of and not a.after
              for s in claim.seeds]
-    log("the sweep" + (" and the arms at a fixed rate" if fixed else "") + ":")
-    dirs = runner.train([*sweep_jobs.values(), *fixed])
-    first = next(iter(dirs.values()))
-    block = load_checkpoint(first, "latest").config.block_size
-    choose = Held.of(first, "choose", block, 8 if quick else 64)
-    per_seed: dict[str, dict[str, dict[int, float]]] = {}  # arm -> rate -> seed -> choose_by on the choose plays
+    dirs = {}
+    if sweep_jobs or fixed:
+        log("the sweep" + (" and the arms at a fixed rate" if fixed else "") + ":")
+        dirs = runner.train([*sweep_jobs.values(), *fixed])
+    per_seed: dict[str, dict[str, dict[int, float | None]]] = {}  # arm -> rate -> seed -> choose_by (None: no number)
     sweep: dict[str, dict[str, float]] = {}  # arm -> rate -> the mean over the sweep's seeds: what picks
+    diverged_sweep: dict[str, dict[str, dict[int, str]]] = {}  # arm -> rate -> seed -> why
 
     def score(jobs: dict) -> None:
         for (arm, r, s), j in jobs.items():
-            m = measure(replace(claim, measures=_choose_measures(claim)), dirs[j], choose, quick)
-            per_seed.setdefault(arm, {}).setdefault(_lr(r), {})[s] = m[claim.choose_by]
+            m = metrics_of(dirs[j])
+            if m["diverged"]:
+                diverged_sweep.setdefault(arm, {}).setdefault(_lr(r), {})[s] = m["diverged"]
+            value = None if _stopped(m) else measure(replace(claim, measures=_choose_measures(claim)), dirs[j],
+                                                     part("choose", dirs[j]), quick)[claim.choose_by]
+            per_seed.setdefault(arm, {}).setdefault(_lr(r), {})[s] = value
         for arm, rates in per_seed.items():
-            sweep[arm] = {lr: sum(v.values()) / len(v) for lr, v in rates.items()}
+            sweep[arm] = {lr: _mean([v for v in by.values() if v is not None]) for lr, by in rates.items()}
+
+    def usable(arm: str) -> dict[str, float]:
+        return pickable(sweep[arm], diverged_sweep.get(arm, {}))
 
     score(sweep_jobs)
     for _ in range(bracket):  # a winner at the edge of its grid may be beaten beyond it: one more rate out
-        beyond = {(a.name, r, s): job(a, s, BASE_LR * r) for a in claim.arms if a.sweep
-                  if (r := _beyond(sorted({m for (n, m, _) in sweep_jobs if n == a.name}), sweep[a.name])) is not None
-                  for s in sweep_seeds}
+        beyond = {(a.name, r, s): job(a, s, BASE_LR * r) for a in claim.arms if a.sweep and sweeping
+                  if (r := _beyond(sorted({m for (n, m, _) in sweep_jobs if n == a.name}), usable(a.name))) is not None
+                  for s in claim.sweep_seeds}
         if not beyond:
             break
         log("beyond the grid's edge: " + ", ".join(sorted({f"{arm} at lr {BASE_LR * r:.3g}" for arm, r, _ in beyond})))
         dirs |= runner.train(list(beyond.values()))
         score(beyond)
         sweep_jobs |= beyond
-    best = {arm: float(min(rates, key=rates.get)) for arm, rates in sweep.items()}
-    for arm, rates in sweep.items():
-        log(f"  {arm}: " + ", ".join(f"lr {lr} -> {v:.4f}" for lr, v in rates.items()) + f"; chosen {best[arm]:g}")
+    best = {}
+    for arm in sweep:
+        ok = usable(arm)
+        if all(math.isinf(v) for v in ok.values()):
+            raise RuntimeError(f"claim {claim.name}: arm {arm!r} diverged at every rate tried ("
+                               + "; ".join(f"lr {lr}: {', '.join(f'seed {s}' for s in by)}"
+                                           for lr, by in diverged_sweep[arm].items())
+                               + "); try lower --rates")
+        best[arm] = float(min(ok, key=ok.get))
+        log(f"  {arm}: " + ", ".join(f"lr {lr} -> " + ("diverged" if math.isinf(v) else f"{v:.4f}")
+                                     for lr, v in ok.items()) + f"; chosen {best[arm]:g}")
 
     def rate(arm) -> float | None:
-        return best.get(arm.rate_of or arm.name)
+        if not (arm.sweep or arm.rate_of):
+            return None
+        return best.get(arm.rate_of or arm.name) if sweeping else common
 
-    # 3. the seeds at the chosen rates
+    # 3. the seeds at the chosen rates, and at the common rate
     seed_jobs = {(a.name, s): job(a, s, rate(a)) for a in claim.arms if a.sweep or a.rate_of and not a.after
                  for s in claim.seeds}
     seed_jobs |= {(j.arm, j.seed): j for j in fixed}
-    log("the seeds at each arm's rate:")
-    dirs |= runner.train(list(seed_jobs.values()))
+    common_jobs = {(a.name, s): job(a, s, common) for a in claim.arms if a.sweep or a.rate_of and not a.after
+                   for s in claim.seeds}
+    log("the seeds at each arm's rate" + (f" and at the common rate {common:g}" if sweeping else "") + ":")
+    dirs |= runner.train(list(dict.fromkeys([*seed_jobs.values(), *common_jobs.values()])))
     # 4. arms that need another arm's wall time
     for a in (a for a in claim.arms if a.after):
         minutes = mean_minutes([metrics_of(dirs[seed_jobs[(a.after, s)]])["seconds"] for s in claim.seeds])
@@ -123,30 +164,86 @@ def run_claim(claim: Claim, out: Path, quick: bool = False, overrides: tuple[str
         dirs |= runner.train([seed_jobs[(a.name, s)] for s in claim.seeds])
 
     # 5. every seed scored on the test plays
-    test = Held.of(first, "test", block, 8 if quick else 256)
-    results: dict[str, list[dict]] = {}
-    for a in claim.arms:
-        for s in claim.seeds:
-            j = seed_jobs[(a.name, s)]
+    rows: dict = {}  # job -> its row, so a run that is both an arm's chosen-rate and common-rate seed is read once
+
+    def row(a, s, j) -> dict:
+        if j not in rows:
             m = metrics_of(dirs[j])
             r = {"seed": s, "lr": j.lr if j.lr is not None else m["lr"], "run": str(dirs[j].relative_to(out))}
-            r |= {k: m[k] for k in ("seconds", "train_loss", "tokens_per_s", "val_curve", "max_train_loss_late")}
-            r |= measure(claim, dirs[j], test, quick)
-            log(f"  {a.name} seed {s}: {r['bpb']:.4f} bits/byte on the test plays (lr {r['lr']:g}, step {r['step']})")
-            results.setdefault(a.name, []).append(r)
+            r |= {k: m[k] for k in ("seconds", "train_loss", "tokens_per_s", "val_curve", "max_train_loss_late",
+                                    "launch", "diverged")}
+            if not _stopped(m):
+                r |= measure(claim, dirs[j], part("test", dirs[j]), quick)
+                log(f"  {a.name} seed {s}: {r['bpb']:.4f} bits/byte on the test plays (lr {r['lr']:g}, step {r['step']})"
+                    + (f"; diverged: {r['diverged']}" if r["diverged"] else ""))
+            else:
+                log(f"  {a.name} seed {s}: diverged, {r['diverged']}")
+            rows[j] = r
+        return rows[j]
+
+    results = {a.name: [row(a, s, seed_jobs[(a.name, s)]) for s in claim.seeds] for a in claim.arms}
+    results_common = {a.name: [row(a, s, common_jobs[(a.name, s)]) for s in claim.seeds]
+                      for a in claim.arms if (a.name, claim.seeds[0]) in common_jobs}
     comparisons = stats.decide([compare(e, results) for e in claim.expect])
+    comparisons_common = stats.decide([compare(e, results_common) for e in claim.expect
+                                       if {e.better, e.worse} <= set(results_common)]) if sweeping else []
     doc = {"claim": claim.name, "quick": quick, "machine": report.machine(), "launcher": list(launcher),
-           "seeds": list(claim.seeds), "rates": {a.name: rate(a) for a in claim.arms},
-           "sweep": sweep, "sweep_seeds": list(sweep_seeds),
+           "launch": runner.launch, "seeds": list(claim.seeds), "rates": {a.name: rate(a) for a in claim.arms},
+           "rate_rule": "swept" if sweeping else "fixed in advance", "common_rate": common,
+           "diverged_rule": DIVERGED_RULE, "sweep": sweep, "sweep_seeds": list(claim.sweep_seeds) if sweeping else [],
            "sweep_per_seed": {arm: {lr: {str(k): v for k, v in by.items()} for lr, by in rates.items()}
                               for arm, rates in per_seed.items()},
+           "sweep_diverged": {arm: {lr: {str(k): v for k, v in by.items()} for lr, by in rates.items()}
+                              for arm, rates in diverged_sweep.items()},
+           "diverged": diverged_counts(claim, diverged_sweep, sweep_jobs, results, results_common),
            "grid": [_lr(r) for r in sorted(claim.rates)], "bracket": bracket, "choose_by": claim.choose_by,
-           "split": {"choose": choose.part.documents, "test": test.part.documents},
+           "split": {"choose": part("choose", first_dir(dirs)).part.documents,
+                     "test": part("test", first_dir(dirs)).part.documents},
            "runs_trained": len(runner.seconds), "run_seconds": runner.seconds,
            "all_runs": {str(d.relative_to(out)): runner.seconds_of(d) for d in dict.fromkeys(dirs.values())},
-           "minutes": (time.time() - t0) / 60, "results": results,
-           "comparisons": [c.as_dict() for c in comparisons]}
+           "minutes": (time.time() - t0) / 60, "results": results, "results_common": results_common if sweeping else {},
+           "comparisons": [c.as_dict() for c in comparisons],
+           "comparisons_common": [c.as_dict() for c in comparisons_common]}
     return report.write(claim, doc, out)
+
+
+def pickable(means: dict[str, float], diverged: dict[str, dict]) -> dict[str, float]:
+    """One arm's sweep means (rate -> mean over the sweep seeds) with every rate at which a sweep run diverged, or
+    that has no number, made unpickable (inf): the lowest of what is left is the arm's rate."""
+    return {lr: math.inf if lr in diverged or math.isnan(v) else v for lr, v in means.items()}
+
+
+def sweeps(claim: Claim, bracket: int) -> bool:
+    """Whether the claim sweeps rates: a grid of one rate with no bracketing is a rate fixed in advance."""
+    return any(a.sweep for a in claim.arms) and (len(claim.rates) > 1 or bracket > 0)
+
+
+def first_dir(dirs: dict) -> Path:
+    """A run whose checkpoint says the context length (every arm of a claim shares it): one that was not stopped."""
+    return next(d for d in dirs.values() if (d / "checkpoints").exists())
+
+
+def diverged_counts(claim: Claim, diverged_sweep: dict, sweep_jobs: dict, results: dict, common: dict) -> dict:
+    """Per arm: how many of its sweep runs, verdict runs and common-rate runs diverged, and which."""
+    out = {}
+    for a in claim.arms:
+        sweep_n = sum(1 for (arm, _, _) in sweep_jobs if arm == a.name)
+        named = [f"lr {lr} seed {s}: {why}" for lr, by in diverged_sweep.get(a.name, {}).items() for s, why in by.items()]
+        seeds = [f"seed {r['seed']}: {r['diverged']}" for r in results.get(a.name, []) if r.get("diverged")]
+        at_common = [f"seed {r['seed']}: {r['diverged']}" for r in common.get(a.name, []) if r.get("diverged")]
+        out[a.name] = {"sweep": [len(named), sweep_n], "seeds": [len(seeds), len(results.get(a.name, []))],
+                       "common": [len(at_common), len(common.get(a.name, []))], "runs": named + seeds
+                       + [f"common rate {r}" for r in at_common]}
+    return out
+
+
+def _stopped(m: dict) -> bool:
+    """A run the trainer stopped on a non-finite loss: it has no final checkpoint to score."""
+    return bool(m["diverged"]) and m["diverged"].startswith("non-finite")
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
 
 
 def _lr(multiple: float) -> str:
@@ -156,8 +253,12 @@ def _lr(multiple: float) -> str:
 
 def _beyond(multiples: list[float], scores: dict[str, float]) -> float | None:
     """The next multiple of the base rate to try when the best of `multiples` (sorted) is the largest or the
-    smallest, a grid step further (the grid's ratio at that end; 3 for a grid of one); None when it is inside."""
+    smallest, a grid step further (the grid's ratio at that end; 3 for a grid of one); None when it is inside. A
+    rate whose score is inf (a sweep run diverged there) never wins; when every one is, one below the lowest."""
     best = min(multiples, key=lambda r: scores[_lr(r)])
+    ratio = multiples[1] / multiples[0] if len(multiples) > 1 else 3.0
+    if math.isinf(scores[_lr(best)]):  # every rate tried diverged: one below the lowest
+        return multiples[0] / ratio
     if best == multiples[-1]:
         return best * (multiples[-1] / multiples[-2] if len(multiples) > 1 else 3.0)
     if best == multiples[0]:
@@ -170,9 +271,19 @@ def _choose_measures(claim: Claim) -> tuple[str, ...]:
 
 
 def compare(e, results: dict) -> stats.Comparison:
-    """The paired comparison of one expectation: per seed, the worse arm's number minus the better arm's."""
-    def by_seed(arm: str, metric: str) -> dict[int, float]:
-        return {r["seed"]: r[metric] for r in results.get(arm, []) if r.get(metric) is not None}
+    """The paired comparison of one expectation: per seed, the worse arm's number minus the better arm's. A seed
+    whose run diverged in either arm is left out (and named in `left_out`), never averaged in."""
+    rows = {arm: {r["seed"]: r for r in results.get(arm, [])} for arm in (e.better, e.worse)}
+    left_out = tuple(f"{arm} seed {s} ({r['diverged']})" for arm in dict.fromkeys((e.better, e.worse))
+                     for s, r in rows[arm].items() if r.get("diverged"))
+    gone = {s for arm in rows for s, r in rows[arm].items() if r.get("diverged")}
 
-    return stats.paired(by_seed(e.better, e.metric), by_seed(e.worse, e.worse_metric or e.metric),
-                        better_name=e.better, worse_name=e.worse, metric=e.metric, region=e.region)
+    def by_seed(arm: str, metric: str) -> dict[int, float]:
+        return {s: r[metric] for s, r in rows[arm].items() if r.get(metric) is not None and s not in gone}
+
+    better, worse = by_seed(e.better, e.metric), by_seed(e.worse, e.worse_metric or e.metric)
+    if not set(better) & set(worse):
+        nan = float("nan")
+        return stats.Comparison(e.better, e.worse, e.metric, e.region, (), (), nan, nan, nan, nan, left_out=left_out)
+    return stats.paired(better, worse, better_name=e.better, worse_name=e.worse, metric=e.metric, region=e.region,
+                        left_out=left_out)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attention_lab.claims.catalog import BRACKET, CLAIMS, SWEEP_SEEDS, Claim
+from attention_lab.claims.catalog import BRACKET, CLAIMS, Claim
 from attention_lab.claims.runs import REPO
 from attention_lab.runtime.device import cpu_model
 from data.files import atomic_write, write_json_atomic
@@ -102,27 +102,66 @@ def sentence(c: dict, n_compared: int) -> str:
     return text
 
 
-def arm_table(claim: Claim, doc: dict) -> str:
-    results = doc["results"]
+def arm_table(claim: Claim, doc: dict, key: str = "results") -> str:
+    results = doc[key]
     skip = {"bpb", "seed", "seconds", "step", "lr", "run", "sample"}
     keys = sorted({k for rs in results.values() for r in rs for k, v in r.items()
                    if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in skip})
-    head = ["arm", "rate", "step scored", "bits/byte (mean ± sd)", "per seed"] + keys + ["seconds"]
+    head = ["arm", "rate", "step scored", "bits/byte (mean ± sd)", "per seed", "diverged"] + keys + ["seconds"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for arm in claim.arms:
         rs = results.get(arm.name, [])
         if not rs:
             continue
-        b = np.array([r["bpb"] for r in rs])
-        cells = [arm.name, ", ".join(sorted({f"{r['lr']:g}" for r in rs})), ", ".join(sorted({str(r["step"]) for r in rs})),
-                 f"{b.mean():.4f} ± {b.std(ddof=1):.4f}" if len(b) > 1 else f"{b.mean():.4f}",
-                 ", ".join(f"{v:.4f}" for v in b)]
+        b = np.array([r["bpb"] for r in rs if r.get("bpb") is not None])
+        cells = [arm.name, ", ".join(sorted({f"{r['lr']:g}" for r in rs})),
+                 ", ".join(sorted({str(r["step"]) for r in rs if "step" in r})) or "-",
+                 f"{b.mean():.4f} ± {b.std(ddof=1):.4f}" if len(b) > 1 else f"{b.mean():.4f}" if len(b) else "-",
+                 ", ".join(f"{r['bpb']:.4f}" + ("†" if r.get("diverged") else "") if r.get("bpb") is not None
+                           else "stopped†" for r in rs),
+                 f"{sum(bool(r.get('diverged')) for r in rs)} of {len(rs)}"]
         for k in keys:
             v = [r[k] for r in rs if r.get(k) is not None]
             cells.append(_fmt(float(np.mean(v))) if v else "-")
         cells.append(f"{np.mean([r['seconds'] for r in rs]):.0f}")
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
+
+
+def diverged_section(claim: Claim, doc: dict) -> list[str]:
+    """The divergence rule and, per arm, how many of its runs diverged and which: in every report."""
+    counts = doc.get("diverged", {})
+    total = sum(c["sweep"][0] + c["seeds"][0] + c["common"][0] for c in counts.values())
+    runs = sum(c["sweep"][1] + c["seeds"][1] + c["common"][1] for c in counts.values())
+    lines = ["## Diverged runs", "", f"The rule: {doc.get('diverged_rule', '')}. A rate at which any sweep run "
+             "diverged is never chosen; a verdict seed whose run diverged in either arm is left out of that "
+             "comparison (named beside it) and never averaged in; † in the tables marks such a run.", ""]
+    if not total:
+        lines += [f"None of the {runs} runs read here diverged.", ""]
+        return lines
+    lines += ["| arm | sweep runs | verdict seeds | at the common rate | which |", "|---|---|---|---|---|"]
+    for arm in (a.name for a in claim.arms if a.name in counts):
+        c = counts[arm]
+        lines.append(f"| {arm} | {c['sweep'][0]} of {c['sweep'][1]} | {c['seeds'][0]} of {c['seeds'][1]} | "
+                     f"{c['common'][0]} of {c['common'][1]} | {'; '.join(c['runs']) or '-'} |")
+    return lines + [""]
+
+
+def common_section(claim: Claim, doc: dict) -> list[str]:
+    """The common-rate verdict: every swept arm at one rate, the same seeds: does the verdict hang on the rates?"""
+    if doc.get("rate_rule", "swept") != "swept":
+        return ["## Rates", "", f"No sweep: every arm that is not about its rate trained at {doc['common_rate']:g}, "
+                "a rate fixed in advance (one rate and no bracketing), so the verdict above is already the "
+                "common-rate one.", ""]
+    cs = doc.get("comparisons_common", [])
+    if not cs:
+        return []
+    lines = ["## Sensitivity: every arm at one rate", "",
+             f"The same verdict seeds with every swept arm at the common rate {doc['common_rate']:g} (the base "
+             "preset's) instead of its chosen one: a verdict that changes here hangs on the rates the sweep chose.",
+             ""]
+    lines += [f"- {sentence(c, len(cs))}" for c in cs] + [""]
+    return lines + [arm_table(claim, doc, "results_common"), ""]
 
 
 def sweep_table(claim: Claim, doc: dict) -> str:
@@ -137,18 +176,23 @@ def sweep_table(claim: Claim, doc: dict) -> str:
     edge, beyond = [], []
     for arm, values in sweep.items():
         by_rate = {float(k): v for k, v in values.items()}
-        best = min(by_rate, key=by_rate.get)
+        bad = {float(k): v for k, v in doc.get("sweep_diverged", {}).get(arm, {}).items()}
+        best = doc.get("rates", {}).get(arm) or min(by_rate, key=by_rate.get)
         seeds = {float(k): v for k, v in doc.get("sweep_per_seed", {}).get(arm, {}).items()}
 
         def cell(r: float) -> str:
             if r not in by_rate:
                 return "-"
-            text = f"**{by_rate[r]:.4f}**" if r == best else f"{by_rate[r]:.4f}"
+            value = "-" if by_rate[r] is None or math.isnan(by_rate[r]) else f"{by_rate[r]:.4f}"
+            text = f"**{value}**" if math.isclose(r, best) else value
             each = list(seeds.get(r, {}).values())
-            return text + (f" ({', '.join(f'{v:.2f}' for v in each)})" if len(each) > 1 else "")
+            text += f" ({', '.join('stopped' if v is None else f'{v:.2f}' for v in each)})" if len(each) > 1 else ""
+            if r in bad:
+                text += f" diverged: seed{'s' * (len(bad[r]) > 1)} {', '.join(map(str, bad[r]))}"
+            return text
 
         rows.append(f"| {arm} | " + " | ".join(cell(r) for r in rates) + f" | {best:g} |")
-        if best in (min(by_rate), max(by_rate)):
+        if any(math.isclose(best, x) for x in (min(by_rate), max(by_rate))):
             edge.append(arm)
         if set(by_rate) - set(grid):
             beyond.append(arm)
@@ -157,7 +201,8 @@ def sweep_table(claim: Claim, doc: dict) -> str:
     which = (f"the mean of seeds {', '.join(map(str, sweep_seeds))} (each in brackets)" if len(sweep_seeds) > 1
              else f"seed {sweep_seeds[0]}")
     text = (f"The sweep: {metric} on the choose plays ({', '.join(doc['split']['choose'])}), final checkpoint, "
-            f"{which}; bold: the rate the arm's seeds then trained at.")
+            f"{which}; bold: the rate the arm's verdict seeds then trained at, the best among the rates at which no "
+            "sweep run diverged.")
     if doc.get("bracket"):
         text += (f" The grid is {', '.join(f'{r:g}' for r in grid)}; where an arm's best rate sat at its edge the sweep "
                  f"tried the next rate beyond it (*), up to {doc['bracket']} more"
@@ -206,9 +251,9 @@ def render(claim: Claim, out: Path) -> Path:
     n_runs = len(doc["run_seconds"])
     lines += [f"Machine: {doc['machine']}. Base preset: configs/experiment/claims.yaml"
               f"{' with the --quick overrides' if doc['quick'] else ''}; launcher: "
-              f"{' '.join(doc['launcher']) or 'basic'}. Seeds {', '.join(map(str, doc['seeds']))} per arm, paired "
-              f"(seed s: the same initialisation stream, batches and test windows in every arm). The rate of each "
-              f"arm was chosen on the choose plays ({', '.join(doc['split']['choose'])}); every number below is the "
+              f"{' '.join(doc['launcher']) or 'basic'}{_launch(doc)}. Verdict seeds "
+              f"{', '.join(map(str, doc['seeds']))} per arm, paired (seed s: the same initialisation stream, batches "
+              f"and test windows in every arm). " + _rates_said(doc) + "Every number below is the "
               f"final checkpoint scored on the test plays ({', '.join(doc['split']['test'])}), which no choice read. "
               f"This run trained {n_runs} run{'s' * (n_runs != 1)} and reused the rest; it took "
               f"{doc['minutes']:.1f} min in all." + _cost(doc), ""]
@@ -216,6 +261,8 @@ def render(claim: Claim, out: Path) -> Path:
     lines += ["## Verdict", ""]
     n = len(doc["comparisons"])
     lines += [f"- {sentence(c, n)}" for c in doc["comparisons"]] + [""]
+    lines += diverged_section(claim, doc)
+    lines += common_section(claim, doc)
     lines += ["## Arms", "", arm_table(claim, doc), "",
               "bits/byte: every token of the test plays scored once, float32; step scored: the final checkpoint's; "
               "seconds: one run's wall clock (start-up included; runs that were reused keep the time they took).",
@@ -228,6 +275,19 @@ def render(claim: Claim, out: Path) -> Path:
         lines += [f"- **{arm}**: {text.replace(chr(10), ' / ')[:400]}" for arm, text in samples] + [""]
     lines += ["## Published", "", claim.published, "", "![plot](plot.png)"]
     return _done(out, lines)
+
+
+def _launch(doc: dict) -> str:
+    launch = doc.get("launch")
+    return f" ({launch['threads']} thread{'s' * (launch['threads'] != 1)} a run, torch {launch['torch']})" if launch else ""
+
+
+def _rates_said(doc: dict) -> str:
+    if doc.get("rate_rule") == "fixed in advance":
+        return f"Every arm that is not about its rate trained at {doc['common_rate']:g}, fixed in advance (no sweep). "
+    seeds = ", ".join(map(str, doc.get("sweep_seeds", [])))
+    return (f"The rate of each arm was chosen on the choose plays ({', '.join(doc['split']['choose'])}) by sweep "
+            f"seeds {seeds}, which are not verdict seeds. ")
 
 
 def _cost(doc: dict) -> str:
@@ -337,32 +397,44 @@ each claim is an experiment you run on a CPU with one command:
 
 **How a claim is judged.** Its arms are config overrides on one base preset (`configs/experiment/claims.yaml`: 2
 layers, 4 heads, 128 wide, a context of 128 BPE tokens, vocabulary 512, RoPE, QK-norm off, AdamW, batch 16, 600
-steps). Each arm is swept over three learning rates (1e-3, 3e-3, 9e-3) on seeds 1 and 2 (a best rate at the edge of
-what was tried brings the next rate beyond it, up to {bracket} more) and its seeds then train at the rate whose mean
-over the two scored best on the *choose* plays (two of the four held-out plays); the scale claim's 3x-rate arms keep
-their rate, since the rate is what they are about. Every seed's final checkpoint (chosen by nothing) is scored on
-the *test* plays (the other two), which no choice read. Arms are paired by seed: arm A and arm B with seed s start
-from the same random stream and read the same batches, so noise they share cancels in their difference. For each
-expectation the report gives the mean paired difference, its 95% t interval, the paired t-test's p-value with
-Holm's correction across the claim's expectations, a region of practical equivalence (±0.01 bits/byte unless
-stated), and a word computed from them: **holds** (significant after Holm, in the claimed direction), **reversed**
-(significant, against it), **equivalent** (the whole interval inside the region) or **undecided** (with the number
-of paired seeds a difference of that size would need). The runs of a claim are one Hydra multirun (`train.py -m`),
-so any Hydra launcher runs them (by default joblib, one run per core with one thread each, where it is installed); finished runs are reused, and a run another claim already trained (the base arm is
-in most claims) is copied. Statistics: scipy.stats (Bouthillier et al. 2021 on the sources of variance; Dror et al.
-2018 on significance testing; Benavoli et al. 2017 on regions of practical equivalence).
+steps). Each arm is swept over three learning rates (1e-3, 3e-3, 9e-3) on three *sweep* seeds (101-103; a best rate
+at the edge of what was tried brings the next rate beyond it, up to {bracket} more); a run is **diverged** when its
+training loss became non-finite or ended above its first evaluation's validation loss, and a rate at which any sweep
+run diverged is never chosen. The arm's five *verdict* seeds (1-5, none of them a sweep seed) then train at the rate
+whose mean scored best on the *choose* plays (two of the four held-out plays), and once more at one common rate
+(3e-3) for a sensitivity verdict; the scale claim's 3x-rate arms keep their rate, since the rate is what they are
+about. Every seed's final checkpoint (chosen by nothing) is scored on the *test* plays (the other two), which no
+choice read. Arms are paired by seed: arm A and arm B with seed s start from the same random stream and read the
+same batches; how much that pairing removes is measured, not assumed (each verdict prints the correlation of the
+two arms' seeds and the paired sd over the unpaired one: near 1, the pairing bought little). For each expectation
+the report gives the mean paired difference, the paired t-test's p-value with Holm's correction across the claim's
+expectations, the t interval at the level Holm's step tested it at (so an interval excludes 0 exactly when the word
+is holds or reversed), a region of practical equivalence (±0.01 bits/byte unless stated) with the smallest region
+those seeds could call equivalent, and a word computed from them: **holds** (significant after Holm, in the claimed
+direction), **reversed** (significant, against it), **equivalent** (that interval inside the region: interval
+inclusion, the two one-sided tests of Schuirmann 1987) or **undecided** (with the number of paired seeds a
+difference of that size would need, unless it lies inside the region). A verdict seed whose run diverged is left out
+of its comparisons and named; every report counts the diverged runs per arm. The runs of a claim are one Hydra
+multirun (`train.py -m`), so any Hydra launcher runs them (by default joblib, one run per core with one thread each,
+where it is installed); finished runs are reused, and a run another claim already trained is copied only if it was
+launched the same way (launcher, threads a run, torch version: each run records them), since a run's numbers move
+with its thread count. Statistics: scipy.stats (Bouthillier et al. 2021 on the sources of variance; Dror et al. 2018
+on significance testing; Holm 1979; Schuirmann 1987 on equivalence).
 
 Nothing below is written by hand: each section is its claim's report.md, and the table is built from the
 results.json files; a claim the table says was not run has no section below.
 """
 
 
-def runs_needed(claim: Claim) -> int:
-    """Runs a claim trains when nothing can be reused and no rate is bracketed: each swept arm's sweep on its
-    sweep seeds plus its other seeds, and every seed of the arms that keep a rate."""
-    swept = min(SWEEP_SEEDS, len(claim.seeds))
-    return sum(len(claim.rates) * swept + len(claim.seeds) - swept if a.sweep else len(claim.seeds)
-               for a in claim.arms)
+def runs_needed(claim: Claim, sweeping: bool = True) -> int:
+    """Runs a claim trains at most when nothing can be reused and no rate is bracketed: each swept arm's sweep (its
+    rates on the sweep seeds), its verdict seeds at the chosen rate and at the common rate (one set when the two
+    rates are one); the seeds of the arms that keep a rate or need another's time. Without a sweep, seeds only."""
+    seeds = len(claim.seeds)
+    if not sweeping:
+        return seeds * len(claim.arms)
+    return sum(len(claim.rates) * len(claim.sweep_seeds) + 2 * seeds if a.sweep else
+               2 * seeds if a.rate_of and not a.after else seeds for a in claim.arms)
 
 
 def summary_rows(root: Path) -> list[tuple[str, str, str]]:

@@ -36,6 +36,7 @@ from data.files import atomic_write, write_json_atomic
 
 REPO = Path(__file__).resolve().parents[2]
 DONE = "claims_done.json"
+NON_FINITE = "the training loss became"  # train.py's message when it stops a run on a non-finite loss
 GUESS_SECONDS = 60.0  # one run of the base preset on 2 cores, until a finished run says otherwise
 
 
@@ -123,14 +124,21 @@ class Runner:
                  f"{estimate:.0f} s a run one at a time ({' '.join(self.launcher) or 'the basic launcher'})")
         log_path = self.out / "multirun.log"
         t0 = time.time()
+        start = log_path.stat().st_size if log_path.exists() else 0
         with open(log_path, "a") as log_file:
             proc = subprocess.Popen(cmd, cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT, text=True)
             watch = threading.Thread(target=self._watch, args=(proc, todo), daemon=True)
             watch.start()
             proc.wait()
             watch.join()
+        with open(log_path, errors="replace") as f:
+            f.seek(start)
+            said = f.read()
+        if proc.returncode != 0 and NON_FINITE in said:
+            self._stopped(todo, said)
+            return
         if proc.returncode != 0:
-            tail = "\n".join(log_path.read_text(errors="replace").strip().splitlines()[-12:])
+            tail = "\n".join(said.strip().splitlines()[-12:])
             raise RuntimeError(f"claim {self.claim}: train.py -m failed (exit {proc.returncode}; the whole log: "
                                f"{log_path}):\n{tail}")
         missing = [j.name for j in todo if not finished(self.run_dir(j))]
@@ -141,6 +149,33 @@ class Runner:
             done = self.run_dir(j) / DONE
             write_json_atomic(done, json.loads(done.read_text()) | {"launch": self.launch})
         self.log(f"  trained in {(time.time() - t0) / 60:.1f} min")
+
+    def _stopped(self, todo: list[Job], said: str) -> None:
+        """The trainer stopped a run on a non-finite loss, and the multirun with it. With one run in flight that
+        run is the diverged one: it is recorded so (claims_done.json: `stopped`, the trainer's message) and
+        counts as finished; with several, each is trained again alone to learn which; then the rest."""
+        started = [j for j in todo if self.run_dir(j).exists() and not finished(self.run_dir(j))]
+        if len(todo) == 1 or len(started) == 1:
+            j = todo[0] if len(todo) == 1 else started[0]
+            message = next(line for line in said.splitlines() if NON_FINITE in line).removeprefix("error: ")
+            run_dir = self.run_dir(j)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            began = min((p.stat().st_mtime for p in run_dir.rglob("*") if p.is_file()), default=time.time())
+            write_json_atomic(run_dir / DONE, {"seconds": max(0.0, time.time() - began), "stopped": message,
+                                               "launch": self.launch})
+            self.log(f"  {j.name}: diverged ({message.split(';')[0]})")
+            self.seconds.append(self.seconds_of(run_dir))
+            rest = [k for k in todo if k != j and not finished(self.run_dir(k))]
+        else:
+            for j in started:  # alone, from nothing, so the failure names its run
+                shutil.rmtree(self.run_dir(j))
+                self._launch([j])
+            rest = [k for k in todo if not finished(self.run_dir(k))]
+        for j in rest:  # a half-trained run would be resumed, not trained from nothing
+            if self.run_dir(j).exists():
+                shutil.rmtree(self.run_dir(j))
+        if rest:
+            self._launch(rest)
 
     def _watch(self, proc: subprocess.Popen, todo: list[Job]) -> None:
         """A progress bar over runs: a run counts once its console says it is done."""

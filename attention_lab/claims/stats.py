@@ -73,9 +73,9 @@ class Comparison:
 def t_interval(diffs, confidence: float) -> tuple[float, float]:
     """The t interval of the mean of `diffs` at this confidence (the point itself when every diff is equal)."""
     d = np.asarray(diffs, dtype=np.float64)
-    mean = float(d.mean())
     if len(d) < 2:
         return float("nan"), float("nan")
+    mean = float(d.mean())
     sd = float(d.std(ddof=1))
     if sd == 0:
         return mean, mean

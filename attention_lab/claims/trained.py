@@ -1,8 +1,15 @@
-"""What a finished run's own files say: its training curve, speed, wall time and rate (no model is loaded)."""
+"""What a finished run's own files say: its training curve, speed, wall time, rate, and whether it diverged (no
+model is loaded).
+
+A run is **diverged** (the rule every report states, DIVERGED_RULE) when its training loss became non-finite (the
+trainer stops it; runs.py records the trainer's message in claims_done.json) or when its final training loss is
+above its first evaluation's validation loss: it ended worse than it was a third of the way in.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -10,19 +17,41 @@ import numpy as np
 from attention_lab.claims.runs import DONE
 from attention_lab.store.layout import RunLayout
 
+DIVERGED_RULE = ("a run is diverged when its training loss became non-finite, or when its final training loss is "
+                 "above its first evaluation's validation loss")
+
+
+def divergence(train_losses: list[float], val_curve: list[tuple[int, float]], stopped: str | None = None) -> str | None:
+    """Why a run counts as diverged under DIVERGED_RULE, or None. `stopped`: the trainer's message when it
+    stopped the run on a non-finite loss."""
+    if stopped:
+        return f"non-finite loss ({stopped.split(';')[0]})"
+    bad = next((x for x in train_losses if not math.isfinite(x)), None)
+    if bad is not None:
+        return f"non-finite loss ({bad})"
+    if train_losses and val_curve and train_losses[-1] > val_curve[0][1]:
+        return (f"final training loss {train_losses[-1]:.4f} above the first evaluation's {val_curve[0][1]:.4f} "
+                f"(step {val_curve[0][0]})")
+    return None
+
 
 def metrics_of(run_dir: Path) -> dict:
     """From metrics.jsonl, config.json and claims_done.json: the validation curve, the last training loss, the
-    largest one after the first quarter, the median tokens/s, the rate and the run's wall seconds."""
+    largest one after the first quarter, the median tokens/s, the rate, the run's wall seconds, how it was
+    launched, and `diverged` (None, or why: see DIVERGED_RULE)."""
     layout = RunLayout(run_dir)
-    lines = [json.loads(x) for x in layout.metrics.read_text().splitlines() if x.strip()]
+    text = layout.metrics.read_text() if layout.metrics.exists() else ""
+    lines = [json.loads(x) for x in text.splitlines() if x.strip()]
     train = [r for r in lines if "loss" in r and "heads" not in r]
     val = [(r["step"], r["val_loss"]) for r in lines if "val_loss" in r]
-    done = Path(run_dir) / DONE
+    done_path = Path(run_dir) / DONE
+    done = json.loads(done_path.read_text()) if done_path.exists() else {}
     return {"steps": max((r["step"] for r in lines), default=0),
             "train_loss": train[-1]["loss"] if train else float("nan"),
             "max_train_loss_late": max((r["loss"] for r in train[len(train) // 4:]), default=float("nan")),
             "tokens_per_s": float(np.median([r["tokens_per_s"] for r in train])) if train else float("nan"),
             "val_curve": val,
             "lr": json.loads(layout.config.read_text())["optim"]["lr"],
-            "seconds": json.loads(done.read_text())["seconds"] if done.exists() else float("nan")}
+            "seconds": done.get("seconds", float("nan")),
+            "launch": done.get("launch"),
+            "diverged": divergence([r["loss"] for r in train], val, done.get("stopped"))}
