@@ -142,14 +142,20 @@ CLAIMS = {c.name: c for c in (
     Claim("context", "attention turns a word's context-free embedding into a context-dependent one",
           (Arm("base"),), ("similarity",),
           (Expect("base", "base", "context_left", worse_metric="context_left_uniform", region=0.01),),
-          "Ethayarajh 2019: in ELMo, BERT and GPT-2, less than 5% of the variance of a word's contextual "
-          "representations is explained by its first principal component (a static vector), on average over "
-          "layers; upper layers are the most context-specific",
+          "Ethayarajh 2019: in all layers of ELMo, BERT and GPT-2, on average less than 5% of the variance in a "
+          "word's contextualized representations can be explained by their first principal component (a static "
+          "embedding); upper layers produce more context-specific representations",
           notes=("context_left: after the last block, a token's cosine similarity to its other occurrences minus "
-                 "that of random pairs (1 = no context at all); the control reads the same trained runs with every "
-                 "head's attention made uniform over the prefix (scores set to 0 before the mask), so it asks "
-                 "whether the learned weights contextualise more than a plain average of the words before",)),
+                 "that of random pairs (0: its vectors no closer to each other than to other tokens'); "
+                 "context_at_embedding is the same number before any block, the value with no attention at all",
+                 "the control is a pasted one: the same trained runs read with every head's attention made uniform "
+                 "over the prefix (scores set to 0 before the mask), weights these models never trained with. It "
+                 "asks whether the learned weights contextualise more than a plain average of the words before, and "
+                 "since the MLPs act on one token at a time, any difference can only come from attention: true by "
+                 "construction of a model without attention, not a test that it could fail. A control trained with "
+                 "uniform attention is left for a later session",)),
     Claim("quadratic", "the cost grows with the square of the context", (), ("bench",), (),
-          "measured in docs/variants.md (bench/attention.py): time(2T)/time(T) near 4 for full attention, 2 for "
-          "windows and linear attention", seeds=()),
+          "Vaswani et al. 2017 Table 1: a self-attention layer costs O(n^2 d) for n positions (a recurrent layer O(n "
+          "d^2)); Beltagy et al. 2020 (Longformer): a sliding window of w keys costs O(n w), linear in n; Katharopoulos "
+          "et al. 2020: linear attention costs O(n)", seeds=()),
 )}

@@ -107,8 +107,9 @@ def measure(claim, run_dir: Path, held: Held, quick: bool) -> dict:
 
 
 def context_measures(model, x: torch.Tensor, quick: bool) -> dict:
-    """How much of a token's identity is left after the last block (same-token cosine minus random pairs; 1: no
-    context at all), for the model as trained and with every head's attention uniform over its prefix."""
+    """How much of a token's identity is left after the last block (same-token cosine minus random pairs; 0: its
+    vectors no closer to each other than to other tokens'; context_at_embedding: the same before any block), for the
+    model as trained and with every head's attention pasted uniform over its prefix (the pasted control)."""
     cfg = model.config
     n = 10 if quick else 30
     sim = contextual_similarity(model, x, n_tokens=n)
