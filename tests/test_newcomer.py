@@ -26,7 +26,8 @@ def texts(tmp_path: Path) -> dict[str, str]:
 def test_model_attn_impl_is_spelled_one_way(tmp_path):
     seen = {}
     for where, text in texts(tmp_path).items():
-        assert "THIS_FILE" not in text, f"{where} still holds the placeholder THIS_FILE"
+        if not where.endswith(".md"):  # what `start` wrote and the listing (docs may name the placeholder)
+            assert "THIS_FILE" not in text, f"{where} still holds the placeholder THIS_FILE"
         for value in SPELLING.findall(text):
             seen.setdefault(value, where)
             assert value.endswith(".py:attention"), (
