@@ -67,3 +67,17 @@ def test_without_page_json_a_richer_page_is_kept_and_the_error_says_how(written,
     (run / "metrics.jsonl").write_text('{"step": 100, "val_loss": 3.5}\n')
     assert viewer.main([str(run), "--checkpoint", checkpoint], rebuild_sample) == 2
     assert "leave --checkpoint out" in capsys.readouterr().err
+
+
+def test_a_page_json_of_another_text_is_refused(written, tmp_path, capsys):
+    run, folder, page = written
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for f in folder.iterdir():
+        (copy / f.name).write_bytes(f.read_bytes())
+    assert sample.main(["--run", str(run), "--prompt", "JULIET:\nAy", "--max-new-tokens", "5", "--seed", "1",
+                        "--out", str(copy), "--no-html"]) == 0  # new maps, the old page.json left beside them
+    capsys.readouterr()
+    assert viewer.main([str(copy)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "another text" in err and "--checkpoint" in err, err

@@ -510,10 +510,13 @@ def page_for_sample_folder(folder: Path) -> Path:
     that would replace a page that shows more (PoorerPage: the page is left as it is)."""
     sample = SampleLayout(folder)
     weights = np.load(sample.weights, allow_pickle=False)
+    tokens = json.loads(sample.tokens.read_text(encoding="utf-8"))["tokens"]
     if sample.page_data.exists():
         data, title = restore_page_data(json.loads(sample.page_data.read_text(encoding="utf-8")), weights)
+        if data["tokens"] != [str(s) for s in tokens[len(tokens) - data["T"]:]]:
+            raise ValueError(f"{sample.page_data} is the page of another text than tokens.json's (a later sample.py "
+                             f"--no-html into the same folder?); rebuild the whole page with --checkpoint")
         return write_page(sample.page, data, title)
-    tokens = json.loads(sample.tokens.read_text(encoding="utf-8"))["tokens"]
     scores: dict[str, list] = {}
     summary = sample.summary
     if summary.exists():  # {"heads": [{"layer", "head", <role>: value, "ablation": value, ...}]}
