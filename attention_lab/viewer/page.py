@@ -494,7 +494,8 @@ def restore_page_data(saved: Mapping, weights: np.ndarray) -> tuple[dict, str]:
     t, keep = a.shape[2], int(data["T"])
     if keep > t or (a.shape[0], a.shape[1]) != (data["L"], data["H"]):
         raise ValueError(f"page.json describes {data['L']} layers x {data['H']} heads x {keep} tokens but "
-                         f"attention.npy holds {a.shape}: they are from different samples")
+                         f"attention.npy holds {a.shape}: it is the page of another text; rebuild the whole page "
+                         "with --checkpoint")
     attn = _b64(quantise(a[:, :, t - keep:, t - keep:]))
     data["frames"] = [dict(f, attn=attn) for f in data["frames"]]
     return data, str(saved["title"])
