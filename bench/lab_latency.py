@@ -2,6 +2,12 @@
 
     python -m bench.lab_latency                          # the latest run under runs/: 50, 100, 500 tokens, 20 each
     python -m bench.lab_latency --run runs/default/A --tokens 100 --repeats 50
+    python -m bench.lab_latency --default-shape --repeats 10   # no run needed: the default model's shape, random
+
+--default-shape builds a checkpoint of the default model's shape (configs/model/small.yaml: 4 layers x 4 heads, 256
+wide, RoPE + QK-norm, context 512) with a byte-level BPE of 4096 trained on the first works of the default corpus,
+random weights (the lab's work does not depend on them), in a temporary folder: the same numbers on any machine
+without `make train` first.
 
 The lab's server (attention_lab.lab.app under uvicorn, as `python -m attention_lab.lab` serves it) runs in this
 process, in a thread, on 127.0.0.1 and a free port; headless Chromium (selenium, as tests/test_lab_page.py drives
@@ -22,6 +28,7 @@ import argparse
 import json
 import os
 import shutil
+import tempfile
 import time
 import warnings
 from contextlib import contextmanager
@@ -68,6 +75,27 @@ def texts_of(tokenizer, n_tokens: int, count: int) -> list[str]:
                 if len(out) == count:
                     return out
     raise ValueError(f"found only {len(out)} windows of exactly {n_tokens} tokens in the text, {count} wanted")
+
+
+def default_shape_run(root: Path) -> Path:
+    """A run folder under root holding one checkpoint of the default model's shape with random weights (seed 0)
+    and a byte-level BPE of 4096 tokens trained on the first six works of the default corpus."""
+    import torch
+
+    from attention_lab.store.checkpoint import save_checkpoint
+    from attention_lab.training.config import compose
+    from data.sources import shakespeare_files
+    from data.tokenizer import Tokenizer
+    from model import GPT
+
+    cfg = compose([])
+    texts = [p.read_text(encoding="utf-8", errors="replace") for p in shakespeare_files()[:6]]
+    tokenizer = Tokenizer.train_bpe([texts], cfg.data.vocab_size)
+    torch.manual_seed(0)
+    model = GPT(cfg.model.gpt(vocab_size=tokenizer.vocab_size)).eval()
+    run = root / "default-shape"
+    save_checkpoint(run / "checkpoints", 0, model, tokenizer.to_str(), {"val_loss": float("nan")}, best=True)
+    return run
 
 
 def find_chromium() -> tuple[str, str]:
@@ -211,6 +239,8 @@ def main(argv: list[str] | None = None) -> Table:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", type=Path, default=None, help="run folder (default: the latest run under --runs-root)")
     p.add_argument("--runs-root", type=Path, default=Path("runs"))
+    p.add_argument("--default-shape", action="store_true", help="a checkpoint of the default model's shape with "
+                   "random weights, built in a temporary folder, instead of a run")
     p.add_argument("--tokens", type=int, nargs="+", default=list(SIZES), help="text sizes in tokens (default: "
                    "50 100 500; a size past the model's context is cut to it)")
     p.add_argument("--repeats", type=int, default=20, help="measured texts per size (default: 20)")
@@ -220,8 +250,16 @@ def main(argv: list[str] | None = None) -> Table:
     args = p.parse_args(argv)
     if args.repeats < 1 or args.warmup < 0 or min(args.tokens) < 1:
         p.error("--repeats and every --tokens must be at least 1, --warmup at least 0")
+    if args.run and args.default_shape:
+        p.error("give --run or --default-shape, not both")
     device = pick_device(args.device, "--device")
-    registry = Registry.open([args.run] if args.run else [], runs_root=args.runs_root, device=device)
+    with tempfile.TemporaryDirectory(prefix="lab-latency-") as tmp:
+        run = default_shape_run(Path(tmp)) if args.default_shape else args.run
+        registry = Registry.open([run] if run else [], runs_root=args.runs_root, device=device)
+        return _measure(registry, args, device)
+
+
+def _measure(registry: Registry, args: argparse.Namespace, device) -> Table:
     entry = registry.entries["0"]
     block = entry.config.block_size
     sizes = list(dict.fromkeys(min(n, block) for n in args.tokens))

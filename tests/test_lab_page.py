@@ -351,8 +351,8 @@ def test_the_lab_page_fetches_nothing_but_its_own_api():
     urls = set(re.findall(r"https?://[^\s\"'<>)]+", page))
     assert urls <= {"http://www.w3.org/2000/svg"}, f"nothing outside the lab may be named: {urls}"
     fetched = set(re.findall(r"""fetch\(\s*([^,)]+)""", page)) | set(re.findall(r'labFetch(?:Floats)?\("([^"]+)"', page))
-    assert fetched <= {"path", '"/api/generate"', "/api/models", "/api/analyze", "/api/ablation", "/api/qkv",
-                       "/api/intervene", "/api/compare"}, (
+    assert fetched <= {"path", '"/api/generate"', "/api/models", "/api/analyze", "/api/ablation", "/api/inside",
+                       "/api/qkv", "/api/intervene", "/api/compare"}, (
         fetched)
     for tag in ("src=", "@import", "url(", "XMLHttpRequest", "import("):
         assert tag not in page, f"the page must load nothing else, found {tag!r}"

@@ -717,8 +717,8 @@ def test_the_labs_own_names_are_answered(client, host):
     assert r.status_code == 200, f"Host {host!r} with its own Origin: {r.status_code} {r.text[:200]}"
 
 
-@pytest.mark.parametrize("path", ["/api/analyze", "/api/ablation", "/api/qkv", "/api/generate", "/api/intervene",
-                                  "/api/compare"])
+@pytest.mark.parametrize("path", ["/api/analyze", "/api/ablation", "/api/inside", "/api/qkv", "/api/generate",
+                                  "/api/intervene", "/api/compare"])
 @pytest.mark.parametrize("content_type, origin, body, status", [
     ("text/plain", "http://evil.example.com", json.dumps(ANALYZE), 403),  # the probe: a foreign page's fetch
     ("text/plain", None, json.dumps(ANALYZE), 415),  # a no-cors fetch's only kinds of body
@@ -943,6 +943,7 @@ def _fuzz_value(rng, depth: int = 0):
 def _fuzz_body(rng, path: str) -> dict:
     fields = {"/api/analyze": ["model", "checkpoint", "interventions", "ablation", "inside"],
               "/api/ablation": ["model", "checkpoint", "interventions"],
+              "/api/inside": ["model", "checkpoint", "interventions"],
               "/api/qkv": ["model", "checkpoint", "interventions"],
               "/api/generate": ["model", "checkpoint", "interventions", "max_new_tokens", "temperature", "top_k",
                                 "top_p", "seed"],
@@ -968,16 +969,17 @@ def _fuzz_body(rng, path: str) -> dict:
 
 
 def test_a_fuzzer_over_the_documented_api_finds_no_500(client):
-    """600 random bodies (seeded: the same every run) built from the documented fields with values of every JSON
+    """700 random bodies (100 an endpoint, seeded: the same every run) built from the documented fields with values of every JSON
     type and edge (huge and negative integers, lone surrogates, NUL, nesting, wrong types): each answer is a 200
     or a 4xx whose error is short, and the server answers its page after all of them. (It found the hidden last
     key above.)"""
     import random
 
     rng = random.Random(30)
-    paths = ["/api/analyze", "/api/ablation", "/api/qkv", "/api/generate", "/api/intervene", "/api/compare"]
+    paths = ["/api/analyze", "/api/ablation", "/api/inside", "/api/qkv", "/api/generate", "/api/intervene",
+             "/api/compare"]
     seen: dict[int, int] = {}
-    for _ in range(600):
+    for _ in range(100 * len(paths)):
         path = rng.choice(paths)
         body = _fuzz_body(rng, path)
         r = client.post(path, content=json.dumps(body).encode(), headers={"content-type": "application/json"})
@@ -1280,21 +1282,29 @@ def test_abandoned_load_leaves_the_server_idle_and_its_memory_flat(runs, capsys)
     assert "### Live lab, requests abandoned" in out, out
 
 
-def test_qkv_apart_are_the_analysis_own_as_float32_bytes(client):
-    """The page asks for the maps without q, k, v ("inside": false) and fetches them as binary: the same float32
-    numbers the full answer carries in base64, from the analysis just made or from a pass of their own."""
+def test_the_panel_apart_is_the_analysis_own_and_its_qkv_float32_bytes(client):
+    """The page asks for the maps without the step-inside panel ("inside": false) and fetches it after them: its
+    numbers (POST /api/inside: the logit lens, head shares, circuits) equal the full answer's, and its q, k, v
+    (POST /api/qkv, binary) the float32 numbers the full answer carries in base64, from the analysis just made or
+    from a pass of their own. Planted bug: lab_panel_of_another_text."""
     import base64
 
     for interventions in ([], [{"kind": "hide_key", "key": 4}]):
         full = client.post("/api/analyze", json={"text": TEXT, "interventions": interventions}).json()
         maps = client.post("/api/analyze", json={"text": TEXT, "interventions": interventions, "ablation": False,
                                                  "inside": False}).json()
-        assert maps["inside"]["q"] is None and maps["pending"] == ["qkv", "ablation"], maps.get("pending")
-        assert {k: v for k, v in maps["inside"].items() if k not in "qkv"} == {
-            k: v for k, v in full["inside"].items() if k not in "qkv"}, "the rest of the panel's data differs"
+        assert "inside" not in maps and maps["pending"] == ["inside", "ablation"], maps.get("pending")
+        assert {k: v for k, v in maps.items() if k not in ("pending", "roles", "live")} == {
+            k: v for k, v in full.items() if k not in ("pending", "roles", "live", "inside", "scores")} | {
+            "scores": [{"step": None, "roles": {k: v for k, v in full["scores"][0]["roles"].items() if k != "ablation"}}]}
         for first in (True, False):  # right after its analysis, then after another text's (a pass of its own)
             if not first:
                 client.post("/api/analyze", json={"text": "ROMEO:", "inside": False, "ablation": False})
+            panel = client.post("/api/inside", json={"text": TEXT, "interventions": interventions})
+            assert panel.status_code == 200, panel.text
+            got = panel.json()["inside"]
+            assert got["q"] is None and {k: v for k, v in got.items() if k not in "qkv"} == {
+                k: v for k, v in full["inside"].items() if k not in "qkv"}, f"the panel's numbers differ ({first=})"
             r = client.post("/api/qkv", json={"text": TEXT, "interventions": interventions})
             assert r.status_code == 200 and r.headers["content-type"] == "application/octet-stream", r.headers
             shape = tuple(int(n) for n in r.headers["x-shape"].split(","))

@@ -49,10 +49,18 @@ class TextAnalysis:
     loss_mean: float  # nan for a one-token text
     top_ids: np.ndarray  # (T, k) int64 the most likely next tokens after each position
     top_probs: np.ndarray  # (T, k) float32
-    lens: LensTop  # (L + 1, T, lens_k)
+    lens: LensTop | None  # (L + 1, T, lens_k); None with analyze(lens=False): `stream` holds what it reads
     qkv: np.ndarray  # (3, L, nh, T, hs) float32
     shares: np.ndarray  # (L, nh, T, C) float32
     interventions: tuple[Intervention, ...] = ()
+    stream: np.ndarray | None = None  # (L + 1, T, C) float32, the residual stream, kept only with lens=False
+
+    def lens_of(self, model, lens_k: int = 5) -> LensTop:
+        """The logit lens: the one computed, or (lens=False) the one read now from the stream kept."""
+        if self.lens is not None:
+            return self.lens
+        device = next(plain_module(model).parameters()).device
+        return lens_of_stream(model, torch.from_numpy(self.stream).to(device), lens_k)
 
 
 def _losses_and_top(logits: Tensor, idx: Tensor, top_k: int) -> tuple[np.ndarray, float, np.ndarray, np.ndarray]:
@@ -115,8 +123,10 @@ def _zero_rows(rows: list[tuple[int, int]], before=None):
 
 @torch.no_grad()
 def analyze(model, ids, *, interventions: Sequence[Intervention] = (), ablation: bool = True, top_k: int = 10,
-            lens_k: int = 5) -> TextAnalysis:
-    """Everything the pages show about one text, from one recorded forward pass (module docstring)."""
+            lens_k: int = 5, lens: bool = True) -> TextAnalysis:
+    """Everything the pages show about one text, from one recorded forward pass (module docstring). lens=False
+    keeps the residual stream instead of reading the lens off it (TextAnalysis.lens_of reads it when asked: the
+    live lab draws the maps first)."""
     model = plain_module(model)
     cfg = model.config
     idx = token_window(model, ids)[None]  # (1, T)
@@ -141,7 +151,7 @@ def analyze(model, ids, *, interventions: Sequence[Intervention] = (), ablation:
         ids=ids_np, weights=weights, scores=scores,
         ablation=batched_ablation(model, idx, interventions) if ablation and idx.size(1) > 1 else None,
         loss=loss, loss_mean=loss_mean, top_ids=top_ids, top_probs=top_probs,
-        lens=lens_of_stream(model, resid, lens_k),
+        lens=lens_of_stream(model, resid, lens_k) if lens else None,
         qkv=torch.stack([q, k, v]).cpu().numpy(), shares=shares.cpu().numpy(),
-        interventions=tuple(interventions),
+        interventions=tuple(interventions), stream=None if lens else resid.float().cpu().numpy(),
     )

@@ -132,16 +132,21 @@ def detection_score(a: np.ndarray, d: np.ndarray, *, exclude_first: bool = False
 
     With target_rows_only, only query rows where d has a target count (0 where no row has one).
     """
-    a = np.array(a, dtype=np.float64)  # a copy: the exclusions below must not edit the caller's pattern
-    if target_rows_only:
-        a[..., ~np.asarray(d).any(-1), :] = 0.0
+    d = np.asarray(d, dtype=np.float64)
+    if exclude_first or exclude_self:
+        a = np.array(a, dtype=np.float64)  # a copy: the exclusions below must not edit the caller's pattern
+    else:
+        a = np.asarray(a, dtype=np.float64)  # nothing is edited: no copy (the live lab scores 16 heads x 500^2)
     if exclude_first:
         a[..., :, 0] = 0.0
     if exclude_self:
         idx = np.arange(a.shape[-1])
         a[..., idx, idx] = 0.0
-    total = a.sum(axis=(-2, -1))
-    return (a * d).sum(axis=(-2, -1)) / np.where(total > 0, total, 1.0)
+    rows = a.sum(axis=-1)  # (..., T)
+    total = (rows * d.any(-1)).sum(axis=-1) if target_rows_only else rows.sum(axis=-1)
+    q, k = np.nonzero(d)  # the patterns are sparse: sum(A * D) over D's cells, not an (..., T, T) product
+    hits = (a[..., q, k] * d[q, k]).sum(axis=-1)
+    return hits / np.where(total > 0, total, 1.0)
 
 
 def first_token_mass(a: np.ndarray) -> np.ndarray:
@@ -157,8 +162,9 @@ def self_mass(a: np.ndarray) -> np.ndarray:
 def normalised_entropy(a: np.ndarray) -> np.ndarray:
     a = np.asarray(a, dtype=np.float64)
     t = a.shape[-1]
-    plogp = np.where(a > 0, a * np.log(np.where(a > 0, a, 1.0)), 0.0)
-    h = -plogp.sum(-1)[..., 1:]  # (..., T-1): rows 1..T-1
+    logs = np.zeros_like(a)
+    np.log(a, out=logs, where=a > 0)  # 0 log 0 = 0
+    h = -np.einsum("...ij,...ij->...i", a, logs)[..., 1:]  # (..., T-1): rows 1..T-1
     return (h / np.log(np.arange(2, t + 1))).mean(-1)
 
 

@@ -7,9 +7,11 @@
                          "ablation": false leaves out the ablation pass, the slowest part (the page's maps first)
     POST /api/ablation   one text: every head's Δloss when zeroed (interp.analysis.batched_ablation), the model
                          view's ablation column, asked for by the page once the maps are drawn
+    POST /api/inside     one text: the step-inside panel's numbers but q, k, v (the logit lens, head shares,
+                         circuits): "inside": false leaves the panel out of /api/analyze (and its lens uncomputed),
+                         and this answers it from what that analysis kept (or a pass of its own)
     POST /api/qkv        one text: every head's q, k, v as little-endian float32 bytes (3, L, nh, T, hs), the
-                         step-inside panel's numbers: "inside": false leaves them out of /api/analyze (most of its
-                         bytes), and this answers them from what that analysis kept (or a pass of its own)
+                         panel's q, k, v (most of a full answer's bytes), from the same kept analysis
     POST /api/generate   a continuation, streamed as NDJSON one token a line (sampling.generate_text, one step
                          at a time); a client that disconnects stops it
     POST /api/intervene  the clean and the edited model on one text (interp.analysis.text_losses), and their
@@ -71,7 +73,8 @@ from attention_lab.lab.requests import (
 )
 from attention_lab.sampling import generate_text
 from attention_lab.viewer.page import json_safe, lab_page, role_info
-from attention_lab.viewer.report import model_circuits, page_data, text_circuits
+from attention_lab.interp.inside import steppable
+from attention_lab.viewer.report import inside_data, model_circuits, page_data, text_circuits
 from model import hooked
 
 TOP_K = 10  # next-token predictions reported after each position
@@ -184,9 +187,23 @@ class Worker:
 # JSON out
 
 
+def _plain(x):
+    """json.dumps' default for what it cannot write itself: numpy arrays and scalars (a NaN among them still
+    raises, below)."""
+    if isinstance(x, (np.ndarray, np.generic)):
+        return x.tolist()
+    raise TypeError(type(x).__name__)
+
+
 def json_response(obj, status: int = 200) -> Response:
-    return Response(json.dumps(json_safe(obj), separators=(",", ":"), allow_nan=False), status_code=status,
-                    media_type="application/json")
+    """obj as JSON. Written as it is when it can be (numpy turned into lists on the way): walking a 500-token
+    answer with json_safe first took longer than writing it; only an answer holding a NaN, an infinity or a key
+    json cannot write is made safe first (json_safe: None for every non-finite number)."""
+    try:
+        text = json.dumps(obj, separators=(",", ":"), allow_nan=False, default=_plain)
+    except (ValueError, TypeError):
+        text = json.dumps(json_safe(obj), separators=(",", ":"), allow_nan=False)
+    return Response(text, status_code=status, media_type="application/json")
 
 
 MAX_MESSAGE = 600  # characters of an error message: whatever a request holds, what is said back stays short
@@ -245,17 +262,24 @@ def _qkv_key(req, lm: Loaded) -> tuple:
     return (id(lm), req.text, json.dumps(req.interventions, sort_keys=True))
 
 
+def _kept(found):
+    """What the panel needs of an analysis, kept per checkpoint between requests (not the maps' weights)."""
+    return dataclasses.replace(found, weights=None)
+
+
 def _top(tokenizer, top_ids: np.ndarray, top_probs: np.ndarray) -> list:
     """(T, k) ids and probabilities -> T x [[token, p] x k], the tokens as readable strings."""
-    flat = tokenizer.token_strings([int(i) for i in top_ids.reshape(-1)])
-    k = top_ids.shape[1]
-    return [[[flat[t * k + j], round(float(top_probs[t, j]), 5)] for j in range(k)] for t in range(top_ids.shape[0])]
+    distinct = sorted({int(i) for i in np.unique(top_ids)})
+    name = dict(zip(distinct, tokenizer.token_strings(distinct)))
+    return [[[name[i], round(p, 5)] for i, p in zip(ids, probs)]
+            for ids, probs in zip(top_ids.tolist(), top_probs.astype(np.float64).tolist())]
 
 
 def _losses(tokenizer, found) -> dict:
     """text_losses' (loss, loss_mean, top_ids, top_probs) as the API's {"loss", "loss_mean", "top"}."""
     loss, loss_mean, top_ids, top_probs = found
-    return {"loss": [float(x) for x in loss], "loss_mean": loss_mean, "top": _top(tokenizer, top_ids, top_probs)}
+    return {"loss": np.asarray(loss, np.float64).tolist(), "loss_mean": loss_mean,
+            "top": _top(tokenizer, top_ids, top_probs)}
 
 
 def _circuits(lm: Loaded, ids: list[int]) -> dict:
@@ -356,12 +380,12 @@ def create_app(registry: Registry, *, worker: Worker | None = None, page: Callab
         def job(req, watch: Watch):
             lm, ids, items = _prepare(registry, req.target, req.text, req.interventions)
             t0 = time.perf_counter()
-            found = analyze(lm.model, ids, interventions=items, top_k=TOP_K, ablation=req.ablation)
+            # without the panel unless asked for: its logit lens is read later, from the stream kept
+            found = analyze(lm.model, ids, interventions=items, top_k=TOP_K, ablation=req.ablation, lens=req.inside)
             watch.check()  # the client left during the pass: the page's data is not built for nobody
-            lm.memo["qkv"] = (_qkv_key(req, lm), found.qkv)  # for the POST /api/qkv that follows
-            # without q, k, v (most of the bytes at length) unless asked for: POST /api/qkv sends them as binary
-            shown = found if req.inside else dataclasses.replace(found, qkv=np.zeros((3, 0), np.float32))
-            data = page_data(lm.model, lm.tokenizer, shown, _circuits(lm, ids))
+            lm.memo["panel"] = (_qkv_key(req, lm), _kept(found))  # for the POST /api/inside and /api/qkv that follow
+            data = page_data(lm.model, lm.tokenizer, found, _circuits(lm, ids) if req.inside else None,
+                             panel=req.inside)
             live = {"model": req.target.model, "checkpoint": lm.checkpoint, "step": lm.step, "ids": ids,
                     **_losses(lm.tokenizer, (found.loss, found.loss_mean, found.top_ids, found.top_probs))}
             if items:
@@ -369,9 +393,8 @@ def create_app(registry: Registry, *, worker: Worker | None = None, page: Callab
                 live["before"] = _losses(lm.tokenizer, text_losses(lm.model, ids, top_k=TOP_K))
             live["ms"] = round((time.perf_counter() - t0) * 1000, 1)
             pending = []
-            if not req.inside and data.get("inside") is not None:
-                data["inside"].update(q=None, k=None, v=None)
-                pending.append("qkv")  # the panel's q, k, v: POST /api/qkv
+            if not req.inside and steppable(lm.config) is None:
+                pending.append("inside")  # the step-inside panel: POST /api/inside, then its q, k, v (POST /api/qkv)
             if not req.ablation and len(ids) > 1:  # the column is named now and filled by POST /api/ablation
                 data["roles"] = role_info([*data["roles"], "ablation"])
                 pending.append("ablation")
@@ -393,13 +416,32 @@ def create_app(registry: Registry, *, worker: Worker | None = None, page: Callab
 
         return json_response(await on_text(request, parse_ablation, "ablate", job))
 
+    def panel_of(req):
+        """The analysis the panel reads (on the worker thread): the last one of this checkpoint, if it was of
+        this text and these interventions, else a pass of its own."""
+        lm, ids, items = _prepare(registry, req.target, req.text, req.interventions)
+        key, kept = lm.memo.get("panel", (None, None))
+        if key != _qkv_key(req, lm):
+            kept = _kept(analyze(lm.model, ids, interventions=items, top_k=1, ablation=False, lens=False))
+            lm.memo["panel"] = (_qkv_key(req, lm), kept)
+        return lm, ids, kept
+
+    async def inside(request: Request) -> Response:
+        def job(req, watch: Watch):
+            lm, ids, kept = panel_of(req)
+            if steppable(lm.config) is not None:
+                raise Invalid(f"model {req.target.model} has no step-inside panel: {steppable(lm.config)}")
+            t0 = time.perf_counter()
+            panel = inside_data(lm.model, np.zeros((3, 0), np.float32), kept.shares, lm.tokenizer,
+                                kept.lens_of(lm.model), _circuits(lm, ids))
+            return {"model": req.target.model, "checkpoint": lm.checkpoint, "step": lm.step, "ids": ids,
+                    "inside": panel | {"q": None, "k": None, "v": None}, "ms": round((time.perf_counter() - t0) * 1000, 1)}
+
+        return json_response(await on_text(request, parse_ablation, "step inside", job))
+
     async def qkv(request: Request) -> Response:
         def job(req, watch: Watch):
-            lm, ids, items = _prepare(registry, req.target, req.text, req.interventions)
-            key, kept = lm.memo.get("qkv", (None, None))
-            if key != _qkv_key(req, lm):  # not the last analysis of this checkpoint: one pass of its own
-                kept = analyze(lm.model, ids, interventions=items, top_k=1, ablation=False).qkv
-            return np.ascontiguousarray(kept, dtype="<f4")
+            return np.ascontiguousarray(panel_of(req)[2].qkv, dtype="<f4")
 
         values = await on_text(request, parse_ablation, "step inside", job)
         return Response(values.tobytes(), media_type="application/octet-stream",
@@ -503,6 +545,7 @@ def create_app(registry: Registry, *, worker: Worker | None = None, page: Callab
             Route("/api/models", models, methods=["GET"]),
             Route("/api/analyze", analyze_text, methods=["POST"]),
             Route("/api/ablation", ablation, methods=["POST"]),
+            Route("/api/inside", inside, methods=["POST"]),
             Route("/api/qkv", qkv, methods=["POST"]),
             Route("/api/generate", generate, methods=["POST"]),
             Route("/api/intervene", intervene, methods=["POST"]),

@@ -168,17 +168,19 @@ def in_text_copying(model: GPT, found: TextAnalysis) -> np.ndarray | None:
     return copying_of(model, found.shares, found.weights, found.ids) if len(found.ids) > 1 else None
 
 
-def page_data(model: GPT, tokenizer: Tokenizer, found: TextAnalysis, circuits: dict | None = None) -> dict:
+def page_data(model: GPT, tokenizer: Tokenizer, found: TextAnalysis, circuits: dict | None = None,
+              panel: bool = True) -> dict:
     """The sample page's JSON data island for one analysed text (what attention.html embeds and the live lab's
     /api/analyze answers): the weights, role scores and ablation of `found`, and, for a causal model, the "step
     inside" panel's numbers with the logit lens and `circuits` (head_circuits; the lab keeps the weight-only part
-    per checkpoint)."""
+    per checkpoint). panel=False leaves the panel out (the live lab sends it apart, after the maps)."""
     labels = tokenizer.token_strings([int(i) for i in found.ids])
     page_scores = dict(found.scores) | ({"ablation": found.ablation} if found.ablation is not None else {})
-    circuits = circuits if circuits is not None else head_circuits(model, [int(i) for i in found.ids], tokenizer)
     # the panel steps through causal rows (keys 0..i): left out for a model whose rows reach later keys
-    inside = (inside_data(model, found.qkv, found.shares, tokenizer, found.lens, circuits)
-              if steppable(model.config) is None else None)
+    inside = None
+    if panel and steppable(model.config) is None:
+        circuits = circuits if circuits is not None else head_circuits(model, [int(i) for i in found.ids], tokenizer)
+        inside = inside_data(model, found.qkv, found.shares, tokenizer, found.lens_of(model), circuits)
     return sample_data(found.weights, labels, page_scores, inside=inside)
 
 

@@ -407,9 +407,8 @@ class Lab {
   async render(data, key, t0, bytes = null, newer = false) {
     const t1 = performance.now();
     this.data = data; this.shownKey = key;
-    // the step-inside panel waits for its q, k, v (POST /api/qkv): hidden until they come
-    this.insideLater = data.inside && data.inside.q == null ? data.inside : null;
-    if (this.insideLater) data.inside = null;
+    // the step-inside panel comes after the maps (POST /api/inside, then its q, k, v: POST /api/qkv): hidden till then
+    this.insideLater = (data.pending || []).includes("inside");
     if (!newer) this.markStale("");
     this.offsets = tokenOffsets(data.tokens, JSON.parse(key).text);
     const live = data.live || {};
@@ -448,26 +447,29 @@ class Lab {
     this.labelCheckpoint();
     this.renderIvNote();
     if (newer) return;
-    if ((data.pending || []).includes("qkv") && !(await this.qkv(key))) return;
+    if (this.insideLater && !(await this.inside(key))) return;
     if ((data.pending || []).includes("ablation")) await this.ablation(key);
     else this.finishRender(key);
   }
 
-  // the step-inside panel's q, k, v for the answer on the screen (POST /api/qkv, float32 bytes); false if the page
-  // has moved on (or the request failed)
-  async qkv(key) {
+  // the step-inside panel for the answer on the screen: its numbers (POST /api/inside: the logit lens, the head
+  // shares, the circuits) and its q, k, v (POST /api/qkv, float32 bytes); false if the page has moved on (or a
+  // request failed)
+  async inside(key) {
     const ctrl = new AbortController();
     this.ablating = ctrl;
-    let r = null;
-    try { r = await labFetchFloats("/api/qkv", JSON.parse(key), ctrl.signal); }
-    catch (e) { if (e.name !== "AbortError" && key === this.shownKey) this.showError(`step inside: ${e.message}`); }
+    let panel = null, r = null;
+    try {
+      panel = await labFetch("/api/inside", JSON.parse(key), ctrl.signal);
+      if (key === this.shownKey) r = await labFetchFloats("/api/qkv", JSON.parse(key), ctrl.signal);
+    } catch (e) { if (e.name !== "AbortError" && key === this.shownKey) this.showError(`step inside: ${e.message}`); }
     if (this.ablating === ctrl) this.ablating = null;
-    if (!r || key !== this.shownKey || !this.data || !this.insideLater) return false;
+    if (!panel || !r || key !== this.shownKey || !this.data || !this.insideLater) return false;
     const per = r.values.length / 3, d = this.data;
-    d.inside = { ...this.insideLater, q: r.values.subarray(0, per), k: r.values.subarray(per, 2 * per),
+    d.inside = { ...panel.inside, q: r.values.subarray(0, per), k: r.values.subarray(per, 2 * per),
                  v: r.values.subarray(2 * per) };
-    this.insideLater = null;
-    d.pending = (d.pending || []).filter((p) => p !== "qkv");
+    this.insideLater = false;
+    d.pending = (d.pending || []).filter((p) => p !== "inside");
     if (this.view.panel) { this.view.panel.setData(d); this.view.panel.render(); }
     return true;
   }
