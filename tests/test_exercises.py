@@ -166,9 +166,10 @@ def test_a_mistake_written_by_hand_is_named(tmp_path, exercise, mistake):
     result = check(exercise, path, quiet=True)
     assert result.status == "fail" and result.mistake == mistake, (
         f"{exercise}: the hand-written {mistake!r} was {result.status} / {result.mistake!r}:\n{result.message}")
-    title = next(m.title for m in EXERCISES[exercise].mistakes if m.name == mistake)
-    assert title in result.message and "why it matters: python -m attention_lab.claims" in result.message, (
-        f"the message must name the mistake in words and the experiment:\n{result.message}")
+    m = next(m for m in EXERCISES[exercise].mistakes if m.name == mistake)
+    assert m.title in result.message and f"why it matters: {m.why}" in result.message, (
+        f"the message must name the mistake in words and why it matters (an experiment where one fits):\n"
+        f"{result.message}")
 
 
 def test_every_catalogued_mistake_has_a_hand_written_twin():

@@ -255,8 +255,8 @@ def numerics_mistakes(scores_of: Callable[[Case], Tensor], visible_of: Callable[
         top, _ = row_max(ev.case, idx)
         return (f"exp without subtracting the row's max: exp overflows float32 above {EXP_OVERFLOW:.1f} (exp("
                 f"{EXP_OVERFLOW:.1f}) = {torch.finfo(F32).max:.2g}), and {_where(idx, axes)} has a largest score of "
-                f"{top:.3g} ({ev.case.label}), so your output there is {value:.4g}; softmax(s) = softmax(s - the "
-                "row's max): subtract s.amax(dim=-1, keepdim=True) before exp, or call torch.softmax, which does")
+                f"{top:.3g} ({ev.case.label}), so your output there is {value:.4g}; softmax(s) = softmax(s - m) for "
+                "any m, so take m = s.amax(dim=-1, keepdim=True) before exp, or call torch.softmax, which does")
 
     def whole_max(ev: Evidence) -> str:
         idx, value = _worst_row(ev, sunk, axes)
@@ -334,7 +334,7 @@ def _attn_scale_sentence(ev: Evidence, factor: str, mistake: str) -> str:
 
 SCALE_MISTAKES = dict(
     no_scale=("no 1/sqrt(d_k)", "sqrt(d_k) = {:.3g}: the scores were never divided by sqrt(d_k)"),
-    divided_by_dk=("divided by d_k", "1/sqrt(d_k) = {:.3g}: divided by d_k instead of sqrt(d_k)"),
+    divided_by_dk=("divided by d_k", "1/sqrt(d_k) = {:.3g}: q k^T over d_k itself instead of its square root"),
 )
 
 
@@ -733,18 +733,19 @@ def _core_of(mistake: Mistake, case: Case):
     return core
 
 
-HEAD_SENTENCES = {
-    "no_scale": "q k^T is not divided by sqrt(d_k), so the scores grow with the head size and the softmax saturates",
-    "divided_by_dk": "q k^T is divided by d_k, not sqrt(d_k), so the scores shrink with the head size",
-    "mask_after_softmax": "the mask comes after the softmax, so the rows sum to less than 1 and the future leaks "
-                          "through the denominator",
-    "zero_not_inf": "the future keys' scores are 0, not -inf, so they still get weight after the softmax",
-    "no_mask": "there is no causal mask, so every query sees the token it must predict",
-    "diagonal_hidden": "the mask hides the diagonal too, so query 0 sees nothing (NaN)",
-    "future_visible": "the mask lets each query see the next key, the token it must predict",
-    "mask_transposed": "the mask hides the past and keeps the future",
-    "softmax_over_queries": "the softmax runs over the query axis, so weights depend on later queries",
-    "queries_keys_swapped": "the scores are k q^T: queries and keys swapped",
+HEAD_SENTENCES = {  # what goes wrong inside each head, in other words than the mistake's title
+    "no_scale": "q k^T is never divided by sqrt(d_k), so the scores grow with the head size and the softmax saturates",
+    "divided_by_dk": "q k^T is divided by d_k, where sqrt(d_k) keeps the scores' variance near 1",
+    "mask_after_softmax": "the future keys stay in each softmax's denominator, so the visible weights sum to less "
+                          "than 1 and the future leaks",
+    "zero_not_inf": "a future key's score of 0 still gets weight e^0/Z after the softmax",
+    "no_mask": "every query sees every key, the token it must predict included",
+    "diagonal_hidden": "no token may attend to itself, so query 0 sees no key at all (NaN)",
+    "future_visible": "each query also sees the key after it, the token it must predict",
+    "mask_transposed": "the past is hidden and the future kept",
+    "softmax_over_queries": "each key's column sums to 1 instead of each query's row, so a weight depends on later "
+                            "queries",
+    "queries_keys_swapped": "the scores are k q^T, so row i holds key i's products with every query",
 }
 
 
@@ -779,8 +780,9 @@ def _sinusoidal_mistakes() -> list[Mistake]:
 
     return [
         m("concatenated", "sin and cos concatenated, not interleaved",
-          lambda ev: (f"sin and cos concatenated, not interleaved: your row 1 starts {_row(ev.mine, 1)} where the "
-                      f"reference's starts {_row(ev.ref, 1)}: you put every sine first, then every cosine (the "
+          lambda ev: (f"sin and cos concatenated, not interleaved: your row {min(1, len(ev.mine) - 1)} starts "
+                      f"{_row(ev.mine, min(1, len(ev.mine) - 1))} where the reference's starts "
+                      f"{_row(ev.ref, min(1, len(ev.ref) - 1))}: you put every sine first, then every cosine (the "
                       "tensor2tensor layout); the model interleaves them as Vaswani et al. write it: PE[p, 2i] = sin, "
                       "PE[p, 2i+1] = cos"), concatenated=True),
         m("sin_cos_swapped", "sin and cos swapped",
@@ -936,6 +938,16 @@ def _decode_scores(case: Case) -> Tensor:
     return scores_with(q, torch.cat([k_cache, k], dim=2))  # (B, nh, 1, S + 1)
 
 
+CACHE_WHY = ("each later step attends over the keys and values this step returns, so a key unseen, not kept or out "
+             "of order changes every token generated after it; with a right cache the cached and the uncached model "
+             "give the same tokens (tests/test_exercises_training.py checks that for the model's own KVCache)")
+
+
+def _own_weight(case: Case) -> float:
+    """The weight the reference gives the new token's own key, head 0 of batch 0."""
+    return F.softmax(_decode_scores(case)[0, 0, 0], dim=-1)[-1].item()
+
+
 def _decode_mistakes() -> list[Mistake]:
     def own_not_seen(c):
         q, k, v, kc, vc = c.float_args()
@@ -968,24 +980,29 @@ def _decode_mistakes() -> list[Mistake]:
         Mistake("own_key_not_seen", "attended before appending",
                 own_not_seen,
                 lambda ev: ("attended before appending: the new token attends over the cached keys only, not its own "
-                            f"key ({ev.case.label}); append k and v to the caches first, then attend over all S + 1"),
-                CLAIM.format("mask")),
+                            f"key, which the reference gives {_own_weight(ev.case):.3g} of the new query's weight in "
+                            f"head 0 ({ev.case.label}); append k and v to the caches first, then attend over all "
+                            f"S + 1 = {ev.case.sizes['S'] + 1}"),
+                CACHE_WHY),
         Mistake("mask_top_left", "the causal mask aligned top-left",
                 lambda c: decode_reference(*c.float_args(), top_left=True),
-                lambda ev: (f"the causal mask aligned top-left: the new query sees only key 0 ({ev.case.label}), as "
-                            "tril(ones(1, S + 1)) or sdpa's is_causal=True do for one query; the new token is the "
-                            "last position and sees every cached key: no mask at all"),
-                CLAIM.format("mask")),
+                lambda ev: (f"the causal mask aligned top-left: the new query sees only key 0 of the "
+                            f"{ev.case.sizes['S'] + 1} ({ev.case.label}), as tril(ones(1, S + 1)) or sdpa's "
+                            "is_causal=True do for one query; the new token is the last position and sees every "
+                            "cached key: no mask at all"),
+                CACHE_WHY),
         Mistake("cache_not_appended", "the new key not kept",
                 not_appended,
                 lambda ev: (f"the new key not kept: your output is right but the caches you return have "
-                            f"{ev.mine[1].size(2)} keys, not {ev.ref[1].size(2)}: the next step would not see this "
-                            "token"), CLAIM.format("mask")),
+                            f"{ev.mine[1].size(2)} keys, not {ev.ref[1].size(2)} (k, which starts "
+                            f"{ev.ref[1][0, 0, -1, 0].item():.4g}, is missing): the next step would not see this "
+                            "token"), CACHE_WHY),
         Mistake("cache_prepended", "the new key put first",
                 prepended,
                 lambda ev: ("the new key put first: your output is right (without positions the order of keys does "
-                            "not change it) but the caches hold the new key at the front; the cache keeps positions "
-                            "in order, the newest last: torch.cat([k_cache, k], dim=2)"), CLAIM.format("mask")),
+                            f"not change it) but the caches hold k at index 0 of {ev.mine[1].size(2)}, "
+                            f"where the reference's is at {ev.ref[1].size(2) - 1}; the cache keeps positions in order, "
+                            "the newest last: torch.cat([k_cache, k], dim=2)"), CACHE_WHY),
         scale_mistake("no_scale"),
         scale_mistake("divided_by_dk"),
     ]

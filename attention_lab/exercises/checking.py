@@ -11,6 +11,7 @@ their output first differs. Bad code (an exception, a wrong shape, dtype or devi
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from torch import Tensor
 
 from attention_lab.exercises.book import (
     EXERCISES,
+    EXP_OVERFLOW,
     IN_PLACE,
     LOWER_PRECISION,
     Case,
@@ -171,39 +173,69 @@ def _check(name: str, fn, function: str | None, convention: str | None, timeout:
                                         f"agrees with the reference on all {len(runs)} cases.\n  why it matters: "
                                         f"{IN_PLACE.why}", IN_PLACE.name)
         return Result(name, "pass", _pass_message(ex, runs, where, convention))
-    problem = _type_problem(runs, ex)
     found = diagnose(runs, mistakes, tol)
     if found is not None:
         return _mistake_result(ex, found, runs, fn, where)
-    raised = next((r for r in runs if r.outcome.error is not None), None)
-    if raised is not None:
-        e, line = raised.outcome.error, raised.outcome.line
-        return Result(name, "error", f"error: {name}: {where}{f' line {line}' if line else ''}: "
-                                     f"{type(e).__name__}: {_first_line(e)} (case {raised.case.label})")
-    suffix = ""
-    if problem is None:
-        shaped = next((r for r in runs if r.typed and _shape_problem(r, ex)), None)
-        problem = (shaped, _shape_problem(shaped, ex)) if shaped is not None else None
-        suffix = f", which matches none of the {len(mistakes)} known mistakes"
-    if problem is not None:
-        run, what = problem
-        traced = call(fn, fresh(run.case.args), timeout=PROBE_TIMEOUT, trace=True)
-        line = f" line {traced.line}" if traced.line else ""
-        return Result(name, "error", f"error: {name}: {where}{line}: your {ex.function} returned{what} "
-                                     f"(case {run.case.label}){suffix}")
     lower = lower_precision(fn, ex, runs, reference, tol)
     if lower is not None:
         return Result(name, "fail", f"fail: {name}: {lower}.\n  why it matters: {LOWER_PRECISION.why}"
                                     + _also_in_place(ex, runs, fn, where), LOWER_PRECISION.name)
-    bad = next((r for r in runs if _non_finite_where_ref_finite(r)), None)
-    if bad is not None:
-        traced = call(fn, fresh(bad.case.args), timeout=PROBE_TIMEOUT, trace=True)
+    # no known mistake: every failing case's first failure, the earliest case's in full, then one line for the
+    # first case of each other kind, each naming its case (an exception in one case never hides an earlier NaN)
+    failures = [f for r in runs if (f := _failure(ex, r, tol, fn, where, mistakes, reference)) is not None]
+    kind, _, text, run = failures[0]
+    status = "error" if any(f[1] == "error" for f in failures) else "fail"  # broken code somewhere: exit 2
+    also, seen = "", {kind}
+    for k, _, t, r in failures[1:]:
+        if k not in seen:
+            seen.add(k)
+            also += f"\n  also: {t}"
+    return Result(name, status, f"{status}: {name}: {text}{also}" + _also_in_place(ex, runs, fn, where))
+
+
+def _failure(ex: Exercise, run: Run, tol: dict, fn, where: str, mistakes: list[Mistake], reference
+             ) -> tuple[str, str, str, Run] | None:
+    """This case's first failure: (kind, "error" or "fail", the sentence, the run), or None when it passes."""
+    label = f"(case {run.case.label})"
+    if run.outcome.error is not None:
+        e, line = run.outcome.error, run.outcome.line
+        return ("raised", "error", f"{where}{f' line {line}' if line else ''}: {type(e).__name__}: {_first_line(e)} "
+                                   f"{label}", run)
+    problem = _type_problem([run], ex)
+    kind, suffix = "type", ""
+    if problem is None and _shape_problem(run, ex) is not None:
+        problem, kind = (run, _shape_problem(run, ex)), "shape"
+        suffix = f", which matches none of the {len(mistakes)} known mistakes"
+    if problem is not None:
+        traced = call(fn, fresh(run.case.args), timeout=PROBE_TIMEOUT, trace=True)
+        line = f" line {traced.line}" if traced.line else ""
+        return kind, "error", f"{where}{line}: your {ex.function} returned{problem[1]} {label}{suffix}", run
+    if ex.name != "mask" and _non_finite_where_ref_finite(run):  # a mask's output holds -inf: located instead
+        traced = call(fn, fresh(run.case.args), timeout=PROBE_TIMEOUT, trace=True)
         at = f" line {traced.bad_line}" if traced.bad_line else ""
-        kind = "NaN" if any(torch.isnan(m).any() for m in bad.mine) else "inf"
-        return Result(name, "error", f"error: {name}: {where}{at}: a {kind} appears there and reaches your output, "
-                                     f"where the reference is finite (case {bad.case.label})"
-                                     + ("" if traced.bad_line else "; it first shows in your output"))
-    return Result(name, "fail", _unknown_message(ex, runs, mistakes, tol) + _also_in_place(ex, runs, fn, where))
+        what = _non_finite_kind(run)
+        hint = (f"; this case has large scores ({run.case.note}): exp overflows above {EXP_OVERFLOW:.1f}, so "
+                "subtract each row's max before exp" if run.case.large else "")
+        return ("nonfinite", "error", f"{where}{at}: {what} appears there and reaches your output, where the "
+                                      f"reference is finite {label}"
+                + ("" if traced.bad_line else "; it first shows in your output") + hint, run)
+    if run.ok(tol[run.case.dtype]):
+        return None
+    return "value", "fail", _value_failure(ex, run, mistakes, tol, fn, reference), run
+
+
+def _non_finite_kind(run: Run) -> str:
+    """'a NaN', 'an inf' or '-inf': the first non-finite value of the learner's output where the reference is
+    finite."""
+    for m, r in zip(run.mine, run.ref):
+        if m.shape != r.shape:
+            continue
+        m = m.float()
+        found = m[~torch.isfinite(m) & torch.isfinite(r)]
+        if found.numel():
+            v = found[0].item()
+            return "a NaN" if v != v else "an inf" if v > 0 else "-inf"
+    return "a NaN"
 
 
 REPO = Path(__file__).resolve().parents[2]  # attention_lab/exercises/checking.py -> the checkout
@@ -260,7 +292,8 @@ def lower_precision(fn, ex: Exercise, runs: list[Run], reference, tol: dict) -> 
     nudged by 1 part in 2^20 moves the reference's output at most entries and theirs at almost none (the nudge is
     rounded away), while their output stays near the reference's (within 5% of its largest entry). None else."""
     run = next((r for r in runs if r.case.dtype == torch.float32 and not r.case.large and r.typed
-                and not r.ok(tol[r.case.dtype]) and r.ref[0].numel() >= 16), None)
+                and r.mine[0].shape == r.ref[0].shape and not r.ok(tol[r.case.dtype]) and r.ref[0].numel() >= 16),
+               None)
     if run is None:
         return None
     first = next((i for i, a in enumerate(run.case.args) if isinstance(a, Tensor) and a.is_floating_point()), None)
@@ -413,30 +446,43 @@ def _mistake_result(ex: Exercise, found: tuple[Mistake, Run], runs: list[Run], f
         sentence = m.explain(Evidence(run.case, mine, ref, probe))
     except Exception:  # noqa: BLE001 - a sentence that cannot quote its number still names the mistake
         sentence = f"{m.title}: your output matches the reference's with this mistake ({run.case.label})"
+    if not MEASURED.search(sentence.replace(run.case.label, "")) and (first := _first_difference(ex, run)):
+        sentence += f"; {first}"  # every sentence quotes a number of yours
     return Result(ex.name, "fail", f"fail: {ex.name}: {sentence}.\n  why it matters: {m.why}{also}", m.name)
 
 
-def _unknown_message(ex: Exercise, runs: list[Run], mistakes: list[Mistake], tol: dict) -> str:
-    run = next(r for r in runs if not r.ok(tol[r.case.dtype]))
+# a measured number (0.137, 16, 3e-05), shape ((1, 1, 8, 8)) or row ([0, 1, 0, ...]), not the 1 of "sums to 1"
+MEASURED = re.compile(r"\d\.\d|\d\d|\de[+-]|\(\d+(, \d+)+\)|\[-?[\d.]+, ")
+
+
+def _first_difference(ex: Exercise, run: Run) -> str:
+    """'it first differs at query 1 of head 0: the largest difference there is ...' for the first differing output."""
+    t = ex.tolerance[run.case.dtype]
+    for part, mine, ref in zip(ex.outputs, run.mine, run.ref):
+        if mine.shape == ref.shape and not bool((ok := close(mine, ref, t)).all()):
+            return (f"{'' if len(ex.outputs) == 1 else part + ': '}{locate(ex, mine.float(), ref, ok, part)} (case "
+                    f"{run.case.label})")
+    return ""  # another shape: the sentence says so
+
+
+def _value_failure(ex: Exercise, run: Run, mistakes: list[Mistake], tol: dict, fn=None, reference=None) -> str:
+    """The sentence for a case whose output has the right type and shape but other values: where it differs."""
     t = tol[run.case.dtype]
-    shape = _shape_problem(run, ex)
-    if shape is not None:
-        return (f"fail: {ex.name}: your {ex.function} returned{shape} (case {run.case.label}), and matches none of "
-                f"the {len(mistakes)} known mistakes")
     for part, mine, ref in zip(ex.outputs, run.mine, run.ref):
         ok = close(mine, ref, t)
         if bool(ok.all()):
             continue
         label = "" if len(ex.outputs) == 1 else f"{part}: "
-        return (f"fail: {ex.name}: {label}yours differs from the reference ({ex.reference_name}) and matches none of "
-                f"the {len(mistakes)} known mistakes; {locate(ex, mine.float(), ref, ok)} (case {run.case.label}; "
-                f"allowed: {t})")
-    return f"fail: {ex.name}: yours differs from the reference (case {run.case.label})"
+        heads = head_of_difference(ex, fn, run, reference, t) if ex.name == "multi_head" and fn is not None else ""
+        return (f"{label}yours differs from the reference ({ex.reference_name}) and matches none of the "
+                f"{len(mistakes)} known mistakes; {locate(ex, mine.float(), ref, ok, part)}{heads} (case "
+                f"{run.case.label}; allowed: {t})")
+    return f"yours differs from the reference (case {run.case.label})"
 
 
-def locate(ex: Exercise, mine: Tensor, ref: Tensor, ok: Tensor) -> str:
-    """Where the output first differs: the first query (position, key) that differs, the first head there, and
-    the largest difference in that row."""
+def locate(ex: Exercise, mine: Tensor, ref: Tensor, ok: Tensor, part: str = "output") -> str:
+    """Where the output first differs: the first query (position, key) that differs, the head there, and in
+    that row the entry that differs most (its key or channel) with its own two values."""
     axes = ex.axes[-mine.dim():] if len(ex.axes) >= mine.dim() else ex.axes
     bad = (~ok).nonzero()
     primary = next((i for i, a in enumerate(axes) if a in ("query", "position", "key")), 0)
@@ -445,18 +491,45 @@ def locate(ex: Exercise, mine: Tensor, ref: Tensor, ok: Tensor) -> str:
     names = {a: idx[i] for i, a in enumerate(axes)}
     row_sel = (*idx[:-1], slice(None))  # the row of the first difference: every entry of its last axis
     diff = (mine[row_sel] - ref[row_sel]).abs()
-    diff = diff[torch.isfinite(diff)]
-    worst = diff.max().item() if diff.numel() else float("nan")
-    where = f"{axes[primary]} {names[axes[primary]]}"
+    diff = torch.where(torch.isnan(diff), torch.inf, diff).masked_fill(ok[row_sel], -1.0)  # NaN counts as largest
+    j = int(diff.argmax())
+    at = (*idx[:-1], j)
+    worst = (mine[at] - ref[at]).abs().item()
+    label = "the new query" if part == "y" else f"{axes[primary]} {names[axes[primary]]}"
+    where = label
     if "head" in names:
         where += f" of head {names['head']}"
     if "batch" in names and names["batch"]:
         where += f" (batch {names['batch']})"
     before = names[axes[primary]]
-    agree_note = (f"; {axes[primary]}s 0-{before - 1} agree" if before > 1 else
+    agree_note = ("" if part == "y" else f"; {axes[primary]}s 0-{before - 1} agree" if before > 1 else
                   f"; {axes[primary]} 0 agrees" if before == 1 else "")
-    return (f"it first differs at {where}: the largest difference there is {worst:.3g} (yours "
-            f"{mine[tuple(idx)].item():.4g}, reference {ref[tuple(idx)].item():.4g}){agree_note}")
+    entry = f" at {axes[-1]} {j}" if primary != len(axes) - 1 else ""
+    return (f"it first differs at {where}: the largest difference there is {worst:.3g}{entry} (yours "
+            f"{mine[at].item():.4g}, reference {ref[at].item():.4g}){agree_note}")
+
+
+def head_of_difference(ex: Exercise, fn, run: Run, reference, tol: Tolerance) -> str:
+    """multi_head: the output projection mixes every head into every channel, so the learner's layer is run again
+    with the projection set to the identity (their heads side by side) to say which head differs first."""
+    x, w_qkv, b_qkv, _, _, nh = run.case.args
+    c = x.size(-1)
+    args = (x, w_qkv, b_qkv, torch.eye(c, dtype=x.dtype), torch.zeros(c, dtype=x.dtype), nh)
+    out = call(fn, fresh(args), timeout=PROBE_TIMEOUT)
+    mine = parts(out.value, 1) if out.error is None else None
+    with torch.no_grad():
+        ref = _ref_parts(reference(*Case(run.case.sizes, args).float_args()))[0]
+    if mine is None or mine[0].shape != ref.shape:
+        return ""
+    ok = close(mine[0], ref, tol)
+    if bool(ok.all()):
+        return ("; with the output projection set to the identity yours agrees with the reference: your heads are "
+                "right, the projection (y @ w_proj.T + b_proj) is not")
+    hs = c // nh
+    bad = (~ok).nonzero()
+    pos, ch = (int(v) for v in bad[bad[:, 1].argmin()][1:])
+    return (f"; with the output projection set to the identity (your heads side by side), head {ch // hs} differs "
+            f"first, at position {pos}, channel {ch % hs} of its {hs} (output channel {ch})")
 
 
 # -------------------------------------------------------------------------------------------- passing
