@@ -178,6 +178,39 @@ def test_seeds_needed_is_at_the_verdicts_level_and_never_inside_the_region():
     assert among.seeds_needed == stats.seeds_needed(among.diffs, alpha=1 - among.confidence) > outside.seeds_needed
 
 
+def simulate_trend(slope: float, trials: int = 1000, n: int = 5, values=(8, 32, 128), sd: float = 0.02,
+                   seed_sd: float = 0.05, region: float = 0.005, seed: int = 0) -> dict[str, float]:
+    """Share of each trend word over simulated claims: difference = 0.03 + slope * log2(value) + a per-seed offset
+    (shared along the variable) + noise at each value."""
+    rng = np.random.default_rng(seed)
+    counts = dict.fromkeys(stats.TREND_WORDS, 0)
+    x = np.log2(values)
+    for _ in range(trials):
+        diffs = {s: dict(zip(values, 0.03 + slope * x + rng.normal(0, seed_sd) + rng.normal(0, sd, len(values))))
+                 for s in range(n)}
+        t = stats.trend(diffs, better="a", worse="b", metric="bpb", variable="d_k", region=region)
+        counts[t.verdict] += 1
+    return {k: v / trials for k, v in counts.items()}
+
+
+def test_the_trend_test_finds_a_known_slope_and_not_a_flat_one_at_its_stated_rate():
+    grows = simulate_trend(0.02)  # 0.02 bits/byte more per doubling, noise 0.02 at each value
+    assert grows["grows"] >= 0.9, grows
+    shrinks = simulate_trend(-0.02)
+    assert shrinks["shrinks"] >= 0.9 and shrinks["grows"] == 0, shrinks
+    flat = simulate_trend(0.0)
+    assert flat["grows"] + flat["shrinks"] <= 0.05 + 0.015, f"a flat series called a trend too often: {flat}"
+    assert simulate_trend(0.0, sd=0.001, region=0.005)["flat"] >= 0.95, "a well-measured flat series is flat"
+
+
+def test_the_trend_is_each_seeds_slope_on_log2_of_the_variable():
+    diffs = {1: {8: 0.0, 32: 0.2, 128: 0.4}, 2: {8: 0.1, 32: 0.2, 128: 0.3}, 3: {8: 0.0, 32: 0.1}}
+    t = stats.trend(diffs, better="a", worse="b", metric="bpb", variable="d_k", region=0.01)
+    assert t.seeds == (1, 2) and t.values == (8, 32, 128), "seed 3 lacks a value: left out"
+    assert t.slope == pytest.approx((0.1 + 0.05) / 2), "0.2 and 0.1 per 2 doublings"
+    assert t.means == pytest.approx((0.05, 0.2, 0.35))
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # the split nothing chose, and windows over the whole part
 
@@ -630,3 +663,60 @@ def test_the_rnn_claim_trains_its_own_transformer_though_another_claim_has_its_t
     claim, _, doc = _quick(tmp_path, "rnn", data_cache, ("transformer", "lstm equal time"), seeds=(1, 2))
     trained = doc["runs_trained"]
     assert trained == 6, f"transformer, lstm and lstm equal time, seeds 1 and 2, all trained here: {trained}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# along the variable: the saturation measures, the claim repeated at each value, a trend per expectation
+
+def _causal(scores: np.ndarray) -> np.ndarray:
+    t = scores.shape[-1]
+    masked = np.where(np.tril(np.ones((t, t), dtype=bool)), scores, -np.inf)
+    e = np.exp(masked - masked.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def test_saturation_of_one_hot_and_uniform_rows():
+    t = 6
+    one_hot = _causal(np.where(np.eye(t, dtype=bool), 60.0, 0.0))  # every query takes itself: one-hot rows
+    s = measure.saturation(one_hot[None, None, None])
+    assert s["max_weight"] == pytest.approx(1.0) and s["saturated_rows"] == 1.0, s
+    assert s["entropy_rows"] == pytest.approx(0.0, abs=1e-9), s
+    uniform = measure.saturation(_causal(np.zeros((t, t)))[None])
+    assert uniform["saturated_rows"] == 0.0 and uniform["entropy_rows"] == pytest.approx(1.0)
+    assert uniform["max_weight"] == pytest.approx(np.mean([1 / k for k in range(2, t + 1)])), "query 0 is not a row"
+    half = _causal(np.where(np.eye(t, dtype=bool), 60.0, 0.0))
+    half[::2] = _causal(np.zeros((t, t)))[::2]  # odd queries one-hot, even ones uniform
+    assert measure.saturation(half)["saturated_rows"] == pytest.approx(3 / 5), "rows 1, 3, 5 of 1..5"
+
+
+def test_a_claim_along_its_variable_is_decided_at_each_value_and_trained_at_each():
+    from attention_lab.claims.catalog import along
+
+    claim = along(CLAIMS["scale-dk"])
+    var = CLAIMS["scale-dk"].variable
+    assert len(var.values) >= 3 and len(claim.arms) == 2 * len(var.values)
+    heads = {compose([*BASE, *runs.job(a, 1, BASE_LR).overrides]).model.n_head for a in claim.arms}
+    assert heads == {16, 4, 1}, "each value trains its own model"
+    assert {e.at for e in claim.expect} == set(var.values) and all(e.of for e in claim.expect)
+    assert len({runs.job(a, 1, BASE_LR).name for a in claim.arms}) == len(claim.arms), "one run folder an arm"
+    assert report.runs_needed(claim, False) == 2 * 3 * 5
+
+
+def test_a_claim_along_its_variable_runs_end_to_end_quick_with_a_trend(tmp_path, data_cache):
+    claim, rep, doc = _quick(tmp_path, "scale-dk", data_cache, None, seeds=(1, 2))
+    assert doc["variable"] == "d_k" and len(doc["trends"]) == 3 and doc["rate_rule"] == "fixed in advance"
+    assert len(doc["comparisons"]) == 9 and sorted(set(doc["at"])) == [8, 32, 128]
+    for r in doc["results"]["none, d_k=32"]:
+        assert {"max_weight", "saturated_rows", "entropy_rows"} <= set(r) and r["lr"] == pytest.approx(BASE_LR)
+    t = doc["trends"][0]
+    assert t["values"] == [8, 32, 128] and t["verdict"] in stats.TREND_WORDS
+    diffs = {s: {} for s in (1, 2)}
+    for c, at in zip(doc["comparisons"], doc["at"]):
+        if c["metric"] == "bpb":
+            for s, d in zip(c["seeds"], c["diffs"]):
+                diffs[s][at] = d
+    want = stats.trend(diffs, better="sqrt", worse="none", metric="bpb", variable="d_k", region=0.01)
+    assert t["slope"] == pytest.approx(want.slope), "the trend is read from the per-value differences"
+    text = rep.read_text()
+    assert "## Along d_k" in text and f"changes by {t['slope']:+.4f} per doubling of d_k" in text
+    assert "at d_k = 8/32/128" in report.verdict_summary(doc)

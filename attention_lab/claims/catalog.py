@@ -37,6 +37,22 @@ class Arm:
 
 
 @dataclass(frozen=True)
+class Variable:
+    """What a claim's sentence is about (d_k for "divide by sqrt(d_k)"), and the values it is tested at: each
+    value's overrides are added to every arm. Rates are swept (or fixed) at `sweep_at` (default: the first value)
+    and every other value trains fresh verdict seeds at that value's chosen rate; each expectation is decided at
+    every value, and one trend test per expectation (stats.trend) says how the difference moves along it."""
+
+    name: str
+    settings: tuple[tuple[float, tuple[str, ...]], ...]  # (value, overrides) per value, ascending
+    sweep_at: float | None = None
+
+    @property
+    def values(self) -> tuple[float, ...]:
+        return tuple(v for v, _ in self.settings)
+
+
+@dataclass(frozen=True)
 class Expect:
     """The claim says `better` reaches a lower `metric` than `worse` (bits/byte on the test plays unless named).
     `worse_metric` compares two numbers of the same arm (a control measured on the same runs). `region`: the
@@ -47,6 +63,8 @@ class Expect:
     metric: str = "bpb"
     worse_metric: str | None = None
     region: float = 0.01
+    at: float | None = None  # along a variable: the value this copy is decided at
+    of: tuple[str, str] | None = None  # along a variable: the arms' names before the value was added
 
 
 @dataclass(frozen=True)
@@ -63,6 +81,36 @@ class Claim:
     choose_by: str = "bpb"  # the number, on the choose plays, that picks each arm's rate
     plot: str = "curves"  # "curves": validation loss over steps; "position": loss by position; "bars:a,b": metrics
     notes: tuple[str, ...] = field(default=())  # what the arms hold constant, said once in the report
+    variable: Variable | None = None  # the quantity the sentence is about, tested at several values
+    fixed_rate: bool = False  # True: no sweep, every arm at rates[0] x the base rate (a common rate fixed in advance)
+
+
+def at_value(arm: str, variable: Variable, value: float) -> str:
+    """An arm's name at one value of the claim's variable: "sqrt, d_k=32"."""
+    return f"{arm}, {variable.name}={value:g}"
+
+
+def along(claim: Claim) -> Claim:
+    """The claim with its arms and expectations repeated at every value of its variable (itself if it has none):
+    an arm swept at `sweep_at` is trained at the other values at that value's rate (rate_of), an arm that needs
+    another's time needs that arm's at the same value."""
+    var = claim.variable
+    if var is None:
+        return claim
+    at = var.sweep_at if var.sweep_at is not None else var.values[0]
+    arms = []
+    for value, overrides in var.settings:
+        for a in claim.arms:
+            here = at_value(a.name, var, value)
+            rate_of = a.rate_of and at_value(a.rate_of, var, at)
+            if a.sweep and value != at:
+                rate_of = at_value(a.name, var, at)
+            arms.append(Arm(here, (*a.overrides, *overrides), sweep=a.sweep and value == at,
+                            after=a.after and at_value(a.after, var, value), rate_of=rate_of))
+    expect = tuple(Expect(at_value(e.better, var, v), at_value(e.worse, var, v), e.metric, e.worse_metric, e.region,
+                          at=v, of=(e.better, e.worse)) for v in var.values for e in claim.expect)
+    return Claim(claim.name, claim.statement, tuple(arms), claim.measures, expect, claim.published, claim.seeds,
+                 claim.rates, claim.sweep_seeds, claim.choose_by, claim.plot, claim.notes, var, claim.fixed_rate)
 
 
 HEAD_COUNTS = (1, 2, 4, 8, 16)
@@ -104,6 +152,23 @@ CLAIMS = {c.name: c for c in (
           "attention-logit growth makes small models unstable at high learning rates, and QK-layernorm prevents it",
           notes=("sqrt, none, inverse: each at the rate its own sweep chose; the -3xlr arms all at 3x the base rate "
                  "(9e-3), the rate the claim is about",)),
+    Claim("scale-dk", "scores are divided by sqrt(d_k) so that as d_k grows the softmax does not saturate",
+          (Arm("sqrt"), Arm("none", ("model.attn_scale=none",))), ("saturation",),
+          (Expect("sqrt", "none"), Expect("sqrt", "none", "max_weight", region=0.02),
+           Expect("sqrt", "none", "saturated_rows", region=0.02)),
+          "Vaswani et al. 2017 §3.2.1: for unit-variance q and k the dot product has variance d_k, which pushes "
+          "the softmax into regions of tiny gradients (an argument, no ablation numbers)",
+          rates=(1.0,), fixed_rate=True, plot="trend",
+          variable=Variable("d_k", ((8, ("model.n_head=16",)), (32, ("model.n_head=4",)), (128, ("model.n_head=1",)))),
+          notes=("the variable is the head size d_k at a constant width of 128 (16 heads of 8, 4 of 32, 1 of 128), "
+                 "so the head count moves with it; every arm at one rate fixed in advance (3e-3, the base preset's): "
+                 "the claim is about saturation as d_k grows, not about which rate each scaling tolerates (the "
+                 "`scale` claim's 3x-rate arms)",
+                 "the default initialisation (0.02) starts q.k far from the unit-variance premise of the argument; "
+                 "an arm that starts q and k at unit variance needs an initialisation option model/ does not have "
+                 "yet",
+                 "max_weight: a query's largest attention weight, averaged over queries with at least 2 keys, "
+                 "heads and layers; saturated_rows: the share of those rows whose largest weight is above 0.99")),
     Claim("mask", "future keys get -inf before the softmax, not 0 after it, or the weights no longer sum to 1; "
           "without the mask the model sees the word it must predict",
           (Arm("before_softmax"), Arm("after_softmax", ("model.causal_mask=after_softmax",)),

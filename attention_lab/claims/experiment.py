@@ -26,7 +26,7 @@ from pathlib import Path
 
 import attention_lab.claims.report as report
 import attention_lab.claims.stats as stats
-from attention_lab.claims.catalog import BASE, BASE_LR, BRACKET, QUICK, Claim
+from attention_lab.claims.catalog import BASE, BASE_LR, BRACKET, QUICK, Claim, along
 from attention_lab.claims.measure import Held, measure
 from attention_lab.claims.runs import Runner, job, mean_minutes
 from attention_lab.claims.trained import DIVERGED_RULE, metrics_of
@@ -73,6 +73,7 @@ def run_claim(claim: Claim, out: Path, quick: bool = False, overrides: tuple[str
     t0 = time.time()
     if not claim.arms:
         return report.write_bench(claim, out, quick)
+    claim = along(claim)  # every arm and expectation at each value of the claim's variable
     runner = Runner(out, claim.name, (*BASE, *(QUICK if quick else ()), *overrides), launcher, log, progress,
                     timed=frozenset(a.after for a in claim.arms if a.after))
     sweeping = sweeps(claim, bracket)
@@ -187,6 +188,7 @@ def run_claim(claim: Claim, out: Path, quick: bool = False, overrides: tuple[str
     comparisons = stats.decide([compare(e, results) for e in claim.expect])
     comparisons_common = stats.decide([compare(e, results_common) for e in claim.expect
                                        if {e.better, e.worse} <= set(results_common)]) if sweeping else []
+    trends = trends_of(claim, comparisons)
     doc = {"claim": claim.name, "quick": quick, "machine": report.machine(), "launcher": list(launcher),
            "launch": runner.launch, "seeds": list(claim.seeds), "rates": {a.name: rate(a) for a in claim.arms},
            "rate_rule": "swept" if sweeping else "fixed in advance", "common_rate": common,
@@ -195,7 +197,7 @@ def run_claim(claim: Claim, out: Path, quick: bool = False, overrides: tuple[str
                               for arm, rates in per_seed.items()},
            "sweep_diverged": {arm: {lr: {str(k): v for k, v in by.items()} for lr, by in rates.items()}
                               for arm, rates in diverged_sweep.items()},
-           "diverged": diverged_counts(claim, diverged_sweep, sweep_jobs, results, results_common),
+           "diverged": diverged_counts(claim, diverged_sweep, sweep_jobs, results, results_common if sweeping else {}),
            "grid": [_lr(r) for r in sorted(claim.rates)], "bracket": bracket, "choose_by": claim.choose_by,
            "split": {"choose": part("choose", first_dir(dirs)).part.documents,
                      "test": part("test", first_dir(dirs)).part.documents},
@@ -203,7 +205,10 @@ def run_claim(claim: Claim, out: Path, quick: bool = False, overrides: tuple[str
            "all_runs": {str(d.relative_to(out)): runner.seconds_of(d) for d in dict.fromkeys(dirs.values())},
            "minutes": (time.time() - t0) / 60, "results": results, "results_common": results_common if sweeping else {},
            "comparisons": [c.as_dict() for c in comparisons],
-           "comparisons_common": [c.as_dict() for c in comparisons_common]}
+           "comparisons_common": [c.as_dict() for c in comparisons_common],
+           "variable": claim.variable.name if claim.variable else None,
+           "at": [e.at for e in claim.expect], "of": [list(e.of) if e.of else None for e in claim.expect],
+           "trends": [t.as_dict() for t in trends]}
     return report.write(claim, doc, out)
 
 
@@ -214,8 +219,24 @@ def pickable(means: dict[str, float], diverged: dict[str, dict]) -> dict[str, fl
 
 
 def sweeps(claim: Claim, bracket: int) -> bool:
-    """Whether the claim sweeps rates: a grid of one rate with no bracketing is a rate fixed in advance."""
-    return any(a.sweep for a in claim.arms) and (len(claim.rates) > 1 or bracket > 0)
+    """Whether the claim sweeps rates: a grid of one rate with no bracketing, or a claim whose rate is fixed in
+    advance, does not."""
+    return not claim.fixed_rate and any(a.sweep for a in claim.arms) and (len(claim.rates) > 1 or bracket > 0)
+
+
+def trends_of(claim: Claim, comparisons: list[stats.Comparison]) -> list[stats.Trend]:
+    """Along the claim's variable: one trend test per expectation, from its paired differences at every value."""
+    if claim.variable is None:
+        return []
+    groups: dict[tuple, dict[int, dict[float, float]]] = {}
+    regions: dict[tuple, float] = {}
+    for e, c in zip(claim.expect, comparisons):
+        key = (*e.of, e.metric)
+        regions[key] = e.region
+        for s, d in zip(c.seeds, c.diffs):
+            groups.setdefault(key, {}).setdefault(s, {})[e.at] = d
+    return [stats.trend(diffs, better=b, worse=w, metric=m, variable=claim.variable.name, region=regions[(b, w, m)])
+            for (b, w, m), diffs in groups.items()]
 
 
 def first_dir(dirs: dict) -> Path:

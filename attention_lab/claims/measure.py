@@ -101,9 +101,36 @@ def measure(claim, run_dir: Path, held: Held, quick: bool) -> dict:
         stats = attention_stats(model, x[few])
         out["entropy_by_layer"] = stats.entropy.round(4).tolist()
         out["max_score"] = float(stats.max_score.max())
+    if "saturation" in claim.measures and attention:
+        with torch.no_grad():
+            attn = torch.stack(model(x[few], return_attention=True).attentions, dim=1).float().numpy()
+        out |= saturation(attn)
     if "similarity" in claim.measures and attention:
         out |= context_measures(model, x, quick)
     return out
+
+
+SATURATED = 0.99  # a row whose largest weight is above this is saturated: one key takes (nearly) everything
+
+
+def saturation(weights: np.ndarray) -> dict:
+    """How saturated causal softmax attention is. weights: (..., T, T), row t the weights of query t over keys
+    0..t (the rest 0). Over every row with at least 2 keys (query 0 has one key: its weight is 1 whatever the
+    scores), every head and layer:
+
+        max_weight      the mean of each row's largest weight (1: one-hot; 1/(t+1): uniform)
+        saturated_rows  the share of rows whose largest weight is above SATURATED
+        entropy_rows    the mean of each row's entropy over log(t+1), its keys (0: one-hot, 1: uniform)
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    t = w.shape[-1]
+    rows = w[..., 1:, :]  # queries 1..T-1: (..., T-1, T)
+    keys = np.arange(2, t + 1, dtype=np.float64)  # query i (from 1) sees i + 1 keys
+    top = rows.max(axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ent = -np.where(rows > 0, rows * np.log(rows), 0.0).sum(axis=-1) / np.log(keys)
+    return {"max_weight": float(top.mean()), "saturated_rows": float((top > SATURATED).mean()),
+            "entropy_rows": float(ent.mean())}
 
 
 def context_measures(model, x: torch.Tensor, quick: bool) -> dict:

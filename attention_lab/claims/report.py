@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attention_lab.claims.catalog import BRACKET, CLAIMS, Claim
+from attention_lab.claims.catalog import BRACKET, CLAIMS, Claim, along
 from attention_lab.claims.runs import REPO
 from attention_lab.runtime.device import cpu_model
 from data.files import atomic_write, write_json_atomic
@@ -128,6 +128,41 @@ def arm_table(claim: Claim, doc: dict, key: str = "results") -> str:
     return "\n".join(rows)
 
 
+def _per_value(doc: dict, t: dict) -> list[tuple[float, dict]]:
+    """The comparisons of one trend's expectation, one per value of the variable, ascending."""
+    return sorted(((at, c) for c, at, of in zip(doc["comparisons"], doc.get("at", []), doc.get("of", []))
+                   if of == [t["better"], t["worse"]] and c["metric"] == t["metric"]), key=lambda x: x[0])
+
+
+def trend_sentence(doc: dict, t: dict) -> str:
+    """One trend in words: its slope per doubling with its interval, the mean at each value, the word at each."""
+    var, unit = t["variable"], UNITS.get(t["metric"], f"in {t['metric']}")
+    n = len(t["seeds"])
+    text = f"**{t['verdict']}**: {t['worse']} minus {t['better']} ({unit})"
+    if math.isnan(t["slope"]):
+        return text + ": too few values or seeds for a slope"
+    text += (f" changes by {t['slope']:+.4f} per doubling of {var} (95% interval {t['low']:+.4f} to {t['high']:+.4f}"
+             f" over {n} seed{'s' * (n != 1)}, each seed's least-squares slope on log2 {var}; p = {_p(t['p'])}; flat: "
+             f"inside ±{t['region']:g} per doubling). Mean difference at {var} = "
+             + ", ".join(f"{v:g}: {m:+.4f}" for v, m in zip(t["values"], t["means"])))
+    words: dict[str, list[str]] = {}
+    for at, c in _per_value(doc, t):
+        words.setdefault(c["verdict"], []).append(f"{at:g}")
+    if words:
+        text += "; the verdict at each value: " + "; ".join(f"{w} at {var} = {', '.join(v)}" for w, v in words.items())
+    return text
+
+
+def trend_section(doc: dict) -> list[str]:
+    if not doc.get("trends"):
+        return []
+    var = doc["variable"]
+    lines = [f"## Along {var}", "", f"Every expectation is decided at each value of {var} (the verdicts above), and one "
+             f"trend test per expectation answers the sentence: does the difference grow or shrink as {var} doubles? "
+             "(stats.trend: a one-sample t-test over the seeds' slopes; 5% of flat series are called a trend.)", ""]
+    return lines + [f"- {trend_sentence(doc, t)}" for t in doc["trends"]] + ["", "![along the variable](plot.png)", ""]
+
+
 def diverged_section(claim: Claim, doc: dict) -> list[str]:
     """The divergence rule and, per arm, how many of its runs diverged and which: in every report."""
     counts = doc.get("diverged", {})
@@ -222,7 +257,16 @@ def _fmt(v: float) -> str:
 
 def verdict_summary(doc: dict) -> str:
     """The claim's verdicts in one table cell: each expectation's word, its difference and the interval the word
-    was read from (Holm's step's level)."""
+    was read from (Holm's step's level); along a variable, each trend and the word at each value."""
+    if doc.get("trends"):
+        parts = []
+        for t in doc["trends"]:
+            metric = "" if t["metric"] == "bpb" else f" ({t['metric']})"
+            slope = "" if math.isnan(t["slope"]) else f" {t['slope']:+.3f}/doubling [{t['low']:+.3f}, {t['high']:+.3f}]"
+            each = "/".join(c["verdict"] for _, c in _per_value(doc, t))
+            parts.append(f"{t['worse']} vs {t['better']}{metric} along {t['variable']}: **{t['verdict']}**{slope}; "
+                         f"at {t['variable']} = {'/'.join(f'{v:g}' for v in t['values'])}: {each}")
+        return "; ".join(parts)
     parts = []
     for c in doc.get("comparisons", []):
         if c["better"] != c["worse"]:
@@ -236,7 +280,10 @@ def verdict_summary(doc: dict) -> str:
 
 def write(claim: Claim, doc: dict, out: Path) -> Path:
     write_json_atomic(out / "results.json", doc)
-    plot(claim, doc["results"], out / "plot.png")
+    if doc.get("trends"):
+        plot_trends(claim, doc, out / "plot.png")
+    else:
+        plot(claim, doc["results"], out / "plot.png")
     return render(claim, out)
 
 
@@ -261,6 +308,7 @@ def render(claim: Claim, out: Path) -> Path:
     lines += ["## Verdict", ""]
     n = len(doc["comparisons"])
     lines += [f"- {sentence(c, n)}" for c in doc["comparisons"]] + [""]
+    lines += trend_section(doc)
     lines += diverged_section(claim, doc)
     lines += common_section(claim, doc)
     lines += ["## Arms", "", arm_table(claim, doc), "",
@@ -375,6 +423,37 @@ def plot(claim: Claim, results: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def plot_trends(claim: Claim, doc: dict, path: Path) -> None:
+    """Per expectation: the paired difference at each value of the variable, with the interval its verdict was
+    read from, against the variable (log scale); the trend's slope in the title."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    trends = doc["trends"]
+    fig, axes = plt.subplots(1, len(trends), figsize=(4.2 * len(trends), 3.6), squeeze=False)
+    for ax, t in zip(axes[0], trends):
+        pts = [(at, c) for at, c in _per_value(doc, t) if not math.isnan(c["mean"])]
+        x = [at for at, _ in pts]
+        y = np.array([c["mean"] for _, c in pts])
+        lo = np.array([c["mean"] - c["low"] if not math.isnan(c["low"]) else 0.0 for _, c in pts])
+        hi = np.array([c["high"] - c["mean"] if not math.isnan(c["high"]) else 0.0 for _, c in pts])
+        ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=4)
+        for at, c in pts:
+            ax.plot([at] * len(c["diffs"]), c["diffs"], "k.", ms=3)
+        ax.axhline(0, color="grey", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(t["variable"])
+        ax.set_ylabel(f"{t['worse']} - {t['better']}: {t['metric']}", fontsize=8)
+        slope = "" if math.isnan(t["slope"]) else f" {t['slope']:+.3g}/doubling"
+        ax.set_title(f"{t['verdict']}{slope}", fontsize=9)
+    fig.suptitle(f"claim '{claim.name}': difference (dots: seeds; bars: the verdict's interval)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 # ------------------------------------------------------------------------------------------------------------
 # docs/claims.md and the README's table, from the reports
 
@@ -429,9 +508,10 @@ results.json files; a claim the table says was not run has no section below.
 def runs_needed(claim: Claim, sweeping: bool = True) -> int:
     """Runs a claim trains at most when nothing can be reused and no rate is bracketed: each swept arm's sweep (its
     rates on the sweep seeds), its verdict seeds at the chosen rate and at the common rate (one set when the two
-    rates are one); the seeds of the arms that keep a rate or need another's time. Without a sweep, seeds only."""
+    rates are one); the seeds of the arms that keep a rate or need another's time. Without a sweep, seeds only.
+    `claim`: as it runs, along its variable (catalog.along)."""
     seeds = len(claim.seeds)
-    if not sweeping:
+    if not sweeping or claim.fixed_rate:
         return seeds * len(claim.arms)
     return sum(len(claim.rates) * len(claim.sweep_seeds) + 2 * seeds if a.sweep else
                2 * seeds if a.rate_of and not a.after else seeds for a in claim.arms)
@@ -445,7 +525,7 @@ def summary_rows(root: Path) -> list[tuple[str, str, str]]:
         if not doc.get("quick"):
             rows.append((name, verdict_summary(doc), _runs_cell(doc) if claim.arms else "-"))
         else:
-            rows.append((name, f"not run under these rules yet ({runs_needed(claim)} runs when none can be reused)"
+            rows.append((name, f"not run under these rules yet ({runs_needed(along(claim))} runs when none can be reused)"
                          if claim.arms else "not run yet", "-"))
     return rows
 

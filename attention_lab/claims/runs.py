@@ -50,7 +50,7 @@ class Job:
     @property
     def name(self) -> str:
         rate = "" if self.lr is None else f"-lr{self.lr:.2e}"
-        return f"{self.arm.replace(' ', '_').replace(',', '')}{rate}-s{self.seed}"
+        return f"{self.arm.replace(' ', '_').replace(',', '').replace('=', '')}{rate}-s{self.seed}"
 
 
 def job(arm, seed: int, lr: float | None, minutes: float | None = None) -> Job:

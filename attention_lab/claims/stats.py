@@ -173,3 +173,64 @@ def decide(comparisons: list[Comparison]) -> list[Comparison]:
                                                 "high": high, "confidence": 1 - level,
                                                 "smallest_region": smallest})))
     return out
+
+
+TREND_WORDS = ("grows", "shrinks", "flat", "no trend detected")
+
+
+@dataclass(frozen=True)
+class Trend:
+    """How one expectation's paired difference moves along the claim's variable: each seed's least-squares slope
+    of its difference on log2(value) (per doubling of the variable), the slopes' mean, its 95% t interval over
+    seeds, and a word (region: a slope whose interval lies inside +-region per doubling is flat)."""
+
+    better: str
+    worse: str
+    metric: str
+    variable: str
+    values: tuple[float, ...]
+    seeds: tuple[int, ...]
+    slope: float
+    low: float
+    high: float
+    p: float
+    region: float
+    verdict: str
+    means: tuple[float, ...]  # the mean difference at each value
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def trend(diffs: dict[int, dict[float, float]], *, better: str, worse: str, metric: str, variable: str,
+          region: float) -> Trend:
+    """The trend test of one expectation along the variable. `diffs`: seed -> value -> the paired difference (worse
+    - better) at that value. Only seeds with a difference at every value count (a seed left out at one value, by
+    the divergence rule, is left out of the trend). Each seed's slope on log2(value) is one number, so the test is
+    a one-sample t-test over seeds (the seeds are independent; the values of one seed are not): grows (p < 0.05,
+    slope > 0), shrinks (p < 0.05, slope < 0), flat (the interval inside +-region per doubling), or no trend
+    detected."""
+    values = tuple(sorted({v for by in diffs.values() for v in by}))
+    seeds = tuple(s for s in sorted(diffs) if set(diffs[s]) == set(values))
+    nan = float("nan")
+    means = tuple(float(np.mean([diffs[s][v] for s in seeds])) if seeds else nan for v in values)
+    if len(values) < 2 or not seeds:
+        return Trend(better, worse, metric, variable, values, seeds, nan, nan, nan, nan, region, "no trend detected",
+                     means)
+    x = np.log2(np.asarray(values, dtype=np.float64))
+    slopes = np.array([np.polyfit(x, [diffs[s][v] for v in values], 1)[0] for s in seeds])
+    slope = float(slopes.mean())
+    low, high = t_interval(slopes, 1 - ALPHA)
+    if len(seeds) < 2:
+        p = nan
+    elif np.all(slopes == slopes[0]):
+        p = 1.0 if slope == 0 else 0.0
+    else:
+        p = float(stats.ttest_1samp(slopes, 0.0).pvalue)
+    if len(seeds) > 1 and -region <= low and high <= region:
+        word = "flat"
+    elif not math.isnan(p) and p < ALPHA:
+        word = "grows" if slope > 0 else "shrinks"
+    else:
+        word = "no trend detected"
+    return Trend(better, worse, metric, variable, values, seeds, slope, low, high, p, region, word, means)
