@@ -626,8 +626,14 @@ def test_a_twin_launched_another_way_is_not_reused(tmp_path):
 
 def test_quadratic_runs_the_wall_benchmark_and_computes_the_growth(tmp_path):
     rep = experiment.run_claim(CLAIMS["quadratic"], tmp_path, quick=True).read_text()
-    assert "doubling the context multiplies the forward + backward time by" in rep, rep[:2000]
-    assert (tmp_path / "bench.json").exists() and "| T | method |" in rep
+    rows = json.loads((tmp_path / "bench.json").read_text())["tables"]["attention"]["rows"]
+    timed = sorted((r["T"], r["both_ms"]) for r in rows if r["method"] == "sdpa causal")
+    upper = timed[min(len(timed) // 2, max(0, len(timed) - 3)):]
+    fit = stats.loglog_slope(*zip(*upper))
+    assert len(upper) >= 2 and not math.isnan(fit.slope), upper
+    assert f"- sdpa causal: log-log slope {fit.slope:.2f} over T = {upper[0][0]:,}" in rep, rep[:2000]
+    assert f"{2 ** fit.slope:.2f}x the forward + backward time per doubling" in rep
+    assert "| T | method |" in rep
 
 
 def test_an_expectation_between_two_numbers_of_one_arm_pairs_them_by_seed():
@@ -720,3 +726,13 @@ def test_a_claim_along_its_variable_runs_end_to_end_quick_with_a_trend(tmp_path,
     text = rep.read_text()
     assert "## Along d_k" in text and f"changes by {t['slope']:+.4f} per doubling of d_k" in text
     assert "at d_k = 8/32/128" in report.verdict_summary(doc)
+
+
+def test_the_log_log_slope_of_a_cost_and_its_interval():
+    t = np.array([1024, 2048, 4096, 8192, 16384])
+    exact = stats.loglog_slope(t, 3e-6 * t ** 2.0)
+    assert exact.slope == pytest.approx(2.0) and exact.high - exact.low == pytest.approx(0.0, abs=1e-9)
+    rng = np.random.default_rng(0)
+    noisy = stats.loglog_slope(t, 1e-3 * t * np.exp(rng.normal(0, 0.05, len(t))))
+    assert noisy.low < 1.0 < noisy.high and noisy.high - noisy.low > 0.01, noisy
+    assert math.isnan(stats.loglog_slope(t[:2], t[:2]).low), "two points: a slope, no interval"

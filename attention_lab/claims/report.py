@@ -361,17 +361,26 @@ def write_bench(claim: Claim, out: Path, quick: bool) -> Path:
         raise RuntimeError(f"bench/attention.py failed:\n{proc.stderr[-1500:]}")
     table = (out / "bench.md").read_text() if (out / "bench.md").exists() else proc.stdout
     rows = json.loads((out / "bench.json").read_text())["tables"]["attention"]["rows"]
-    lines, summary = ["## Verdict", ""], []
+    from attention_lab.claims.stats import loglog_slope
+
+    lines, summary = ["## Verdict", "", "Per method, the slope of a least-squares fit of log2(time) on log2(T) over the "
+                      "upper half of the lengths measured (at least 3 where there are), with its 95% interval (n - 2 degrees of freedom): 2 is "
+                      "quadratic, 1 linear; 2^slope is the factor per doubling. Each time is the median of the "
+                      "benchmark's repeats.", ""], []
     for method in ("sdpa causal", "window blocks", "linear"):
+        timed = sorted((r["T"], r["both_ms"]) for r in rows if r["method"] == method and r.get("both_ms"))
         grown = sorted((r["T"], r["growth"]) for r in rows if r["method"] == method and r.get("growth"))
-        if not grown:
+        if len(timed) < 2:
             continue
-        cut = grown[len(grown) // 2][0]
-        big = [g for t, g in grown if t >= cut]
-        lines.append(f"- {method}: doubling the context multiplies the forward + backward time by "
-                     f"{np.median(big):.2f} (median over T >= {cut:,}; quadratic would be 4, linear 2); at each "
-                     "doubling: " + ", ".join(f"{g:.2f} at T = {t:,}" for t, g in grown))
-        summary.append(f"{method} {np.median(big):.2f}x per doubling at T >= {cut:,}")
+        upper = timed[min(len(timed) // 2, max(0, len(timed) - 3)):]  # the upper half, at least 3 lengths if there are
+        fit = loglog_slope([t for t, _ in upper], [ms for _, ms in upper])
+        interval = ("" if math.isnan(fit.low) else f" (95% interval {fit.low:.2f} to {fit.high:.2f}, "
+                    f"{2 ** fit.low:.2f}x to {2 ** fit.high:.2f}x)")
+        lines.append(f"- {method}: log-log slope {fit.slope:.2f} over T = {upper[0][0]:,}-{upper[-1][0]:,} "
+                     f"({fit.n} lengths){interval}: {2 ** fit.slope:.2f}x the forward + backward time per doubling "
+                     "of the context; at each doubling: " + ", ".join(f"{g:.2f} at T = {t:,}" for t, g in grown))
+        summary.append(f"{method}: slope {fit.slope:.2f}" + ("" if math.isnan(fit.low) else
+                       f" [{fit.low:.2f}, {fit.high:.2f}]") + f" over T = {upper[0][0]:,}-{upper[-1][0]:,}")
     body = "\n".join(lines) + "\n\nThe wall, measured now by `python -m bench.run --only attention`:\n\n" + table
     write_json_atomic(out / "results.json", {"claim": claim.name, "quick": quick, "machine": machine(), "body": body,
                                              "summary": "; ".join(summary)})

@@ -234,3 +234,27 @@ def trend(diffs: dict[int, dict[float, float]], *, better: str, worse: str, metr
     else:
         word = "no trend detected"
     return Trend(better, worse, metric, variable, values, seeds, slope, low, high, p, region, word, means)
+
+
+@dataclass(frozen=True)
+class Slope:
+    """A log-log fit: log2(y) = a + slope * log2(x), the slope's 95% t interval (n - 2 degrees of freedom)."""
+
+    slope: float
+    low: float
+    high: float
+    n: int
+
+
+def loglog_slope(x, y) -> Slope:
+    """The least-squares slope of log2(y) on log2(x) and its 95% interval (nan with fewer than 3 points): for a
+    cost y over a length x, 2 is quadratic, 1 linear; 2 ** slope is the factor per doubling."""
+    lx, ly = np.log2(np.asarray(x, dtype=np.float64)), np.log2(np.asarray(y, dtype=np.float64))
+    n = len(lx)
+    if n < 2:
+        return Slope(float("nan"), float("nan"), float("nan"), n)
+    fit = stats.linregress(lx, ly)
+    if n < 3:
+        return Slope(float(fit.slope), float("nan"), float("nan"), n)
+    half = float(stats.t.ppf(1 - ALPHA / 2, n - 2)) * float(fit.stderr)
+    return Slope(float(fit.slope), float(fit.slope) - half, float(fit.slope) + half, n)
