@@ -148,19 +148,33 @@ def test_cached_batch1_decoding_runs_in_one_thread_on_a_cpu_and_restores_the_cou
 def test_entry_points_bound_openmp_spinning_unless_the_environment_says_otherwise(entry):
     """GOMP_SPINCOUNT must be set before torch loads libgomp: in a fresh interpreter importing the entry point;
     a wait setting already in the environment (GOMP_SPINCOUNT or OMP_WAIT_POLICY) wins."""
+    import json
     import os
     import subprocess
     import sys
     from pathlib import Path
 
     repo = Path(__file__).resolve().parent.parent
-    code = f"import {entry}, os; print(os.environ.get('GOMP_SPINCOUNT'), os.environ.get('OMP_WAIT_POLICY'))"
-    clean = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
     cases = [({}, "1000 None"), ({"GOMP_SPINCOUNT": "7"}, "7 None"), ({"OMP_WAIT_POLICY": "PASSIVE"}, "None PASSIVE")]
-    for extra, expected in cases:
-        out = subprocess.run([sys.executable, "-c", code], cwd=repo, env={**clean, **extra}, capture_output=True,
-                             text=True, check=True)
-        assert out.stdout.strip() == expected, f"{entry} with {extra}: {out.stdout!r} (stderr {out.stderr[-500:]})"
+    # one interpreter an entry point (importing one costs seconds): the first case as a fresh import, the others
+    # by running the module again (importlib.reload) with their setting in the environment
+    code = f"""import importlib, json, os, sys
+import {entry} as m
+seen = []
+for extra in json.loads(sys.argv[1]):
+    if seen:
+        for name in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY"):
+            os.environ.pop(name, None)
+        os.environ.update(extra)
+        importlib.reload(m)
+    seen.append(f"{{os.environ.get('GOMP_SPINCOUNT')}} {{os.environ.get('OMP_WAIT_POLICY')}}")
+print("|".join(seen))
+"""
+    clean = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    out = subprocess.run([sys.executable, "-c", code, json.dumps([extra for extra, _ in cases])], cwd=repo, env=clean,
+                         capture_output=True, text=True, check=True)
+    for (extra, expected), got in zip(cases, out.stdout.strip().split("|"), strict=True):
+        assert got == expected, f"{entry} with {extra}: {got!r} (stderr {out.stderr[-500:]})"
     source = (repo / (entry.replace(".", "/") + ".py")).read_text()
     assert source.index("bound_spinning()") < source.index("import torch"), \
         f"{entry}: the setting must come before torch is imported"

@@ -160,6 +160,7 @@ def test_mfu_divides_by_the_matmul_peak_of_the_runs_own_dtype(tmp_path, data_cac
         return {torch.float32: 1e11, torch.bfloat16: 4e11}[dtype]
 
     monkeypatch.setattr(train_mod, "measure_peak_flops", peak)
+    monkeypatch.setattr(train_mod, "PEAKS", {})  # nothing measured yet in this process
     run = tmp_path / "bf16"
     train_mod.train(compose(["experiment=debug", f"data.cache_dir={data_cache}", "train.dtype=bfloat16",
                              "train.peak_flops=null", "train.max_steps=2", "train.eval_interval=2",
