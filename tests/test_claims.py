@@ -736,3 +736,30 @@ def test_the_log_log_slope_of_a_cost_and_its_interval():
     noisy = stats.loglog_slope(t, 1e-3 * t * np.exp(rng.normal(0, 0.05, len(t))))
     assert noisy.low < 1.0 < noisy.high and noisy.high - noisy.low > 0.01, noisy
     assert math.isnan(stats.loglog_slope(t[:2], t[:2]).low), "two points: a slope, no interval"
+
+
+def test_regenerating_the_docs_keeps_earlier_sections_marked_as_earlier(tmp_path):
+    """A claim with no results under the current rules keeps its published section and table row, each marked as
+    the earlier rules' numbers (once, however often the page is regenerated); a claim re-run replaces its own."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "claims.md").write_text("# old intro\n\n| claim | verdicts | runs |\n|---|---|---|\n"
+                                    "| `mask` | after vs before: **holds** +0.991 [+0.901, +1.080] | 31 runs, 50 run-min |\n"
+                                    "| `qk` | old qk | 29 runs |\n\n## `mask`\n\n`.venv/bin/python -m attention_lab.claims "
+                                    "mask`\n\nold mask body +0.991\n\n## `qk`\n\nold qk body\n")
+    root = tmp_path / "claims"
+    (root / "qk").mkdir(parents=True)
+    c = stats.decide([stats.paired({1: 2.41, 2: 2.42}, {1: 2.51, 2: 2.53}, better_name="separate", worse_name="tied",
+                                   metric="bpb", region=0.01)])[0]
+    (root / "qk" / "results.json").write_text(json.dumps(_doc([c.as_dict()])))
+    report.render(replace(CLAIMS["qk"], arms=CLAIMS["qk"].arms[:2], expect=CLAIMS["qk"].expect[:1]), root / "qk")
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- claims table: python -m attention_lab.claims docs -->\n<!-- end claims table -->\n")
+    for _ in range(2):
+        text = report.write_docs(root, docs, readme).read_text()
+        assert text.count("old mask body +0.991") == 1 and text.count("**Numbers from the earlier rules") == 1, text
+        assert "old qk body" not in text and f"**{c.verdict}**" in text
+        row = next(line for line in text.splitlines() if line.startswith("| `mask` |"))
+        assert row.count("(earlier rules") == 1 and "+0.991 [+0.901, +1.080] | 31 runs, 50 run-min |" in row, row
+    assert "| `mask` | (earlier rules" in readme.read_text()
+    assert "not run under these rules yet" in text, "a claim never published says so"

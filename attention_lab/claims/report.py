@@ -526,13 +526,44 @@ def runs_needed(claim: Claim, sweeping: bool = True) -> int:
                2 * seeds if a.rate_of and not a.after else seeds for a in claim.arms)
 
 
-def summary_rows(root: Path) -> list[tuple[str, str, str]]:
+EARLIER = ("earlier rules, not re-run yet: 95% intervals not adjusted for Holm, rates chosen on verdict seeds 1-2, "
+           "no divergence rule, twins reused across launchers")
+EARLIER_BENCH = "earlier rules, not re-run yet: the median of three ratios, no fit"
+EARLIER_NOTE = ("> **Numbers from the {earlier}.** This section is kept from the docs generated before those rules "
+                "changed (issue 35) and is not a verdict under the rules described above; `python -m "
+                "attention_lab.claims {name}` re-runs it under them.")
+
+
+def _earlier(name: str) -> str:
+    return EARLIER if CLAIMS[name].arms else EARLIER_BENCH
+
+
+def earlier_sections(docs_md: Path) -> tuple[dict[str, tuple[str, str]], dict[str, str]]:
+    """What docs/claims.md already holds for claims with no results here: each claim's table row (verdicts, runs)
+    and its section, so that regenerating the page never drops a claim's published numbers, only marks them."""
+    if not docs_md.exists():
+        return {}, {}
+    text = docs_md.read_text()
+    rows = {m.group(1): (m.group(2), m.group(3))
+            for m in re.finditer(r"^\| `([^`]+)` \| (.*) \| ([^|]*) \|$", text.split("\n## `", 1)[0], flags=re.M)}
+    sections = {}
+    for chunk in text.split("\n## `")[1:]:
+        name, _, body = chunk.partition("`")
+        sections[name] = body.split("\n", 1)[1] if "\n" in body else ""
+    return rows, sections
+
+
+def summary_rows(root: Path, earlier: dict[str, tuple[str, str]] | None = None) -> list[tuple[str, str, str]]:
     rows = []
     for name, claim in CLAIMS.items():
         path = root / name / "results.json"
         doc = json.loads(path.read_text()) if path.exists() else {"quick": True}
         if not doc.get("quick"):
             rows.append((name, verdict_summary(doc), _runs_cell(doc) if claim.arms else "-"))
+        elif earlier and name in earlier and not earlier[name][0].startswith("not run"):
+            verdicts, cost = earlier[name]
+            mark = f"({_earlier(name)}) "
+            rows.append((name, verdicts if verdicts.startswith(mark) else mark + verdicts, cost))
         else:
             rows.append((name, f"not run under these rules yet ({runs_needed(along(claim))} runs when none can be reused)"
                          if claim.arms else "not run yet", "-"))
@@ -545,8 +576,8 @@ def _runs_cell(doc: dict) -> str:
     return f"{doc.get('minutes', float('nan')):.0f} min, {len(doc['run_seconds'])} runs trained"
 
 
-def summary_table(root: Path) -> str:
-    rows = summary_rows(root)
+def summary_table(root: Path, earlier: dict[str, tuple[str, str]] | None = None) -> str:
+    rows = summary_rows(root, earlier)
     lines = ["| claim | verdicts (mean paired difference, bits/byte unless named; [interval at the level of its verdict: Holm's step]) | runs (wall clocks summed) |",
              "|---|---|---|"]
     lines += [f"| `{n}` | {v} | {t} |" for n, v, t in rows]
@@ -556,11 +587,17 @@ def summary_table(root: Path) -> str:
 def write_docs(root: Path = Path("claims"), docs: Path = REPO / "docs", readme: Path = REPO / "README.md") -> Path:
     """docs/claims.md from claims/<name>/report.md (plots copied to docs/claims/), and the README's table."""
     (docs / "claims").mkdir(parents=True, exist_ok=True)
-    parts = [DOCS_INTRO.format(bracket=BRACKET), summary_table(root), ""]
+    earlier_rows, sections = earlier_sections(docs / "claims.md")
+    table = summary_table(root, earlier_rows)
+    parts = [DOCS_INTRO.format(bracket=BRACKET), table, ""]
     for name in CLAIMS:
         rep = root / name / "report.md"
         res = root / name / "results.json"
         if not rep.exists() or not res.exists() or json.loads(res.read_text()).get("quick"):
+            if name in sections:  # published under earlier rules: kept, and said to be
+                note = EARLIER_NOTE.format(earlier=_earlier(name), name=name)
+                body = sections[name] if note in sections[name] else f"\n{note}\n" + sections[name]
+                parts += [f"## `{name}`" + body.rstrip("\n"), ""]
             continue
         body = re.sub(r"^## ", "### ", rep.read_text().split("\n", 1)[1], flags=re.M)  # below its own heading
         if (root / name / "plot.png").exists():
@@ -575,5 +612,5 @@ def write_docs(root: Path = Path("claims"), docs: Path = REPO / "docs", readme: 
         if start in text and end in text:
             head, rest = text.split(start, 1)
             _, tail = rest.split(end, 1)
-            write_text(readme, head + start + "\n" + summary_table(root) + "\n" + end + tail)
+            write_text(readme, head + start + "\n" + table + "\n" + end + tail)
     return docs / "claims.md"
