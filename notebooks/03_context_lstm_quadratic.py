@@ -1,0 +1,108 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 3. What attention buys: meaning from context, reach over distance, and its quadratic cost
+#
+# Three claims of the tutorials, each measured on small models: a token's vector comes to depend on its context;
+# attention reaches back over the whole window where a recurrent network's memory fades; and the price is a
+# score for every (query, key) pair, so the cost of attention grows with the square of the context.
+
+# %% tags=["parameters"]
+STEPS = 300  # training steps of the transformer and the LSTM (the test suite runs 4)
+WINDOWS = 32  # validation windows measured
+SIZES = (64, 128, 256, 512)  # context lengths timed in the cost measurement
+DATA_CACHE = None  # where the prepared corpus is cached (None: ./cache)
+
+# %% In Colab: install attention-lab first (clone your copy, then an editable install); elsewhere this does nothing
+import os
+import subprocess
+import sys
+
+if "google.colab" in sys.modules:
+    REPO = os.environ.get("ATTENTION_LAB_REPO", "")  # the git URL of your copy of attention-lab
+    if not os.path.isdir("attention-lab"):
+        if not REPO:
+            raise SystemExit("set ATTENTION_LAB_REPO to the git URL of attention-lab, then rerun this cell")
+        subprocess.run(["git", "clone", "--depth", "1", REPO, "attention-lab"], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "attention-lab"], check=True)
+    os.chdir("attention-lab")
+
+# %%
+import time
+from pathlib import Path
+
+import torch
+
+import train as trainer
+from attention_lab.interp.measures import contextual_similarity, position_losses
+from attention_lab.store.checkpoint import load_checkpoint
+from attention_lab.training.config import compose
+from data.batches import eval_batches
+from data.prepare import prepare_data
+from model.attention import math_attention, visible_keys
+
+torch.manual_seed(0)
+extra = [f"data.cache_dir={DATA_CACHE}"] if DATA_CACHE else []
+common = ["experiment=debug", f"train.max_steps={STEPS}", f"train.eval_interval={max(STEPS, 1)}", "train.film=false",
+          "train.tensorboard=false", "train.head_roles=false", "train.sample_tokens=0", *extra]
+
+# %% [markdown]
+# Two small models on the same data, tokens and budget of steps: the transformer, and an LSTM with as many
+# parameters.
+
+# %%
+models = {}
+for arch in ("gpt", "lstm"):
+    run = Path(f"runs/notebook_03_{arch}")
+    trainer.train(compose(common + [f"model.arch={arch}"]), run)
+    models[arch] = load_checkpoint(run, "latest").build_model("cpu").eval()
+cfg = compose(common)
+val = prepare_data(cfg.data, log=lambda *a: None).tokens("val")
+x, y = next(iter(eval_batches(val, cfg.model.block_size, WINDOWS, 1)))
+
+# %% [markdown]
+# ## A token's meaning from its context
+# The same character in different windows: how similar are its vectors, layer by layer, beyond what any two
+# vectors share? At the embedding (layer 0) a token is one vector wherever it stands; attention mixes in its
+# context, so the similarity falls as the layers go up.
+
+# %%
+sim = contextual_similarity(models["gpt"], x)
+for layer, value in enumerate(sim.contextual):
+    print(f"layer {layer}: same token in different windows, cosine above random pairs {value:+.3f}")
+
+# %% [markdown]
+# ## Reach over distance
+# The loss at each position: position t predicts token t + 1 from t + 1 tokens of context. A model that uses the
+# far context keeps improving as t grows.
+
+# %%
+curves = {arch: position_losses(model, x, y) for arch, model in models.items()}
+t = x.size(1)
+for arch, curve in curves.items():
+    print(f"{arch:4s}: loss at positions 0-3 {curve[:4].mean():.3f}, at the last quarter {curve[3 * t // 4:].mean():.3f}"
+          f" nats/token")
+
+# %% [markdown]
+# ## The quadratic cost
+# Attention scores every (query, key) pair: T queries times T keys. Doubling the context quadruples the scores
+# (and, at these sizes, about quadruples the time of the scores and the weighted sum).
+
+# %%
+for size in SIZES:
+    q = k = v = torch.randn(1, 4, size, 64)
+    visible = visible_keys(torch.arange(size), torch.arange(size))
+    math_attention(q, k, v, visible)  # warm up
+    t0 = time.perf_counter()
+    for _ in range(3):
+        math_attention(q, k, v, visible)
+    ms = (time.perf_counter() - t0) / 3 * 1e3
+    print(f"T = {size:4d}: {size * size:9,d} scores per head, {ms:7.2f} ms for 4 heads")
