@@ -520,6 +520,14 @@ MUTATIONS = (
              "body = sections[name]",
              ("tests/test_claims.py::test_regenerating_the_docs_keeps_earlier_sections_marked_as_earlier",),
              "docs/claims.md keeps numbers from the earlier rules without saying so, beside an intro describing the new"),
+    Mutation("axis_trend_averages_a_diverged_seed", "attention_lab/claims/experiment.py",
+             'for r in results.get(arm, []) if not r.get("diverged")}', 'for r in results.get(arm, [])}',
+             ("tests/test_claims.py::test_buckets_and_a_trend_along_a_measured_axis",),
+             "the trend along the position averages in a run that diverged"),
+    Mutation("position_buckets_mislabelled", "attention_lab/claims/measure.py",
+             "return {str(b - 1): float(curve[a - 1:b - 1].mean())", "return {str(a): float(curve[a - 1:b - 1].mean())",
+             ("tests/test_claims.py::test_buckets_and_a_trend_along_a_measured_axis",),
+             "each position bucket is keyed by its first position: the loss-by-distance curve shifts left"),
     Mutation("sinusoidal_unit_scale", "model/positions.py",
              "SINUSOID_SCALE = 0.02 * math.sqrt(2.0)", "SINUSOID_SCALE = 1.0",
              ("tests/test_model_positions.py::test_the_sinusoidal_table_starts_at_the_embeddings_size",),
@@ -1030,12 +1038,17 @@ MUTATIONS = (
              "the step-inside panel (POST /api/inside and /api/qkv) answers from the last analysis of the checkpoint "
              "whatever its text: after another text the panel steps through numbers of the wrong text"),
     Mutation("bracket_steps_from_the_grid", "attention_lab/claims/experiment.py",
-             "if (r := _beyond(sorted({m for (n, m, _) in sweep_jobs if n == a.name}), sweep[a.name])) is not None",
-             "if (r := _beyond(sorted(claim.rates), sweep[a.name])) is not None",
+             "if (r := _beyond(sorted({m for (n, m, _) in sweep_jobs if n == a.name}), usable(a.name))) is not None",
+             "if (r := _beyond(sorted(claim.rates), usable(a.name))) is not None",
              ("tests/test_slipped_plants.py",),
              "the sweep's bracketing steps beyond the grid's edge only once, from the original grid, instead of from "
              "the rates tried so far: an arm whose best rate is two steps out (the LSTM's: 0.081 beyond 0.009) "
              "stops at the first step and is trained at a rate that is not its best"),
+    Mutation("bracketed_rate_keeps_the_presets_floor", "attention_lab/claims/runs.py",
+             "        if lr < MIN_LR:", "        if False:",
+             ("tests/test_slipped_plants.py",),
+             "a rate bracketed below the preset's schedule floor (optim.min_lr) keeps that floor: the claim stops with "
+             "a config error after its sweep instead of following its arm's best rate down"),
     # a newcomer's first hour (issue 36): exports that return attention, pages never poorer, the run you meant
     Mutation("export_attentions_dropped", "attention_lab/interop/remote_code/modeling_attention_lab.py",
              "attentions=tuple(attentions) if output_attentions else None", "attentions=None",

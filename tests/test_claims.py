@@ -473,11 +473,15 @@ def test_docs_are_assembled_from_the_reports_and_the_readme_table_replaced(tmp_p
 # ---------------------------------------------------------------------------------------------------------------
 # end to end, --quick: a real `train.py -m`
 
+NO_PEAK = "train.peak_flops=1e11"  # no test here reads MFU: the matmul peak is not measured (3.5 s a multirun, shared)
+
+
 def _quick(tmp_path, name, data_cache, arms, rates=(1.0,), seeds=(1,), launcher=(), sweep_seeds=(11,),
            overrides=(), bracket=None):
     claim = select(CLAIMS[name], seeds, arms, rates, sweep_seeds)
     out = tmp_path / name
-    rep = experiment.run_claim(claim, out, quick=True, overrides=(f"data.cache_dir={data_cache}", *overrides),
+    rep = experiment.run_claim(claim, out, quick=True,
+                               overrides=(f"data.cache_dir={data_cache}", NO_PEAK, *overrides),
                                launcher=launcher, log=lambda *a: None, progress=False, bracket=bracket)
     return claim, rep, json.loads((out / "results.json").read_text())
 
@@ -487,8 +491,8 @@ def test_a_grid_of_one_rate_is_bracketed_and_the_seeds_train_at_the_winner_of_bo
     seeds train at whichever of the two won (and at the common rate), none of them a sweep seed."""
     claim = select(CLAIMS["qk"], (1, 2), ("separate",), (1 / 3,), sweep_seeds=(11,))
     out = tmp_path / "qk"
-    experiment.run_claim(claim, out, quick=True, overrides=(f"data.cache_dir={data_cache}",), log=lambda *a: None,
-                         progress=False, bracket=1)
+    experiment.run_claim(claim, out, quick=True, overrides=(f"data.cache_dir={data_cache}", NO_PEAK),
+                         log=lambda *a: None, progress=False, bracket=1)
     doc = json.loads((out / "results.json").read_text())
     assert sorted(map(float, doc["sweep"]["separate"])) == pytest.approx([BASE_LR / 3, BASE_LR]), doc["sweep"]
     assert doc["grid"] == [f"{BASE_LR / 3:.6g}"] and doc["bracket"] == 1
@@ -538,7 +542,8 @@ def test_the_sweep_chooses_on_the_choose_plays_its_winner_trains_the_seeds_and_n
     assert not set(doc["split"]["choose"]) & set(doc["split"]["test"]), doc["split"]
     text = rep.read_text()
     assert "## Verdict" in text and "## Learning rates" in text and claim.statement in text
-    again = experiment.run_claim(claim, tmp_path / "qk", quick=True, overrides=(f"data.cache_dir={data_cache}",),
+    again = experiment.run_claim(claim, tmp_path / "qk", quick=True,
+                                 overrides=(f"data.cache_dir={data_cache}", NO_PEAK),
                                  log=lambda *a: None, progress=False)
     assert json.loads((again.parent / "results.json").read_text())["runs_trained"] == 0
 
@@ -570,6 +575,15 @@ def test_each_claim_runs_end_to_end_quick(name, tmp_path, data_cache):
         cfg = json.loads((tmp_path / name / doc["results"]["lstm equal time"][0]["run"] / "config.json").read_text())
         assert cfg["train"]["max_minutes"] == pytest.approx(max(transformer / 60, 0.05), abs=1e-3), \
             "the equal-time LSTM trains for the transformer's wall time"
+    if name == "positions":  # scored at 1x, 2x and 4x the trained context; a trend along it
+        r = doc["results"]["sinusoidal"][0]
+        assert {"bpb_windows_1x", "bpb_windows_2x", "bpb_windows_4x"} <= set(r) and r["bpb_windows_4x"] > 0, r
+        t = doc["axis"]["trends"][0]
+        assert doc["axis"]["name"] == "length" and t["values"] == [1, 2, 4] and t["verdict"] in stats.TREND_WORDS
+        assert "## Along the scored length" in text
+    if name == "rnn":
+        assert doc["axis"]["name"] == "position" and doc["axis"]["trends"][0]["values"][:3] == [1, 2, 4]
+        assert "## Along the position in the context" in text
     if name == "context":
         r = doc["results"]["base"][0]
         assert {"context_left", "context_left_uniform", "context_at_embedding"} <= set(r)
@@ -763,3 +777,22 @@ def test_regenerating_the_docs_keeps_earlier_sections_marked_as_earlier(tmp_path
         assert row.count("(earlier rules") == 1 and "+0.991 [+0.901, +1.080] | 31 runs, 50 run-min |" in row, row
     assert "| `mask` | (earlier rules" in readme.read_text()
     assert "not run under these rules yet" in text, "a claim never published says so"
+
+
+def test_buckets_and_a_trend_along_a_measured_axis():
+    assert measure.buckets(np.arange(8.0)) == {"1": 0.0, "2": 1.0, "4": 2.5, "8": 5.5}
+    rng = np.random.default_rng(0)
+    claim = replace(CLAIMS["rnn"], expect=(Expect("transformer", "lstm"),))
+    results = {"transformer": [], "lstm": []}
+    for s in range(1, 6):
+        base = {str(2 ** k): 3.0 - 0.1 * k + rng.normal(0, 0.01) for k in range(8)}
+        results["transformer"].append({"seed": s, "position_buckets": base, "diverged": None})
+        gap = {k: v + 0.02 * math.log2(int(k)) + rng.normal(0, 0.01) for k, v in base.items()}  # grows with position
+        results["lstm"].append({"seed": s, "position_buckets": gap, "diverged": None})
+    results["lstm"][4]["diverged"] = "final training loss above the first evaluation's"
+    axis = experiment.axis_trends(claim, results)
+    t = axis["trends"][0]
+    assert t["verdict"] == "grows" and t["slope"] == pytest.approx(0.02, abs=0.01) and len(t["seeds"]) == 4, t
+    per_value = axis["per_value"][0]
+    assert [v for v, _ in per_value] == [2.0 ** k for k in range(8)]
+    assert all(list(c["seeds"]) == [1, 2, 3, 4] for _, c in per_value), "seed 5 diverged: left out at every value"

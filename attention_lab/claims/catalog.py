@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 BASE = ("experiment=claims",)
 BASE_LR = 3e-3  # configs/experiment/claims.yaml's optim.lr: the sweep's centre
+MIN_LR = 3e-4  # its optim.min_lr, the schedule's floor: a rate bracketed below it gets a floor of its own (runs.job)
 RATES = (1 / 3, 1.0, 3.0)  # the sweep: log-spaced around the base rate
 SEEDS = (1, 2, 3, 4, 5)  # the seeds that decide a verdict
 SWEEP_SEEDS = (101, 102, 103)  # the seeds that choose a rate: 3 at every rate, picked by their mean, none of them a
@@ -83,6 +84,9 @@ class Claim:
     notes: tuple[str, ...] = field(default=())  # what the arms hold constant, said once in the report
     variable: Variable | None = None  # the quantity the sentence is about, tested at several values
     fixed_rate: bool = False  # True: no sweep, every arm at rates[0] x the base rate (a common rate fixed in advance)
+    axis: str | None = None  # a variable each run is measured along, no new runs: "length" (the scored context,
+    # 1x/2x/4x the trained one) or "position" (the position in the context, log-spaced buckets); a trend per
+    # bits/byte expectation along it
 
 
 def at_value(arm: str, variable: Variable, value: float) -> str:
@@ -110,7 +114,8 @@ def along(claim: Claim) -> Claim:
     expect = tuple(Expect(at_value(e.better, var, v), at_value(e.worse, var, v), e.metric, e.worse_metric, e.region,
                           at=v, of=(e.better, e.worse)) for v in var.values for e in claim.expect)
     return Claim(claim.name, claim.statement, tuple(arms), claim.measures, expect, claim.published, claim.seeds,
-                 claim.rates, claim.sweep_seeds, claim.choose_by, claim.plot, claim.notes, var, claim.fixed_rate)
+                 claim.rates, claim.sweep_seeds, claim.choose_by, claim.plot, claim.notes, var, claim.fixed_rate,
+                 claim.axis)
 
 
 HEAD_COUNTS = (1, 2, 4, 8, 16)
@@ -189,9 +194,13 @@ CLAIMS = {c.name: c for c in (
           ("position", "shuffle", "long_context"),
           (Expect("rope", "none"), Expect("learned", "none"), Expect("sinusoidal", "none"), Expect("alibi", "none")),
           "Haviv et al. 2022 (125M, the Pile): perplexity none 22.15, learned 22.04, sinusoidal 21.49, ALiBi "
-          "19.94; a bidirectional model without positions fails (147 vs 4.06)", plot="position",
+          "19.94; a bidirectional model without positions fails (147 vs 4.06); Kazemnejad et al. 2023: without "
+          "positions a decoder extrapolates to longer inputs better than with RoPE or ALiBi", plot="position",
+          axis="length",
           notes=("sinusoidal: the fixed table scaled to the embeddings' initial size (model/positions.py "
-                 "SINUSOID_SCALE)",)),
+                 "SINUSOID_SCALE)", "along the length: every run trained at one context and scored on the same "
+                 "windows at 1x, 2x and 4x that length; learned positions have no row past their table, so they are "
+                 "scored at 1x only (no sliding window)")),
     Claim("rnn", "attention replaced recurrent networks because it relates distant words directly and trains in "
           "parallel",
           (Arm("transformer"), Arm("lstm", ("model.arch=lstm",)),
@@ -200,7 +209,7 @@ CLAIMS = {c.name: c for c in (
           ("position", "speed"), (Expect("transformer", "lstm"), Expect("transformer", "lstm equal time")),
           "Khandelwal et al. 2018: an LSTM LM uses about 200 tokens of context, word order only within the last "
           "~20-50; Kaplan et al. 2020: LSTM per-token loss plateaus after <100 tokens while "
-          "transformers keep improving", plot="position",
+          "transformers keep improving", plot="position", axis="position",
           notes=("the LSTM's recipe: the same AdamW, schedule, batches and steps as the transformer, with its own "
                  "rate swept over the same grid; `lstm equal time` trains at the LSTM's chosen rate for the "
                  "transformer's mean wall time, on the same schedule stretched over that time",)),

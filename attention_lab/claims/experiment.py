@@ -27,7 +27,7 @@ from pathlib import Path
 import attention_lab.claims.report as report
 import attention_lab.claims.stats as stats
 from attention_lab.claims.catalog import BASE, BASE_LR, BRACKET, QUICK, Claim, along
-from attention_lab.claims.measure import Held, measure
+from attention_lab.claims.measure import LENGTHS, Held, measure
 from attention_lab.claims.runs import Runner, job, mean_minutes
 from attention_lab.claims.trained import DIVERGED_RULE, metrics_of
 from attention_lab.store.checkpoint import load_checkpoint
@@ -189,6 +189,7 @@ def run_claim(claim: Claim, out: Path, quick: bool = False, overrides: tuple[str
     comparisons_common = stats.decide([compare(e, results_common) for e in claim.expect
                                        if {e.better, e.worse} <= set(results_common)]) if sweeping else []
     trends = trends_of(claim, comparisons)
+    axis = axis_trends(claim, results)
     doc = {"claim": claim.name, "quick": quick, "machine": report.machine(), "launcher": list(launcher),
            "launch": runner.launch, "seeds": list(claim.seeds), "rates": {a.name: rate(a) for a in claim.arms},
            "rate_rule": "swept" if sweeping else "fixed in advance", "common_rate": common,
@@ -208,7 +209,7 @@ def run_claim(claim: Claim, out: Path, quick: bool = False, overrides: tuple[str
            "comparisons_common": [c.as_dict() for c in comparisons_common],
            "variable": claim.variable.name if claim.variable else None,
            "at": [e.at for e in claim.expect], "of": [list(e.of) if e.of else None for e in claim.expect],
-           "trends": [t.as_dict() for t in trends]}
+           "trends": [t.as_dict() for t in trends], "axis": axis}
     return report.write(claim, doc, out)
 
 
@@ -222,6 +223,46 @@ def sweeps(claim: Claim, bracket: int) -> bool:
     """Whether the claim sweeps rates: a grid of one rate with no bracketing, or a claim whose rate is fixed in
     advance, does not."""
     return not claim.fixed_rate and any(a.sweep for a in claim.arms) and (len(claim.rates) > 1 or bracket > 0)
+
+
+AXES = {"length": "the scored length (x the trained context)", "position": "the position in the context"}
+AXIS_VARIABLE = {"length": "length (x trained)", "position": "position"}  # the short name a trend sentence uses
+
+
+def axis_values(axis: str, row: dict) -> dict[float, float]:
+    """One run's numbers along a measured axis: bits/byte at each scored length, or the loss in each position
+    bucket (measure.buckets); values a run cannot give (learned positions past their table) left out."""
+    if axis == "length":
+        return {float(f): row[k] for f in LENGTHS if (k := f"bpb_windows_{f}x") in row and row[k] is not None}
+    return {float(k): v for k, v in row.get("position_buckets", {}).items()}
+
+
+def axis_trends(claim: Claim, results: dict) -> dict | None:
+    """Along the claim's measured axis, per bits/byte expectation: the paired difference at each value (its
+    comparisons Holm-corrected across the values) and one trend test; seeds whose run diverged left out."""
+    if claim.axis is None:
+        return None
+    out = {"name": claim.axis, "said": AXES[claim.axis], "trends": [], "per_value": []}
+    for e in claim.expect:
+        if e.metric != "bpb" or e.worse_metric:
+            continue
+        rows = {arm: {r["seed"]: axis_values(claim.axis, r) for r in results.get(arm, []) if not r.get("diverged")}
+                for arm in (e.better, e.worse)}
+        seeds = sorted(set(rows[e.better]) & set(rows[e.worse]))
+        diffs = {s: {v: rows[e.worse][s][v] - rows[e.better][s][v] for v in rows[e.better][s]
+                     if v in rows[e.worse][s]} for s in seeds}
+        values = sorted({v for d in diffs.values() for v in d})
+        per_value = []
+        for v in values:
+            by = [s for s in seeds if v in diffs[s]]
+            if by:
+                per_value.append(stats.paired({s: 0.0 for s in by}, {s: diffs[s][v] for s in by}, better_name=e.better,
+                                              worse_name=e.worse, metric=f"{claim.axis} {v:g}", region=e.region))
+        decided = stats.decide(per_value)
+        out["per_value"].append([[v, c.as_dict()] for v, c in zip(values, decided)])
+        out["trends"].append(stats.trend(diffs, better=e.better, worse=e.worse, metric="bpb" if claim.axis == "length"
+                                         else "nats/token", variable=AXIS_VARIABLE[claim.axis], region=e.region).as_dict())
+    return out
 
 
 def trends_of(claim: Claim, comparisons: list[stats.Comparison]) -> list[stats.Trend]:

@@ -31,20 +31,25 @@ from data.prepare import HeldOut, PreparedData
 WHICH = "latest"  # the final checkpoint: no checkpoint is chosen on any split
 
 
+LENGTHS = (1, 2, 4)  # the long-context measure scores windows of these multiples of the trained context
+
+
 @dataclass
 class Held:
-    """Windows of twice the context spread evenly over one held-out part, shared by every arm of a claim."""
+    """Windows of LENGTHS[-1] times the context spread evenly over one held-out part, shared by every arm of a
+    claim (each measure reads the first T of each window unless it is about longer ones)."""
 
     part: HeldOut
-    x: torch.Tensor  # (n, 2T)
+    x: torch.Tensor  # (n, 4T)
     y: torch.Tensor
 
     @classmethod
     def of(cls, run_dir: Path, part: str, block_size: int, n: int) -> "Held":
         data = PreparedData.open(data_dir_of(run_dir, run_dir))
         held = data.held_out(part)
-        starts = np.linspace(0, len(held.tokens) - 2 * block_size - 2, n).astype(np.int64)
-        x, y = windows(held.tokens, starts, 2 * block_size)  # twice the context, for the long-context measure
+        span = LENGTHS[-1] * block_size
+        starts = np.linspace(0, len(held.tokens) - span - 2, n).astype(np.int64)
+        x, y = windows(held.tokens, starts, span)  # the longest scored length, for the long-context measure
         return cls(held, x, y)
 
     def spread(self, k: int) -> np.ndarray:
@@ -77,9 +82,12 @@ def measure(claim, run_dir: Path, held: Held, quick: bool) -> dict:
         out["loss_last_half"] = float(curve[t // 2:].mean())
     if "shuffle" in claim.measures:
         out["shuffle_jump"] = prefix_shuffle(model, x, y, last=max(1, t // 4)).jump
-    if "long_context" in claim.measures:  # both on the same windows: their first T, then all 2T tokens
+    if "long_context" in claim.measures:  # on the same windows: their first T, 2T, 4T tokens
         out["bpb_windows_1x"] = held.bpb(float(curve.mean()))
-        out["bpb_windows_2x"] = _long_context_bpb(ckpt, model, held)
+        for f in LENGTHS[1:]:
+            out[f"bpb_windows_{f}x"] = _long_context_bpb(ckpt, model, held, f)
+    if "position" in claim.measures:
+        out["position_buckets"] = buckets(curve)
     if "honest" in claim.measures:
         out["leaky_bpb"] = held.bpb(float(position_losses(model, x[few], y[few]).mean()))
         out["honest_bpb"] = held.bpb(float(honest_position_losses(model, x[few], y[few]).mean()))
@@ -147,16 +155,27 @@ def context_measures(model, x: torch.Tensor, quick: bool) -> dict:
             "context_by_layer": sim.contextual.round(4).tolist()}
 
 
-def _long_context_bpb(ckpt, model, held: Held) -> float | None:
-    """Bits/byte on windows of twice the trained context, for encodings that have no table of positions."""
+def _long_context_bpb(ckpt, model, held: Held, factor: int) -> float | None:
+    """Bits/byte on windows of `factor` times the trained context, for encodings that have no table of positions
+    (learned positions have no row past their table: None, and the report says so; a model without attention,
+    the LSTM, reads any length)."""
     cfg = model.config
-    if getattr(cfg, "pos_encoding", "learned") == "learned":
+    if getattr(cfg, "pos_encoding", "learned") == "learned" and hasattr(cfg, "n_head"):
         return None
+    t = factor * cfg.block_size
     try:
-        longer = ckpt.build_model("cpu", replace(cfg, block_size=2 * cfg.block_size))
+        longer = ckpt.build_model("cpu", replace(cfg, block_size=t))
     except (CheckpointError, RuntimeError):
         return None
-    return held.bpb(float(position_losses(longer, held.x, held.y).mean()))
+    return held.bpb(float(position_losses(longer, held.x[:, :t], held.y[:, :t]).mean()))
+
+
+def buckets(curve: np.ndarray) -> dict[str, float]:
+    """A per-position loss curve (position 0 first) as means over log-spaced buckets of positions: 1, 2, 3-4, 5-8,
+    ... (1-based: tokens seen), keyed by the bucket's last position."""
+    curve = np.asarray(curve, dtype=np.float64)
+    edges = [1, 2, 3] + [2 ** k + 1 for k in range(2, 30) if 2 ** k < len(curve)] + [len(curve) + 1]
+    return {str(b - 1): float(curve[a - 1:b - 1].mean()) for a, b in zip(edges, edges[1:])}
 
 
 def _sample(model, ckpt, held: Held, n_tokens: int) -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from scipy import stats
 
 from attention_lab.claims.catalog import BRACKET, CLAIMS, Claim, along
 from attention_lab.claims.runs import REPO
@@ -134,19 +135,21 @@ def _per_value(doc: dict, t: dict) -> list[tuple[float, dict]]:
                    if of == [t["better"], t["worse"]] and c["metric"] == t["metric"]), key=lambda x: x[0])
 
 
-def trend_sentence(doc: dict, t: dict) -> str:
-    """One trend in words: its slope per doubling with its interval, the mean at each value, the word at each."""
+def trend_sentence(doc: dict, t: dict, per_value: list | None = None) -> str:
+    """One trend in words: its slope per doubling with its interval, the mean at each value, the word at each
+    (`per_value`: [(value, comparison)], default the claim's own comparisons along its variable)."""
     var, unit = t["variable"], UNITS.get(t["metric"], f"in {t['metric']}")
     n = len(t["seeds"])
     text = f"**{t['verdict']}**: {t['worse']} minus {t['better']} ({unit})"
     if math.isnan(t["slope"]):
         return text + ": too few values or seeds for a slope"
-    text += (f" changes by {t['slope']:+.4f} per doubling of {var} (95% interval {t['low']:+.4f} to {t['high']:+.4f}"
-             f" over {n} seed{'s' * (n != 1)}, each seed's least-squares slope on log2 {var}; p = {_p(t['p'])}; flat: "
-             f"inside ±{t['region']:g} per doubling). Mean difference at {var} = "
+    interval = (f"95% interval {t['low']:+.4f} to {t['high']:+.4f} over {n} seeds" if not math.isnan(t["low"])
+                else f"{n} seed: no interval")
+    text += (f" changes by {t['slope']:+.4f} per doubling of {var} ({interval}, each seed's least-squares slope on "
+             f"log2 {var}; p = {_p(t['p'])}; flat: inside ±{t['region']:g} per doubling). Mean difference at {var} = "
              + ", ".join(f"{v:g}: {m:+.4f}" for v, m in zip(t["values"], t["means"])))
     words: dict[str, list[str]] = {}
-    for at, c in _per_value(doc, t):
+    for at, c in (per_value if per_value is not None else _per_value(doc, t)):
         words.setdefault(c["verdict"], []).append(f"{at:g}")
     if words:
         text += "; the verdict at each value: " + "; ".join(f"{w} at {var} = {', '.join(v)}" for w, v in words.items())
@@ -161,6 +164,24 @@ def trend_section(doc: dict) -> list[str]:
              f"trend test per expectation answers the sentence: does the difference grow or shrink as {var} doubles? "
              "(stats.trend: a one-sample t-test over the seeds' slopes; 5% of flat series are called a trend.)", ""]
     return lines + [f"- {trend_sentence(doc, t)}" for t in doc["trends"]] + ["", "![along the variable](plot.png)", ""]
+
+
+def axis_section(doc: dict) -> list[str]:
+    """Along a measured axis (no new runs): a trend per expectation, the paired difference at each value with the
+    interval its word was read from (Holm across the values of one expectation)."""
+    axis = doc.get("axis")
+    if not axis or not axis["trends"]:
+        return []
+    lines = [f"## Along {axis['said']}", "",
+             f"Every verdict seed measured along {axis['said']}, each expectation's paired difference at each value "
+             "decided (Holm across the values) and one trend test per expectation (stats.trend)."
+             + (" Learned positions have no row past their table: they are scored at 1x only." if axis["name"] ==
+                "length" else ""), ""]
+    for t, pv in zip(axis["trends"], axis["per_value"]):
+        lines.append(f"- {trend_sentence(doc, t, [(v, c) for v, c in pv])}")
+        lines.append("  - " + "; ".join(f"{v:g}: {c['mean']:+.4f} [{c['low']:+.4f}, {c['high']:+.4f}]"
+                                         if not math.isnan(c["low"]) else f"{v:g}: {c['mean']:+.4f}" for v, c in pv))
+    return lines + [""]
 
 
 def diverged_section(claim: Claim, doc: dict) -> list[str]:
@@ -309,6 +330,7 @@ def render(claim: Claim, out: Path) -> Path:
     n = len(doc["comparisons"])
     lines += [f"- {sentence(c, n)}" for c in doc["comparisons"]] + [""]
     lines += trend_section(doc)
+    lines += axis_section(doc)
     lines += diverged_section(claim, doc)
     lines += common_section(claim, doc)
     lines += ["## Arms", "", arm_table(claim, doc), "",
@@ -411,14 +433,18 @@ def plot(claim: Claim, results: dict, path: Path) -> None:
     else:
         for arm in arms:
             r = results[arm][0]  # the first seed of each arm
-            if claim.plot == "position" and "position_loss" in r:
-                curve = np.asarray(r["position_loss"])
-                edges = [1, 2, 3] + [2 ** k + 1 for k in range(2, 20) if 2 ** k < len(curve)] + [len(curve) + 1]
-                centres = [np.sqrt(a * (b - 1)) for a, b in zip(edges, edges[1:])]
-                means = [curve[a - 1:b - 1].mean() for a, b in zip(edges, edges[1:])]
-                ax.plot(centres, means, marker="o", label=arm)
-                ax.set_xlabel("position in the context (tokens seen; means over 1, 2, 3-4, 5-8, ...)")
-                ax.set_ylabel("test-play loss (nats/token), seed 1")
+            if claim.plot == "position" and all("position_buckets" in x for x in results[arm]):
+                rows = [x for x in results[arm] if not x.get("diverged")]
+                keys = list(rows[0]["position_buckets"])
+                curves = np.array([[x["position_buckets"][k] for k in keys] for x in rows])
+                mean = curves.mean(0)
+                half = (stats.t.ppf(0.975, len(rows) - 1) * curves.std(0, ddof=1) / np.sqrt(len(rows))
+                        if len(rows) > 1 else np.zeros_like(mean))
+                pos = [int(k) for k in keys]
+                ax.plot(pos, mean, marker="o", label=arm)
+                ax.fill_between(pos, mean - half, mean + half, alpha=0.2)
+                ax.set_xlabel("position in the context (tokens seen; buckets 1, 2, 3-4, 5-8, ...)")
+                ax.set_ylabel(f"test-play loss (nats/token), mean of {len(rows)} seeds, 95% band")
                 ax.set_xscale("log")
             elif r.get("val_curve"):
                 steps, losses = zip(*r["val_curve"])

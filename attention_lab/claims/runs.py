@@ -31,6 +31,7 @@ from pathlib import Path
 
 import yaml
 
+from attention_lab.claims.catalog import BASE_LR, MIN_LR
 from attention_lab.training.config import compose
 from data.files import atomic_write, write_json_atomic
 
@@ -59,6 +60,8 @@ def job(arm, seed: int, lr: float | None, minutes: float | None = None) -> Job:
         raise ValueError(f"arm {arm.name!r} needs the time budget of arm {arm.after!r} first")
     if lr is not None:
         overrides.append(f"optim.lr={lr:.6g}")
+        if lr < MIN_LR:  # bracketed below the preset's floor (a floor above the rate is refused): as far below it
+            overrides.append(f"optim.min_lr={lr * MIN_LR / BASE_LR:.6g}")  # as the base rate's floor is below it
     return Job(arm.name, seed, lr, (*overrides, f"train.seed={seed}"))
 
 
