@@ -4,9 +4,10 @@ tests/test_exercises_training.py (it reuses that file's trained learner run); he
 
 The sweep's bracketing: an arm whose best rate lies two or more grid steps beyond the grid's edge must be followed
 out from the rates tried so far, one step at a time, until the best is inside what was tried (or BRACKET runs out,
-and the report says so). Training and scoring are replaced by a known curve of bits/byte against the rate, so the
-true best is known and the whole of run_claim (the choice, the seeds' rate, results.json, the report) runs in
-well under a second."""
+and the report says so); below the grid, past the preset's schedule floor too (a rate under optim.min_lr was a
+config error until runs.job gave it a floor of its own). Training and scoring are replaced by a known curve of
+bits/byte against the rate, so the true best is known and the whole of run_claim (the choice, the seeds' rate,
+results.json, the report) runs in seconds."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from types import SimpleNamespace
 import pytest
 
 from attention_lab.claims import CLAIMS, experiment, report, runs, select
-from attention_lab.claims.catalog import BASE_LR
+from attention_lab.claims.catalog import BASE, BASE_LR, MIN_LR
+from attention_lab.training.config import compose
 
 GRID = (1 / 3, 1.0, 3.0)
 
@@ -29,9 +31,10 @@ def _lr(multiple: float) -> str:
 
 @pytest.fixture
 def fake_training(monkeypatch):
-    """run_claim with every run 'trained' at once and scored by a curve with its minimum at best[arm] (a multiple
-    of the base rate): bits/byte = 2 + 0.1 * log3(lr / best)^2, plus 0.001 per seed. -> (best, trained), `trained`
-    the (arm, multiple, seed) of every run launched, in order."""
+    """run_claim with every run 'trained' at once (a run folder with the files a finished run leaves: metrics,
+    config, the done marker) and scored by a curve with its minimum at best[arm] (a multiple of the base rate):
+    bits/byte = 2 + 0.1 * log3(lr / best)^2, plus 0.001 per seed. -> (best, trained), `trained` the (arm,
+    multiple, seed) of every run launched, in order."""
     best: dict[str, float] = {}
     trained: list[tuple[str, float, int]] = []
     lr_of: dict[str, float] = {}
@@ -40,19 +43,23 @@ def fake_training(monkeypatch):
         for j in todo:
             d = self.run_dir(j)
             d.mkdir(parents=True, exist_ok=True)
-            (d / runs.DONE).write_text(json.dumps({"seconds": 1.0}))
-            self.seconds.append(1.0)
             lr = j.lr if j.lr is not None else BASE_LR
+            rows = [{"step": 12, "loss": 2.2, "tokens_per_s": 1000.0}, {"step": 12, "val_loss": 2.1},
+                    {"step": 24, "loss": 2.0, "tokens_per_s": 1000.0}, {"step": 24, "val_loss": 2.0}]
+            (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            (d / "config.json").write_text(json.dumps({"optim": {"lr": lr}}))
+            (d / "checkpoints").mkdir(exist_ok=True)
+            (d / runs.DONE).write_text(json.dumps({"seconds": 1.0, "launch": runs.launch_of(())}))
+            self.seconds.append(1.0)
             lr_of[d.name] = lr
             trained.append((j.arm, lr / BASE_LR, j.seed))
 
-    def arm_of(run_dir: Path) -> tuple[str, float, int]:
-        arm, seed = run_dir.name.split("-lr")[0], int(run_dir.name.rsplit("-s", 1)[1])
-        return arm, lr_of[run_dir.name], seed
-
     def measure(claim, run_dir, held, quick):
-        arm, lr, seed = arm_of(Path(run_dir))
-        return {"bpb": 2.0 + 0.1 * math.log(lr / (BASE_LR * best[arm]), 3) ** 2 + 0.001 * seed, "step": 24}
+        name = Path(run_dir).name
+        arm, seed = name.split("-lr")[0], int(name.rsplit("-s", 1)[1])
+        bpb = 2.0 + 0.1 * math.log(lr_of[name] / (BASE_LR * best[arm]), 3) ** 2 + 0.001 * seed
+        bpb += 0.0003 * (seed * seed % 5) * (arm == "tied")  # the arms' seed noise not identical
+        return {"bpb": bpb, "step": 24} | {m: 0.5 for m in claim.measures}
 
     held = SimpleNamespace(part=SimpleNamespace(documents=["play"], part="choose"))
     monkeypatch.setattr(runs.Runner, "_launch", launch)
@@ -60,9 +67,6 @@ def fake_training(monkeypatch):
         config=SimpleNamespace(block_size=32)))
     monkeypatch.setattr(experiment, "Held", SimpleNamespace(of=lambda run, part, block, n: held))
     monkeypatch.setattr(experiment, "measure", measure)
-    monkeypatch.setattr(experiment, "metrics_of", lambda d: {
-        "seconds": 1.0, "train_loss": 2.0, "tokens_per_s": 1000.0, "val_curve": [[24, 2.0]],
-        "max_train_loss_late": 2.1, "lr": lr_of[Path(d).name]})
     monkeypatch.setattr(report, "plot", lambda *a: None)
     return best, trained
 
@@ -70,7 +74,16 @@ def fake_training(monkeypatch):
 def _run(tmp_path, bracket: int):
     claim = select(CLAIMS["qk"], (1, 2, 3), ("separate", "tied"), GRID)
     rep = experiment.run_claim(claim, tmp_path / "qk", log=lambda *a: None, progress=False, bracket=bracket)
-    return json.loads((tmp_path / "qk" / "results.json").read_text()), rep.read_text()
+    return claim, json.loads((tmp_path / "qk" / "results.json").read_text()), rep.read_text()
+
+
+def _sweep_row(text: str, arm: str) -> dict[str, str]:
+    """The report's sweep table as {column heading: the arm's cell}."""
+    lines = text.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("| arm |") and "| lr " in line)
+    names = [c.strip() for c in lines[head].strip("|").split("|")]
+    row = next(line for line in lines[head:] if line.startswith(f"| {arm} |"))
+    return dict(zip(names, (c.strip() for c in row.strip("|").split("|"))))
 
 
 @pytest.mark.parametrize("steps_out", [2, -2], ids=["two steps above the grid", "two steps below the grid"])
@@ -82,7 +95,7 @@ def test_an_arm_whose_best_rate_is_two_steps_beyond_the_grid_is_followed_out_and
     best, trained = fake_training
     edge, step = (GRID[-1], 3.0) if steps_out > 0 else (GRID[0], 1 / 3)
     best["separate"], best["tied"] = edge * step ** 2, 1.0  # separate: 27x (0.081) or 1/27x; tied inside the grid
-    doc, text = _run(tmp_path, bracket=4)
+    claim, doc, text = _run(tmp_path, bracket=4)
     want = BASE_LR * best["separate"]
     tried = sorted(map(float, doc["sweep"]["separate"]))
     assert doc["rates"]["separate"] == pytest.approx(want), (
@@ -91,15 +104,18 @@ def test_an_arm_whose_best_rate_is_two_steps_beyond_the_grid_is_followed_out_and
     out = [BASE_LR * edge * step ** k for k in (1, 2, 3)]  # one step, the best, and the step past it that lost
     assert tried == pytest.approx(sorted([BASE_LR * r for r in GRID] + out)), (
         "the sweep steps out one grid ratio at a time, from the rates tried so far, until its best is inside")
+    if steps_out < 0:  # below the preset's schedule floor, which a config refuses above its rate
+        assert all(float(r["lr"]) < MIN_LR for r in doc["results"]["separate"])
     assert doc["rates"]["tied"] == pytest.approx(BASE_LR), "tied's best is inside the grid"
     assert sorted(map(float, doc["sweep"]["tied"])) == pytest.approx([BASE_LR * r for r in GRID]), (
         "an arm whose best is inside the grid is not bracketed")
-    assert sum(a == "separate" for a, _, _ in trained) == 6 * 2 + 1, (
-        "each of separate's 6 rates trained once on the sweep's 2 seeds, then seed 3 at the best")
-    row = next(line for line in text.splitlines() if line.startswith("| separate |") and "**" in line)
-    assert row.endswith(f"| {want:g} |") and f"**{2.0015:.4f}** (2.00, 2.00)" in row, row
+    sweep_runs = [m for a, m, s in trained if a == "separate" and s in claim.sweep_seeds]
+    assert sorted(set(sweep_runs)) == pytest.approx(sorted(t / BASE_LR for t in tried), rel=1e-5) and \
+        len(sweep_runs) == len(tried) * len(claim.sweep_seeds), "each rate tried once on each sweep seed"
+    cells = _sweep_row(text, "separate")
+    bold = [name for name, cell in cells.items() if cell.startswith("**")]
+    assert bold == [next(n for n in cells if n.startswith(f"lr {want:g}"))] and cells["chosen"] == f"{want:g}", cells
     assert "Chosen at the edge of what was tried" not in text, "the best is inside what was tried: nothing to warn of"
-    assert "up to 4 more: separate." in text
 
 
 def test_an_arm_still_at_the_edge_when_the_bracket_runs_out_is_named_in_the_report(tmp_path, fake_training):
@@ -107,6 +123,10 @@ def test_an_arm_still_at_the_edge_when_the_bracket_runs_out_is_named_in_the_repo
     the edge of what was tried."""
     best, _ = fake_training
     best["separate"], best["tied"] = 3.0 ** 5, 1.0
-    doc, text = _run(tmp_path, bracket=2)
+    _, doc, text = _run(tmp_path, bracket=2)
     assert doc["rates"]["separate"] == pytest.approx(BASE_LR * 3.0 ** 3), "the best of what was tried: two steps out"
     assert "Chosen at the edge of what was tried: separate (" in text
+
+
+def test_the_schedule_floor_the_bracketing_knows_is_the_presets():
+    assert compose(list(BASE)).optim.min_lr == MIN_LR and compose(list(BASE)).optim.lr == BASE_LR

@@ -435,7 +435,8 @@ def create_app(registry: Registry, *, worker: Worker | None = None, page: Callab
             panel = inside_data(lm.model, np.zeros((3, 0), np.float32), kept.shares, lm.tokenizer,
                                 kept.lens_of(lm.model), _circuits(lm, ids))
             return {"model": req.target.model, "checkpoint": lm.checkpoint, "step": lm.step, "ids": ids,
-                    "inside": panel | {"q": None, "k": None, "v": None}, "ms": round((time.perf_counter() - t0) * 1000, 1)}
+                    "inside": panel | {"q": None, "k": None, "v": None},
+                    "ms": round((time.perf_counter() - t0) * 1000, 1)}
 
         return json_response(await on_text(request, parse_ablation, "step inside", job))
 
