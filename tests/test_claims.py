@@ -575,6 +575,7 @@ def test_each_claim_runs_end_to_end_quick(name, tmp_path, data_cache):
         cfg = json.loads((tmp_path / name / doc["results"]["lstm equal time"][0]["run"] / "config.json").read_text())
         assert cfg["train"]["max_minutes"] == pytest.approx(max(transformer / 60, 0.05), abs=1e-3), \
             "the equal-time LSTM trains for the transformer's wall time"
+        assert cfg["train"]["max_steps"] == 100000, "the arm's own values beat --quick's (its steps: no cap)"
     if name == "positions":  # scored at 1x, 2x and 4x the trained context; a trend along it
         r = doc["results"]["sinusoidal"][0]
         assert {"bpb_windows_1x", "bpb_windows_2x", "bpb_windows_4x"} <= set(r) and r["bpb_windows_4x"] > 0, r

@@ -115,10 +115,14 @@ class Runner:
         jobs_dir = self.out / "jobs"
         group = jobs_dir / "claims_job"
         group.mkdir(parents=True, exist_ok=True)
+        # the common values go into each job's file before the job's own, so that a job's value beats a common one
+        # (on the command line a common value would beat the file: --quick's max_steps would cap the equal-time LSTM)
+        values = [o for o in self.common if "." in o.partition("=")[0]]
+        choices = [o for o in self.common if o not in values]  # config groups (experiment=claims, data=...)
         for j in todo:
             with atomic_write(group / f"{j.name}.yaml") as f:
-                f.write("# @package _global_\n" + yaml.safe_dump(nested(j.overrides), sort_keys=True))
-        cmd = [sys.executable, str(REPO / "train.py"), "-m", *self.common, f"name=claims-{self.claim}",
+                f.write("# @package _global_\n" + yaml.safe_dump(nested([*values, *j.overrides]), sort_keys=True))
+        cmd = [sys.executable, str(REPO / "train.py"), "-m", *choices, f"name=claims-{self.claim}",
                f"+claims_job={','.join(j.name for j in todo)}", f"hydra.searchpath=[file://{jobs_dir.resolve()}]",
                f"hydra.sweep.dir={(self.out / 'runs').resolve()}",
                "hydra.sweep.subdir=${hydra:runtime.choices.claims_job}", *self.launcher]
