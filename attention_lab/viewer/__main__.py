@@ -3,6 +3,13 @@
 import sys
 
 from attention_lab.viewer.page import main
-from attention_lab.viewer.report import rebuild_sample
 
-sys.exit(main(rebuild=rebuild_sample))
+
+def rebuild(folder, checkpoint):
+    """--checkpoint: the sample folder recomputed with the model (torch and the analyses load only for it)."""
+    from attention_lab.viewer.report import rebuild_sample
+
+    return rebuild_sample(folder, checkpoint)
+
+
+sys.exit(main(rebuild=rebuild))
