@@ -548,20 +548,22 @@ def test_the_sweep_chooses_on_the_choose_plays_its_winner_trains_the_seeds_and_n
     assert json.loads((again.parent / "results.json").read_text())["runs_trained"] == 0
 
 
-QUICK_ARMS = {"scale": ("sqrt", "none-3xlr"), "mask": ("before_softmax", "none"), "heads": ("1 head", "16 heads"),
+QUICK_ARMS = {"scale": ("sqrt", "none-3xlr"), "mask": ("before_softmax", "none"), "heads": ("1 head", "4 heads"),
               "positions": ("none", "sinusoidal"),
               "rnn": ("transformer", "lstm equal time"), "context": ("base",)}
 
 
 @pytest.mark.parametrize("name", sorted(QUICK_ARMS))
 def test_each_claim_runs_end_to_end_quick(name, tmp_path, data_cache):
+    from attention_lab.claims.catalog import along
+
     claim, rep, doc = _quick(tmp_path, name, data_cache, QUICK_ARMS[name])
-    assert set(doc["results"]) == {a.name for a in claim.arms}, doc["results"].keys()
+    assert set(doc["results"]) == {a.name for a in along(claim).arms}, doc["results"].keys()
     for arm, rows in doc["results"].items():
         assert rows[0]["bpb"] > 0 and rows[0]["step"] > 0, (arm, rows[0])
     text = rep.read_text()
     assert "| arm |" in text and claim.statement in text and (tmp_path / name / "plot.png").stat().st_size > 1000
-    assert "## Verdict" in text and len(doc["comparisons"]) == len(claim.expect)
+    assert "## Verdict" in text and len(doc["comparisons"]) == len(along(claim).expect)
     if name == "mask":
         r = doc["results"]["none"][0]
         assert r["honest_bpb"] > r["leaky_bpb"], f"an unmasked model must look better than it is: {r}"
@@ -576,6 +578,10 @@ def test_each_claim_runs_end_to_end_quick(name, tmp_path, data_cache):
         assert cfg["train"]["max_minutes"] == pytest.approx(max(transformer / 60, 0.05), abs=1e-3), \
             "the equal-time LSTM trains for the transformer's wall time"
         assert cfg["train"]["max_steps"] == 100000, "the arm's own values beat --quick's (its steps: no cap)"
+    if name == "heads":  # two widths: the same head count at two head sizes
+        widths = {json.loads((tmp_path / name / r["run"] / "config.json").read_text())["model"]["n_embd"]
+                  for rows in doc["results"].values() for r in rows}
+        assert widths == {128, 256} and doc["trends"] and doc["variable"] == "n_embd", widths
     if name == "positions":  # scored at 1x, 2x and 4x the trained context; a trend along it
         r = doc["results"]["sinusoidal"][0]
         assert {"bpb_windows_1x", "bpb_windows_2x", "bpb_windows_4x"} <= set(r) and r["bpb_windows_4x"] > 0, r

@@ -130,7 +130,15 @@ def _heads_claim(name: str, statement: str, pos: str, note: str) -> "Claim":
     arms = tuple(Arm(f"{n} head{'s' * (n > 1)}", (f"model.n_head={n}", f"model.pos_encoding={pos}")) for n in HEAD_COUNTS)
     return Claim(name, statement, arms, ("roles", "ablation"),
                  (Expect("4 heads", "1 head"), Expect("8 heads", "1 head"), Expect("8 heads", "4 heads")),
-                 VASWANI_A, plot="bars:bpb", notes=(note,))
+                 VASWANI_A, plot="bars:bpb", variable=WIDTHS,
+                 notes=(note, "along the width: every head count at 128 and at 256 channels, so a head count is seen "
+                              "at two head sizes and a head size (32: 4 heads at 128, 8 at 256) at two head counts; "
+                              "the rates are swept at 128 and the 256-wide arms train at their 128-wide arm's rate. "
+                              "This claim costs more than an hour on 2 cores: `--arms` runs a subset, "
+                              "`--launcher submitit_slurm` the whole"))
+
+
+WIDTHS = Variable("n_embd", ((128, ("model.n_embd=128",)), (256, ("model.n_embd=256",))))
 
 
 CLAIMS = {c.name: c for c in (
