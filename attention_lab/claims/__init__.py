@@ -10,12 +10,15 @@
 The modules, in the order a claim runs:
 
     catalog.py     the claims as data: arms (config overrides on configs/experiment/claims.yaml), expectations,
-                   the published result, the seeds and the rate sweep
-    runs.py        the runs to train as one Hydra multirun of train.py (any launcher); finished runs reused
-    trained.py     what a finished run's files say (curve, speed, wall time, rate)
+                   the published result, the seeds, the rate sweep, the variable the sentence is about (along())
+    runs.py        the runs to train as one Hydra multirun of train.py (any launcher); finished runs reused, a twin
+                   only when launched the same way; a run stopped on a non-finite loss recorded, not fatal
+    trained.py     what a finished run's files say (curve, speed, wall time, rate) and the divergence rule
     measure.py     one run's final checkpoint measured on one half of the held-out plays
-    stats.py       paired seeds -> mean difference, p, Holm, the interval at Holm's level, equivalence, verdict
-    experiment.py  one claim end to end: sweep, choose each arm's rate, seeds, measure on the test plays, decide
+    stats.py       paired seeds -> mean difference, p, Holm, the interval at Holm's level, equivalence, verdict;
+                   the trend along a variable; a log-log slope
+    experiment.py  one claim end to end: sweep (seeds of its own, diverged rates refused), choose each arm's rate,
+                   the verdict seeds at it and at a common rate, measure on the test plays, decide, trends
     report.py      report.md and results.json; docs/claims.md assembled from the reports
     cli.py         the command
 """

@@ -92,6 +92,8 @@ def main(argv=None) -> int:
         for c in CLAIMS.values():
             arms = ", ".join(a.name for a in c.arms) or "none: it runs the wall benchmark"
             print(f"{c.name:<14} {c.statement}\n{'':<14} arms: {arms}")
+            if c.variable:
+                print(f"{'':<14} along {c.variable.name}: {', '.join(f'{v:g}' for v in c.variable.values)}")
         return 0
     if args.name == "docs":
         return cli.run(lambda: print(report.write_docs(args.root)))
