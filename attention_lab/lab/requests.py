@@ -185,8 +185,8 @@ def parse_analyze(body: dict) -> AnalyzeRequest:
         raise Invalid(f"ablation must be true (every head's Δloss in the answer) or false (left out: "
                       f"POST /api/ablation), got {_show(ablation)}")
     if not isinstance(inside, bool):
-        raise Invalid(f"inside must be true (the step-inside panel's q, k, v in the answer) or false (left out: "
-                      f"POST /api/qkv), got {_show(inside)}")
+        raise Invalid(f"inside must be true (the step-inside panel in the answer) or false (left out: POST "
+                      f"/api/inside and /api/qkv), got {_show(inside)}")
     return AnalyzeRequest(_text(body), _target(body), _interventions(body), ablation, inside)
 
 

@@ -10,9 +10,9 @@
 //
 // Requests: one analysis in flight at a time; what the user changes meanwhile is sent when it returns (the newest
 // state only), and an answer for a state older than the one shown is dropped. The maps come first: the analysis is
-// asked for without the ablation pass and without q, k, v ("ablation": false, its slowest part; "inside": false,
-// most of its bytes), drawn, and then POST /api/qkv brings the step-inside panel's q, k, v as float32 bytes and POST
-// /api/ablation the model view's Δloss column for the same request (aborted if the page asks for something else
+// asked for without the ablation pass and without the step-inside panel ("ablation": false, its slowest part;
+// "inside": false, its logit lens and most of its bytes), drawn, and then POST /api/inside brings the panel's
+// numbers, POST /api/qkv its q, k, v as float32 bytes, and POST /api/ablation the model view's Δloss column for the same request (aborted if the page asks for something else
 // first, so the server drops them). Every complete render (maps and ablation) ends by raising document.body.dataset.rendered (a
 // counter) once the browser has drawn it, with window.lab.drawn the request it answered (window.lab.mapsDrawn as
 // soon as the maps are): tests and the latency benchmark (bench/lab_latency.py) wait for them;
