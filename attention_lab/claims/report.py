@@ -163,7 +163,8 @@ def trend_section(doc: dict) -> list[str]:
     lines = [f"## Along {var}", "", f"Every expectation is decided at each value of {var} (the verdicts above), and one "
              f"trend test per expectation answers the sentence: does the difference grow or shrink as {var} doubles? "
              "(stats.trend: a one-sample t-test over the seeds' slopes; 5% of flat series are called a trend.)", ""]
-    return lines + [f"- {trend_sentence(doc, t)}" for t in doc["trends"]] + ["", "![along the variable](plot.png)", ""]
+    return lines + [f"- {trend_sentence(doc, t)}" for t in doc["trends"]] + ["", "The plot at the end: the difference "
+                    f"at each {var} with the interval its verdict was read from, and each seed's.", ""]
 
 
 def axis_section(doc: dict) -> list[str]:
