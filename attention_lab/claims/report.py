@@ -65,17 +65,19 @@ def sentence(c: dict, n_compared: int) -> str:
     """One expectation in words, every number from the comparison; the interval printed is the one the verdict
     word was read from (the level Holm's step used)."""
     unit = UNITS.get(c["metric"], f"in {c['metric']}")
-    if c["better"] == c["worse"]:
-        worse = f"the trained model's {c['metric']}, read with the control,"
+    if c["better"] == c["worse"]:  # one arm's number against the same runs read with the pasted control
+        worse = f"{c['worse']} read with the pasted control (uniform attention in the same trained runs)"
+        better = "with its trained attention"
     else:
-        worse = c["worse"]
+        worse, better = c["worse"], c["better"]
     up = c["mean"] > 0
     if c["metric"] in LOSSES:
         direction = "higher (worse)" if up else "lower (better)"
     else:
         direction = "higher, as the claim predicts," if up else "lower, against the claim's prediction,"
     n = len(c["seeds"])
-    text = f"**{c['verdict']}**: {worse} is {direction} than {c['better']} by {abs(c['mean']):.4f} {unit} (mean of {n} paired seed{'s' * (n > 1)}"
+    text = (f"**{c['verdict']}**: {worse} is {direction} than {better} by {abs(c['mean']):.4f} {unit} (mean of {n} "
+            f"paired seed{'s' * (n > 1)}")
     if n > 1:
         step = (f"the level Holm's step tested it at among {n_compared}" if n_compared > 1 else "one comparison")
         text += (f"; {_level(c)} interval {c['low']:+.4f} to {c['high']:+.4f} ({step}); p = {_p(c['p'])}, "
