@@ -20,7 +20,7 @@
 # this notebook with smaller settings.
 
 # %% tags=["parameters"]
-STEPS = 300  # training steps of the small model whose numbers we read (the test suite runs 4)
+STEPS = 1000  # training steps of the small model whose numbers we read (the test suite runs 4)
 DATA_CACHE = None  # where the prepared corpus is cached (None: ./cache)
 
 # %% In Colab: install attention-lab first (clone your copy, then an editable install); elsewhere this does nothing

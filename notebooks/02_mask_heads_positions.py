@@ -17,7 +17,7 @@
 # code checked against the model's (`attention_lab.exercises`).
 
 # %% tags=["parameters"]
-STEPS = 200  # training steps of the two small models compared in the leak measurement (the test suite runs 4)
+STEPS = 1000  # training steps of the two small models compared in the leak measurement (the test suite runs 4)
 WINDOWS = 16  # validation windows scored honestly (each position predicted from the tokens up to it alone)
 DATA_CACHE = None  # where the prepared corpus is cached (None: ./cache)
 

@@ -15,7 +15,7 @@
 # and the run says if it reads the future. Then `attention_lab.show` draws what your model attends to, inline.
 
 # %% tags=["parameters"]
-STEPS = 400  # training steps (the test suite runs 4)
+STEPS = 1000  # training steps (the test suite runs 4)
 DATA_CACHE = None  # where the prepared corpus is cached (None: ./cache)
 
 # %% In Colab: install attention-lab first (clone your copy, then an editable install); elsewhere this does nothing
