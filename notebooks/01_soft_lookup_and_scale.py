@@ -83,7 +83,8 @@ i = ids.size(1) - 1
 by_hand = torch.softmax(qs[i] @ ks[: i + 1].T / math.sqrt(qs.size(-1)), dim=0)
 print(f"query {i} ({tok.token_strings(ids[0].tolist())[i]!r}): its top keys")
 for j in by_hand.argsort(descending=True)[:4].tolist():
-    print(f"  key {j:2d} {tok.token_strings(ids[0].tolist())[j]!r}: weight {by_hand[j]:.3f} (the model's: {w[i, j]:.3f})")
+    char = tok.token_strings(ids[0].tolist())[j]
+    print(f"  key {j:2d} {char!r}: weight {by_hand[j]:.3f} (the model's: {w[i, j]:.3f})")
 print("largest gap between softmax(q k / sqrt(d_k)) by hand and the model's weights:",
       f"{(by_hand - w[i, : i + 1]).abs().max().item():.1e}")
 
@@ -99,7 +100,8 @@ for d_k in (4, 16, 64, 256):
     dots = (kk @ qq[:, :, None]).squeeze(-1)  # (2000, 16): each query against 16 keys
     top_raw = torch.softmax(dots, -1).max(-1).values.mean().item()
     top_scaled = torch.softmax(dots / math.sqrt(d_k), -1).max(-1).values.mean().item()
-    print(f"d_k {d_k:4d}: var(q.k) {dots.var().item():7.1f}, var(q.k / sqrt(d_k)) {(dots / math.sqrt(d_k)).var().item():.2f};"
+    scaled_var = (dots / math.sqrt(d_k)).var().item()
+    print(f"d_k {d_k:4d}: var(q.k) {dots.var().item():7.1f}, var(q.k / sqrt(d_k)) {scaled_var:.2f};"
           f" largest weight of 16: {top_raw:.2f} unscaled, {top_scaled:.2f} scaled")
 
 # %% [markdown]

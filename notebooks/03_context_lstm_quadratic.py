@@ -51,8 +51,8 @@ from model.attention import math_attention, visible_keys
 
 torch.manual_seed(0)
 extra = [f"data.cache_dir={DATA_CACHE}"] if DATA_CACHE else []
-common = ["experiment=debug", "model.block_size=128", f"train.max_steps={STEPS}", f"train.eval_interval={max(STEPS, 1)}",
-          "train.film=false", "train.tensorboard=false", "train.head_roles=false", "train.sample_tokens=0", *extra]
+common = ["experiment=debug", "model.block_size=128", f"train.max_steps={STEPS}",
+          f"train.eval_interval={max(STEPS, 1)}", "train.film=false", "train.tensorboard=false", "train.head_roles=false", "train.sample_tokens=0", *extra]
 
 # %% [markdown]
 # Two small models on the same data, tokens and budget of steps: the transformer, and an LSTM with as many
@@ -88,8 +88,8 @@ for layer, value in enumerate(sim.contextual):
 curves = {arch: position_losses(model, x, y) for arch, model in models.items()}
 t = x.size(1)
 for arch, curve in curves.items():
-    print(f"{arch:4s}: loss at positions 0-3 {curve[:4].mean():.3f}, at the last quarter {curve[3 * t // 4:].mean():.3f}"
-          f" nats/token")
+    print(f"{arch:4s}: loss at positions 0-3 {curve[:4].mean():.3f}, at the last quarter "
+          f"{curve[3 * t // 4:].mean():.3f} nats/token")
 
 # %% [markdown]
 # ## The quadratic cost

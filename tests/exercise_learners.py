@@ -67,7 +67,8 @@ LEARNERS: dict[str, tuple[str, str, str | None]] = {
     "decode: q scaled in place": ("decode", _DECODE + "    q *= q.size(-1) ** -0.5\n"
         "    return torch.softmax(q @ k_all.transpose(-2, -1), -1) @ v_all, k_all, v_all\n", "in_place"),
     "mask: the future set by indexing the scores": ("mask", "def mask(scores):\n    t = scores.shape[-1]\n"
-        "    future = torch.triu(torch.ones(t, t), 1).bool()\n    scores[..., future] = float('-inf')\n    return scores\n",
+        "    future = torch.triu(torch.ones(t, t), 1).bool()\n    scores[..., future] = float('-inf')\n"
+        "    return scores\n",
         "in_place"),
     "attention: softmax with dtype=float16": ("attention", "def attention(q, k, v):\n" + _FUTURE + _SCORES
         + "    s = s.masked_fill(future, float('-inf'))\n"
@@ -95,7 +96,8 @@ CORRECT: dict[str, tuple[str, str]] = {
         "    return torch.softmax(s, dim=-1) @ v\n"),
     "scores: einsum": ("scores", "def scores(q, k):\n"
         "    return torch.einsum('bhtd,bhsd->bhts', q, k) / math.sqrt(q.shape[-1])\n"),
-    "mask: a clone, then masked_fill_": ("mask", "def mask(scores):\n    t = scores.size(-1)\n    out = scores.clone()\n"
+    "mask: a clone, then masked_fill_": ("mask", "def mask(scores):\n    t = scores.size(-1)\n"
+        "    out = scores.clone()\n"
         "    out.masked_fill_(torch.ones(t, t, dtype=torch.bool).triu(1), float('-inf'))\n    return out\n"),
     "multi_head: sdpa": ("multi_head", _MH + "    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)\n"
         + _MH_END),

@@ -141,7 +141,8 @@ def test_a_learners_run_says_once_when_its_attention_reads_the_future(runs):
     said = LEAK.findall((runs["after"] / "console.log").read_text())
     assert len(said) == 1, f"the leak is said {len(said)} times, not once"
     with_it, without, windows = float(said[0][0]), float(said[0][1]), int(said[0][2])
-    rows = [r for r in map(json.loads, (runs["after"] / "metrics.jsonl").read_text().splitlines()) if "honest_loss" in r]
+    rows = [r for r in map(json.loads, (runs["after"] / "metrics.jsonl").read_text().splitlines())
+            if "honest_loss" in r]
     assert len(rows) == 2 and windows == 16, rows
     first = next(r for r in rows if r["honest_loss"] - r["leaky_loss"] > 1e-3)
     assert (with_it, without) == (float(f"{first['leaky_loss']:.4g}"), float(f"{first['honest_loss']:.4g}")), (

@@ -275,7 +275,8 @@ def _in_place_sentence(ex: Exercise, run: Run, fn, where: str) -> str:
         what = (f"{int(diff.sum())} of its {before.numel()} entries differ after the call ({name}"
                 f"[{', '.join(map(str, idx))}] was {before[idx].item():.4g}, now {after[idx].item():.4g})")
     others = [n for n in run.changed[1:]]
-    return (f"{IN_PLACE.title.replace('your function', f'your {ex.function}').replace('its input', f'its input {name}')}"
+    title = IN_PLACE.title.replace("your function", f"your {ex.function}").replace("its input", f"its input {name}")
+    return (f"{title}"
             f"{at}: {what} (case {run.case.label})" + (f"; it changes {', '.join(others)} too" if others else ""))
 
 
