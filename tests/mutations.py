@@ -1111,6 +1111,10 @@ MUTATIONS = (
              "return (f\"logit lens after '{labels[-1]}' (", "return (f\"logit lens after {labels[-1]!r} (",
              ("tests/test_newcomer.py::test_the_logit_lens_line_shows_a_newline_once_escaped",),
              "the logit lens line prints a newline token as '\\\\n' (escaped twice)"),
+    Mutation("quick_estimate_from_full_runs", "attention_lab/claims/runs.py",
+             'if p.parents[2] == here or p.parents[2].name.endswith("-quick") == quick)', ")",
+             ("tests/test_newcomer_numbers.py::test_the_quick_claims_estimate_uses_quick_runs_only",),
+             "--quick's time estimate is the median of full-size runs (\"about 9 min at 60 s a run\" for 40 s)"),
     # the GPU check (issue 38): one prepared call must say when a step failed
     Mutation("gpu_check_exits_zero_on_failure", "bench/gpu_check.py",
              'return 0 if all(r["ok"] for r in rows) else 1', "return 0",

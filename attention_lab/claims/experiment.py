@@ -28,7 +28,7 @@ import attention_lab.claims.report as report
 import attention_lab.claims.stats as stats
 from attention_lab.claims.catalog import BASE, BASE_LR, BRACKET, QUICK, Claim, along
 from attention_lab.claims.measure import LENGTHS, Held, measure
-from attention_lab.claims.runs import Runner, job, mean_minutes
+from attention_lab.claims.runs import Runner, job, mean_minutes, minutes_or_seconds
 from attention_lab.claims.trained import DIVERGED_RULE, metrics_of
 from attention_lab.store.checkpoint import load_checkpoint
 
@@ -83,7 +83,8 @@ def run_claim(claim: Claim, out: Path, quick: bool = False, overrides: tuple[str
         + (f"a sweep of {len(claim.rates)} rates on seeds {', '.join(map(str, claim.sweep_seeds))} per swept arm, "
            f"then seeds {', '.join(map(str, claim.seeds))} at the chosen rate and at the common rate {common:g}"
            if sweeping else f"no sweep: the rate {common:g} fixed in advance; seeds {', '.join(map(str, claim.seeds))}")
-        + f"); about {n_runs * runner.estimate() / 60:.0f} min at {runner.estimate():.0f} s a run before any is reused")
+        + f"); about {minutes_or_seconds(n_runs * runner.estimate())} at {runner.estimate():.0f} s a run before "
+        "any is reused")
 
     held: dict[str, Held] = {}
 

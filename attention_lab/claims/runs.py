@@ -31,7 +31,7 @@ from pathlib import Path
 
 import yaml
 
-from attention_lab.claims.catalog import BASE_LR, MIN_LR
+from attention_lab.claims.catalog import BASE_LR, MIN_LR, QUICK
 from attention_lab.training.config import compose
 from data.files import atomic_write, write_json_atomic
 
@@ -39,6 +39,7 @@ REPO = Path(__file__).resolve().parents[2]
 DONE = "claims_done.json"
 NON_FINITE = "the training loss became"  # train.py's message when it stops a run on a non-finite loss
 GUESS_SECONDS = 60.0  # one run of the base preset on 2 cores, until a finished run says otherwise
+GUESS_QUICK_SECONDS = 4.0  # one --quick run (3 took 10.9 s on 2 shared cores), until a finished one says otherwise
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,8 @@ class Runner:
                f"hydra.sweep.dir={(self.out / 'runs').resolve()}",
                "hydra.sweep.subdir=${hydra:runtime.choices.claims_job}", *self.launcher]
         estimate = self.estimate()
-        self.log(f"  {len(todo)} run{'s' * (len(todo) > 1)} to train, about {len(todo) * estimate / 60:.1f} min at "
+        self.log(f"  {len(todo)} run{'s' * (len(todo) > 1)} to train, "
+                 f"about {minutes_or_seconds(len(todo) * estimate)} at "
                  f"{estimate:.0f} s a run one at a time ({' '.join(self.launcher) or 'the basic launcher'})")
         log_path = self.out / "multirun.log"
         t0 = time.time()
@@ -211,10 +213,20 @@ class Runner:
         return json.loads((Path(run_dir) / DONE).read_text())["seconds"]
 
     def estimate(self) -> float:
-        """Seconds a run takes here: the median of the runs finished beside this claim (any claim), else a guess."""
-        done = sorted(self.out.resolve().parent.glob(f"*/runs/*/{DONE}"))[-50:]
+        """Seconds a run takes here: the median of the runs of this size finished beside this claim (any claim;
+        --quick's runs sit in claims/<name>-quick, and a full run's minute is no estimate of a quick run's
+        seconds), else a guess."""
+        quick = set(QUICK) <= set(self.common)
+        here = self.out.resolve()
+        done = sorted(p for p in here.parent.glob(f"*/runs/*/{DONE}")
+                      if p.parents[2] == here or p.parents[2].name.endswith("-quick") == quick)[-50:]
         seconds = sorted(json.loads(p.read_text())["seconds"] for p in done)
-        return seconds[len(seconds) // 2] if seconds else GUESS_SECONDS
+        return seconds[len(seconds) // 2] if seconds else (GUESS_QUICK_SECONDS if quick else GUESS_SECONDS)
+
+
+def minutes_or_seconds(seconds: float) -> str:
+    """A time estimate in the unit it reads best in: 40 s, not "1 min" (and never "0 min")."""
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
 def nested(overrides) -> dict:
