@@ -1115,6 +1115,11 @@ MUTATIONS = (
              'if p.parents[2] == here or p.parents[2].name.endswith("-quick") == quick)', ")",
              ("tests/test_newcomer_numbers.py::test_the_quick_claims_estimate_uses_quick_runs_only",),
              "--quick's time estimate is the median of full-size runs (\"about 9 min at 60 s a run\" for 40 s)"),
+    Mutation("train_end_no_induction_pointer", "attention_lab/training/run.py",
+             "if run.cfg.name == DEFAULT_PRESET and not run.cfg.model.attn_impl and not interrupted:",
+             "if run.cfg.name != DEFAULT_PRESET and not interrupted:",
+             ("tests/test_newcomer_numbers.py::test_the_default_runs_last_lines_point_to_the_induction_preset",),
+             "make train ends without pointing to the induction preset (or every preset's run says it)"),
     # the GPU check (issue 38): one prepared call must say when a step failed
     Mutation("gpu_check_exits_zero_on_failure", "bench/gpu_check.py",
              'return 0 if all(r["ok"] for r in rows) else 1', "return 0",

@@ -31,3 +31,19 @@ def test_the_quick_claims_estimate_uses_quick_runs_only(tmp_path):
     assert full.estimate() == 60.0, "a full claim's estimate ignores the quick runs"
     assert Runner(tmp_path / "empty" / "x", "x", BASE).estimate() == GUESS_SECONDS
     assert minutes_or_seconds(40) == "40 s" and minutes_or_seconds(9 * 60) == "9 min"
+
+
+def test_the_default_runs_last_lines_point_to_the_induction_preset(tmp_path, data_cache):
+    import train as train_mod
+    from attention_lab.training.config import compose
+
+    said = {}
+    for name in ("default", "debug"):  # the debug preset's tiny run, once under the default preset's name
+        run_dir = tmp_path / name
+        train_mod.train(compose(["experiment=debug", f"data.cache_dir={data_cache}", f"name={name}",
+                                 "train.max_steps=2", "train.eval_interval=2", "train.head_roles=false"]), run_dir)
+        said[name] = (run_dir / "console.log").read_text().splitlines()
+    last = said["default"][-2:]
+    assert last[0].startswith("done:"), last
+    assert "python train.py experiment=induction" in last[1], "make train's last line should point to the induction run"
+    assert not any("experiment=induction" in line for line in said["debug"]), "only the default preset says it"

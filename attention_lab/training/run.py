@@ -13,6 +13,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from attention_lab.runtime import distributed
+from attention_lab.store.checkpoint import DEFAULT_PRESET
 from attention_lab.store.layout import RunLayout
 from attention_lab.store.logger import RunLogger
 from attention_lab.training.callbacks import Callback, Film
@@ -92,4 +93,8 @@ def finish(run: Run, start_step: int, elapsed: float, interrupted: bool) -> dict
                       f"nats/token, {final['val_bpb']:.3f} bits/byte (best {state.best_val:.4f}); "
                       f"checkpoints in {where}"
                       + (f"; attention film {film.path}" if film and film.path else ""))
+        if run.cfg.name == DEFAULT_PRESET and not run.cfg.model.attn_impl and not interrupted:
+            # the default run grows few clear heads (docs/heads.md): say where one is seen forming
+            run.log.print("next: watch an attention head form (an induction head, within minutes on a CPU): "
+                          "python train.py experiment=induction  (docs/heads.md)")
     return final
