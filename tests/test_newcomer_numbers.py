@@ -47,3 +47,44 @@ def test_the_default_runs_last_lines_point_to_the_induction_preset(tmp_path, dat
     assert last[0].startswith("done:"), last
     assert "python train.py experiment=induction" in last[1], "make train's last line should point to the induction run"
     assert not any("experiment=induction" in line for line in said["debug"]), "only the default preset says it"
+
+
+def expected_rows() -> list[dict]:
+    text = (REPO / "docs" / "recipe.md").read_text(encoding="utf-8")
+    table = text.split("<!-- expected-scores")[1].split("<!-- /expected-scores -->")[0]
+    rows = []
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 7 or cells[0] in ("CPU kind", "---"):
+            continue
+        kind, precision, run, date, steps, bpb, whole = cells
+        rows.append({"kind": kind, "precision": precision, "run": run, "date": date,
+                     "steps": int(steps.replace(",", "")), "bpb": float(bpb), "whole": float(whole) if whole else None})
+    return rows
+
+
+def test_the_expected_score_table_holds_dated_runs_of_each_cpu_kind():
+    import re
+
+    rows = expected_rows()
+    assert rows, "docs/recipe.md's expected-score table is missing or unreadable"
+    for r in rows:
+        assert re.fullmatch(r"20\d\d-\d\d-\d\d", r["date"]), f"a row without its date: {r}"
+        assert r["kind"] and r["run"] and 100 < r["steps"] < 10_000 and 1.0 < r["bpb"] < 3.0, r
+    kinds = {r["kind"] for r in rows}
+    assert {"Intel Xeon, AMX + AVX512-BF16", "AMD EPYC, AVX512-BF16 (no AMX)", "AMD EPYC, no native bf16"} <= kinds
+    # the sentence under the table states the float32 EPYC's spread: computed from its rows
+    f32 = [r for r in rows if r["precision"] == "float32"]
+    span = max(r["bpb"] for r in f32) - min(r["bpb"] for r in f32)
+    text = (REPO / "docs" / "recipe.md").read_text(encoding="utf-8")
+    said = (f"the float32 EPYC's {len(f32)} runs span {span:.3f} bits/byte,\n"
+            f"{min(r['steps'] for r in f32)} to {max(r['steps'] for r in f32)} steps")
+    said_words = said.replace(f"{len(f32)} runs", {3: "three", 4: "four", 5: "five"}.get(len(f32), str(len(f32))) + " runs")
+    assert said_words in text, f"docs/recipe.md should say: {said_words!r}"
+    # the README's headline scores are rows of the table, and it links the table
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert "docs/recipe.md#is-my-make-train-normal-expected-scores-per-cpu-kind" in readme
+    headline = re.search(r"\*\*(\d\.\d{3}) bits/byte\*\*.*?\*\*(\d\.\d{3})-(\d\.\d{3})\*\*", readme, re.S)
+    assert headline, "the README's headline scores moved: update this test"
+    scores = {r["bpb"] for r in rows}
+    assert {float(g) for g in headline.groups()} <= scores, "a README score that no recorded run in the table holds"
