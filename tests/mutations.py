@@ -1128,6 +1128,10 @@ MUTATIONS = (
              "four runs span 0.028 bits/byte", "four runs span 0.009 bits/byte",
              ("tests/test_newcomer_numbers.py::test_the_expected_score_table_holds_dated_runs_of_each_cpu_kind",),
              "the spread stated under the expected-score table is not its rows' spread"),
+    Mutation("films_prompt_called_probe", "attention_lab/viewer/page.py",
+             "parts.append(f\"the film's prompt: {t} tokens\"", "parts.append(f\"probe of {t} tokens\"",
+             ("tests/test_newcomer_numbers.py::test_one_name_per_probe_the_films_prompt_is_never_called_a_probe",),
+             "the film calls its prompt a probe, the name of the head roles' repeated-tokens probe"),
     # the GPU check (issue 38): one prepared call must say when a step failed
     Mutation("gpu_check_exits_zero_on_failure", "bench/gpu_check.py",
              'return 0 if all(r["ok"] for r in rows) else 1', "return 0",

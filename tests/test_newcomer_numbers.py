@@ -88,3 +88,27 @@ def test_the_expected_score_table_holds_dated_runs_of_each_cpu_kind():
     assert headline, "the README's headline scores moved: update this test"
     scores = {r["bpb"] for r in rows}
     assert {float(g) for g in headline.groups()} <= scores, "a README score that no recorded run in the table holds"
+
+
+def test_one_name_per_probe_the_films_prompt_is_never_called_a_probe(tmp_path):
+    import re
+
+    import numpy as np
+
+    from attention_lab.training.callbacks import ProbeAttention
+    from attention_lab.viewer import page as viewer
+
+    # "probe" is the head roles' repeated-tokens probe; the film's prompt is the film's prompt, in the docs ...
+    for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        found = re.findall(r"probe prompt", path.read_text(encoding="utf-8"), re.I)
+        assert not found, f"{path.name} calls the film's prompt the probe prompt (the probe is the repeated tokens)"
+    # ... and on the film: the subtitle a run's page shows, from what ProbeAttention records
+    run = tmp_path / "run"
+    (run / "attention").mkdir(parents=True)
+    description = ProbeAttention(None, [1, 2, 3, 4, 5]).description
+    (run / "attention" / "probe.json").write_text(json.dumps({"tokens": list("abcde"), "ids": [1, 2, 3, 4, 5],
+                                                              "description": description}))
+    np.save(run / "attention" / "step_00000010.npy", np.tril(np.ones((1, 1, 5, 5), np.float16)) / 5)
+    page = viewer.build_film(run).read_text(encoding="utf-8")
+    subtitle = json.loads(re.search(r'id="data">(.*?)</script>', page, re.S).group(1))["subtitle"]
+    assert "the film's prompt: 5 tokens" in subtitle and "probe" not in subtitle, subtitle

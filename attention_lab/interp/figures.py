@@ -2,7 +2,7 @@
 
 Shapes: L n_layer, nh n_head, T tokens (at most block_size), H x W image pixels.
 
-Side-effect-light on purpose: the trainer calls these at every evaluation (on a fixed probe prompt) and
+Side-effect-light on purpose: the trainer calls these at every evaluation (on the film's fixed prompt) and
 sample.py calls them once per sample. Nothing here writes files, prints, or touches pyplot's global figure
 registry: figures are plain `matplotlib.figure.Figure` objects on an Agg canvas, freed like any object.
 """

@@ -63,7 +63,7 @@ class Callback:
 
 
 class TextSample(Callback):
-    """Text generated from the probe prompt, seeded by the step so training's random stream is untouched."""
+    """Text generated from the film's prompt (train.probe_prompt), seeded by the step so training's random stream is untouched."""
 
     def __init__(self, tokenizer, prompt_ids: list[int], n_tokens: int, seed: int):
         self.tokenizer, self.prompt_ids, self.n_tokens, self.seed = tokenizer, prompt_ids, n_tokens, seed
@@ -78,13 +78,14 @@ class TextSample(Callback):
 
 
 class ProbeAttention(Callback):
-    """The probe prompt's attention maps: heatmaps in TensorBoard and one float16 array per evaluation.
+    """The film's prompt's attention maps (train.probe_prompt; "probe" alone names the repeated-tokens
+    probe of HeadRoles): heatmaps in TensorBoard and one float16 array per evaluation.
 
     Writes run_dir/attention/probe.json once and attention/step_XXXXXXXX.npy (L, nh, T, T) at every
     evaluation: the frames of the run's attention film (attention_lab/viewer/page.py).
     """
 
-    def __init__(self, tokenizer, prompt_ids: list[int], description: str = "the probe prompt"):
+    def __init__(self, tokenizer, prompt_ids: list[int], description: str = "the film's prompt"):
         self.tokenizer, self.prompt_ids, self.description = tokenizer, prompt_ids, description
 
     def on_evaluate(self, ctx: EvalContext) -> None:

@@ -88,6 +88,7 @@ class TrainConfig:
     resume: Optional[str] = None  # a run or checkpoint folder; a run folder that has checkpoints resumes itself
     init_from: Optional[str] = None  # start from weights: a Hugging Face GPT-2 id or folder (e.g. gpt2)
     sample_tokens: int = 200  # text generated at each evaluation for TensorBoard
+    # the film's prompt: its attention at every evaluation is the film (attention/probe.json); samples start from it
     probe_prompt: str = "ROMEO:\nBut soft, what light through yonder window breaks?"
     tensorboard: bool = True
     head_roles: bool = True  # measure every head's role (attention_lab/interp/heads.py) at evaluations

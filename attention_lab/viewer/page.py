@@ -19,7 +19,7 @@ sqrt-scaled, as in the PNGs of attention_maps.py). A weight comes back as (q / 2
 The film reads what the trainer writes at every evaluation; every part may be missing (the page says which):
 
     attention/probe.json            {"tokens": [str], "ids": [int], "description": str}
-    attention/step_XXXXXXXX.npy     float16 (L, nh, T, T): the probe prompt's attention at that step
+    attention/step_XXXXXXXX.npy     float16 (L, nh, T, T): the film's prompt's attention at that step
     attention/heads.jsonl           per evaluation {"step", "scores": {role: L x nh}, "ablation": {"probe", "val"},
                                     "model": {"probe_first_loss", "probe_repeat_loss", "icl_score"}}
     attention/phase_changes.json    [{"step", "head", "metric", "before", "after", "message"}]
@@ -54,6 +54,9 @@ LAB_SCRIPTS = ("explorer.js", "charts.js", "inside.js", "lab.js", "main.js")
 # 5 MB; beyond it, evaluations are dropped evenly (the first, the last and phase changes kept). A 6-layer, 6-head
 # model on a 128-token probe needs 297 kB per evaluation.
 FILM_MAX_BYTES = 3_600_000
+# probe.json descriptions the subtitle need not repeat: the default's, and an older run's name for the film's prompt
+# ("probe" alone names the repeated-tokens probe of the head roles)
+UNSAID = ("", "the film's prompt", "the probe prompt")
 # A sample page keeps every weight up to this many bytes (a 6 x 6 model at 512 tokens needs 4.7 MB); past it,
 # only the last tokens that fit are shown.
 SAMPLE_MAX_BYTES = 48_000_000
@@ -417,7 +420,7 @@ def film_data(run_dir, *, max_bytes: int = FILM_MAX_BYTES) -> tuple[dict, str]:
 
     parts = [f"{n_layer} layers x {n_head} heads" if n_layer else "no attention recorded"]
     if t:
-        parts.append(f"probe of {t} tokens" + (f" ({description})" if description else ""))
+        parts.append(f"the film's prompt: {t} tokens" + (f" ({description})" if description not in UNSAID else ""))
     if frames:
         parts.append(f"{total} evaluations, steps {frames[0][0]}\u2013{frames[-1][0]}")
     if scores:
