@@ -1314,6 +1314,21 @@ def test_the_panel_apart_is_the_analysis_own_and_its_qkv_float32_bytes(client):
                 assert np.array_equal(got[i], want), f"/api/qkv {name} differs from the analysis' ({interventions})"
 
 
+def test_a_model_whose_rows_reach_later_keys_has_no_panel_to_come(runs, tmp_path):
+    """causal_mask=after_softmax: the panel steps through causal rows only, so the maps' answer names no panel to
+    come and POST /api/inside says why (422), before any pass."""
+    tok = Tokenizer.from_str(load_checkpoint(runs["gpt"]).tokenizer_json)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=BLOCK, n_layer=1, n_head=2, n_embd=16,
+                          causal_mask="after_softmax"))
+    save_checkpoint(tmp_path / "leaky" / "checkpoints", 10, model, tok.to_str(), {"val_loss": 3.0}, best=True)
+    with TestClient(create_app(Registry.open([tmp_path / "leaky"])), base_url=LOCAL) as c:
+        maps = c.post("/api/analyze", json={"text": "ROMEO:", "inside": False, "ablation": False}).json()
+        assert "inside" not in maps and maps["pending"] == ["ablation"], maps.get("pending")
+        r = c.post("/api/inside", json={"text": "ROMEO:"})
+        assert r.status_code == 422 and "has no step-inside panel" in r.json()["error"], r.text
+
+
 def test_the_maps_answer_is_light_and_compressed(client):
     """The probe (a 420-token analysis: 9.4 MB of uncompressed JSON at every pause): the page's maps answer leaves
     out q, k, v and the ablation pass, and comes gzip-compressed; here a fraction of the full answer's bytes."""

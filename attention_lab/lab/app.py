@@ -428,12 +428,14 @@ def create_app(registry: Registry, *, worker: Worker | None = None, page: Callab
 
     async def inside(request: Request) -> Response:
         def job(req, watch: Watch):
+            why = steppable(registry.load(req.target.model, req.target.checkpoint).config)
+            if why is not None:  # before any pass
+                raise Invalid(f"model {req.target.model} has no step-inside panel: {why}")
             lm, ids, kept = panel_of(req)
-            if steppable(lm.config) is not None:
-                raise Invalid(f"model {req.target.model} has no step-inside panel: {steppable(lm.config)}")
             t0 = time.perf_counter()
-            panel = inside_data(lm.model, np.zeros((3, 0), np.float32), kept.shares, lm.tokenizer,
-                                kept.lens_of(lm.model), _circuits(lm, ids))
+            kept.lens = kept.lens_of(lm.model)  # read once from the stream kept, then kept too
+            panel = inside_data(lm.model, np.zeros((3, 0), np.float32), kept.shares, lm.tokenizer, kept.lens,
+                                _circuits(lm, ids))
             return {"model": req.target.model, "checkpoint": lm.checkpoint, "step": lm.step, "ids": ids,
                     "inside": panel | {"q": None, "k": None, "v": None},
                     "ms": round((time.perf_counter() - t0) * 1000, 1)}
