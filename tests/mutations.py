@@ -1132,6 +1132,10 @@ MUTATIONS = (
              "parts.append(f\"the film's prompt: {t} tokens\"", "parts.append(f\"probe of {t} tokens\"",
              ("tests/test_newcomer_numbers.py::test_one_name_per_probe_the_films_prompt_is_never_called_a_probe",),
              "the film calls its prompt a probe, the name of the head roles' repeated-tokens probe"),
+    Mutation("mask_report_numbers_unexplained", "attention_lab/claims/report.py",
+             "    lines += columns + ([\"\"] if columns else [])\n", "",
+             ("tests/test_newcomer_numbers.py::test_the_mask_claims_report_says_which_bits_per_byte_the_verdict_reads",),
+             "the mask claim's report shows bits/byte, leaky_bpb and honest_bpb with no line on which the verdict reads"),
     # the GPU check (issue 38): one prepared call must say when a step failed
     Mutation("gpu_check_exits_zero_on_failure", "bench/gpu_check.py",
              'return 0 if all(r["ok"] for r in rows) else 1', "return 0",

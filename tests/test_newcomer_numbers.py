@@ -112,3 +112,29 @@ def test_one_name_per_probe_the_films_prompt_is_never_called_a_probe(tmp_path):
     page = viewer.build_film(run).read_text(encoding="utf-8")
     subtitle = json.loads(re.search(r'id="data">(.*?)</script>', page, re.S).group(1))["subtitle"]
     assert "the film's prompt: 5 tokens" in subtitle and "probe" not in subtitle, subtitle
+
+
+def test_the_mask_claims_report_says_which_bits_per_byte_the_verdict_reads(tmp_path):
+    from dataclasses import replace
+
+    from test_claims import _doc
+
+    from attention_lab.claims import report
+    from attention_lab.claims.catalog import CLAIMS
+
+    claim = replace(CLAIMS["mask"], arms=CLAIMS["mask"].arms[:2])
+    doc = _doc([])
+    doc["claim"], doc["choose_by"], doc["sweep"], doc["sweep_per_seed"] = "mask", "honest_bpb", {}, {}
+    doc["rates"] = {"before_softmax": 0.003, "after_softmax": 0.003}
+    doc["results"] = {arm: [{"seed": s, "lr": 0.003, "step": 24, "bpb": 5.07, "leaky_bpb": 5.35 - d,
+                             "honest_bpb": 5.35 + d, "seconds": 4.0} for s in (1, 2)]
+                      for arm, d in (("before_softmax", 0.0), ("after_softmax", 0.4))}
+    (tmp_path / "results.json").write_text(json.dumps(doc))
+    text = report.render(claim, tmp_path).read_text()
+    lines = {k: next((line for line in text.splitlines() if line.startswith(f"- {k}")), None)
+             for k in ("bits/byte (mean", "leaky_bpb", "honest_bpb")}
+    assert all(lines.values()), f"each of the mask claim's three numbers gets a line saying what it is: {lines}"
+    assert "the verdict reads this one" in lines["honest_bpb"], "say which number the verdict reads, and why"
+    assert "verdict" not in lines["leaky_bpb"] and "verdict" not in lines["bits/byte (mean"]
+    # a claim with one bits/byte needs no such lines
+    assert report.column_lines(CLAIMS["qk"], {"bpb", "seed"}) == []

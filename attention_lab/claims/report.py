@@ -52,6 +52,26 @@ def _p(p: float) -> str:
     return f"{p:.2g}" if p >= 0.001 else f"{p:.1e}"
 
 
+# what an arm table's columns mean, where the name alone does not say (the mask claim gives three bits/byte)
+COLUMNS = {"bpb": "bits/byte (mean ± sd): the whole test plays, as trained (a mask that leaks sees the future here "
+                  "too)",
+           "leaky_bpb": "leaky_bpb: bits/byte on a few test windows, as trained: the whole window in view",
+           "honest_bpb": "honest_bpb: bits/byte on the same windows with every later token cut off, what the model "
+                         "predicts without the future; equal to leaky_bpb when the mask leaks nothing"}
+
+
+def column_lines(claim: Claim, keys) -> list[str]:
+    """One line per bits/byte column of the arm table when there are several: what it measures, and which one the
+    verdict reads and why."""
+    shown = [k for k in COLUMNS if k == "bpb" or k in keys]
+    if len(shown) < 2:
+        return []
+    read = {e.metric for e in claim.expect}
+    why = ("the verdict reads this one: a leaking mask wins on the numbers that let it see the future, so only "
+           "this one compares what each arm predicts" if "honest_bpb" in read else "the verdict reads this one")
+    return [f"- {COLUMNS[k]}" + (f"; **{why}**" if k in read else "") for k in shown]
+
+
 LOSSES = ("bpb", "honest_bpb")  # metrics where lower is better: only these get "(worse)" / "(better)"
 
 
@@ -340,6 +360,8 @@ def render(claim: Claim, out: Path) -> Path:
               "bits/byte: every token of the test plays scored once, float32; step scored: the final checkpoint's; "
               "seconds: one run's wall clock (start-up included; runs that were reused keep the time they took).",
               ""]
+    columns = column_lines(claim, {k for rs in doc["results"].values() for r in rs for k in r})
+    lines += columns + ([""] if columns else [])
     if doc["sweep"]:
         lines += ["## Learning rates", "", sweep_table(claim, doc), ""]
     samples = [(arm, rs[0]["sample"]) for arm, rs in doc["results"].items() if rs and rs[0].get("sample")]
