@@ -1136,6 +1136,11 @@ MUTATIONS = (
              "    lines += columns + ([\"\"] if columns else [])\n", "",
              ("tests/test_newcomer_numbers.py::test_the_mask_claims_report_says_which_bits_per_byte_the_verdict_reads",),
              "the mask claim's report shows bits/byte, leaky_bpb and honest_bpb with no line on which the verdict reads"),
+    Mutation("lab_first_wait_unexplained", "attention_lab/viewer/assets/lab.js",
+             "if (!this.panelsSeen.has(which)) {", "if (false) {",
+             ("tests/test_lab_page.py::test_the_first_text_of_a_checkpoint_says_why_its_step_inside_panel_waits",),
+             "the lab's first text of a checkpoint waits seconds for its heads' circuits with no word of why",
+             browser=True),
     # the GPU check (issue 38): one prepared call must say when a step failed
     Mutation("gpu_check_exits_zero_on_failure", "bench/gpu_check.py",
              'return 0 if all(r["ok"] for r in rows) else 1', "return 0",

@@ -856,3 +856,28 @@ def test_byte_tokens_read_as_bytes_in_the_circuits_and_the_axes(browser, lab):
                                  " axisLabel('\\\\n')]")
     assert got[:2] == ["\u27e8FF\u27e9", "\u27e8E2\u27e9\u27e880\u27e9"], got
     assert got[2] == "a\\x07" and got[3] == "\u21b5", f"control characters and newlines keep their marks: {got}"
+
+
+def test_the_first_text_of_a_checkpoint_says_why_its_step_inside_panel_waits(browser, lab):
+    """The first step-inside panel of a checkpoint waits for the heads' circuits (computed from the weights, once):
+    the status line says so while it waits, and not for the next text of that checkpoint (issue 36)."""
+    from selenium.webdriver.common.keys import Keys
+
+    open_lab(browser, lab)
+    set_text(browser, TEXT)
+    drawn(browser, lab, TEXT)
+    browser.execute_script("""
+        window.saidStatus = [];
+        new MutationObserver(() => window.saidStatus.push(document.getElementById("lab-status").textContent))
+          .observe(document.getElementById("lab-status"), { childList: true, characterData: true, subtree: true });""")
+    css(browser, "#lab-ckpt")[0].send_keys(Keys.HOME)  # a checkpoint this page has not opened yet
+    for text, first in ((TEXT, True), (TEXT[:12], False)):
+        set_text(browser, text)
+        drawn(browser, lab, text, checkpoint=STEPS[0])
+        said = browser.execute_script("const s = window.saidStatus; window.saidStatus = []; return s")
+        why = [s for s in said if "heads' circuits are computed from the weights, once" in s]
+        if first:
+            assert why, f"the first text's wait for its step-inside panel is not explained: {said}"
+            assert "heads' circuits" not in css(browser, "#lab-status")[0].text, "the reason stays after the panel"
+        else:
+            assert not why, f"a later text of the same checkpoint does not wait for the circuits: {said}"

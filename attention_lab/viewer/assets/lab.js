@@ -459,8 +459,17 @@ class Lab {
     const ctrl = new AbortController();
     this.ablating = ctrl;
     let panel = null, r = null;
+    // the first panel of a checkpoint waits for what the text does not change: its heads' copying scores and
+    // query-key token pairs, from the weights, once (seconds on the default model): say so, or the wait reads as a hang
+    const body = JSON.parse(key), which = `${body.model}@${body.checkpoint}`;
+    this.panelsSeen = this.panelsSeen || new Set();
+    if (!this.panelsSeen.has(which)) {
+      this.$("lab-status").textContent = `${this.statusLine} \u00b7 step inside: the first text of a checkpoint ` +
+        "waits while its heads' circuits are computed from the weights, once (seconds); later texts do not\u2026";
+    }
     try {
       panel = await labFetch("/api/inside", JSON.parse(key), ctrl.signal);
+      this.panelsSeen.add(which);
       if (key === this.shownKey) r = await labFetchFloats("/api/qkv", JSON.parse(key), ctrl.signal);
     } catch (e) { if (e.name !== "AbortError" && key === this.shownKey) this.showError(`step inside: ${e.message}`); }
     if (this.ablating === ctrl) this.ablating = null;
@@ -469,6 +478,7 @@ class Lab {
     d.inside = { ...panel.inside, q: r.values.subarray(0, per), k: r.values.subarray(per, 2 * per),
                  v: r.values.subarray(2 * per) };
     this.insideLater = false;
+    if (this.$("lab-status").textContent.includes("step inside: the first text")) this.$("lab-status").textContent = this.statusLine;
     d.pending = (d.pending || []).filter((p) => p !== "inside");
     if (this.view.panel) { this.view.panel.setData(d); this.view.panel.render(); }
     return true;
