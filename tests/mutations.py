@@ -1141,6 +1141,13 @@ MUTATIONS = (
              ("tests/test_lab_page.py::test_the_first_text_of_a_checkpoint_says_why_its_step_inside_panel_waits",),
              "the lab's first text of a checkpoint waits seconds for its heads' circuits with no word of why",
              browser=True),
+    Mutation("tb_report_numbers_without_units", "attention_lab/viewer/timeline.py", "    print(UNITS)\n", "",
+             ("tests/test_head_roles.py::test_trainer_logs_head_roles_to_tensorboard_and_files",),
+             "tb_report prints the probe's losses and bits/byte with no unit (a loss above ln(vocab) reads as a bug)"),
+    Mutation("phase_change_without_unit", "attention_lab/interp/heads.py",
+             '"(a role score, 0 to 1)")', '"")',
+             ("tests/test_head_roles.py::test_phase_change_detector_reports_each_change_once_with_its_numbers",),
+             "a phase change's numbers (TensorBoard's text, the console, the film) without their unit"),
     # the GPU check (issue 38): one prepared call must say when a step failed
     Mutation("gpu_check_exits_zero_on_failure", "bench/gpu_check.py",
              'return 0 if all(r["ok"] for r in rows) else 1', "return 0",

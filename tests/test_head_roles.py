@@ -196,11 +196,12 @@ def test_phase_change_detector_reports_each_change_once_with_its_numbers():
     assert [(c.step, c.head, c.metric) for c in found] == [(300, "L0H1", "induction"),
                                                            (300, None, "repeat minus first-half loss")]
     assert found[0].before == pytest.approx(0.02) and found[0].after == pytest.approx(0.61)
-    assert found[0].message == "step 300: L0H1 induction 0.02 -> 0.61"
+    assert found[0].message == "step 300: L0H1 induction score 0.02 -> 0.61 (a role score, 0 to 1)"
+    assert "+0.00 -> -2.50 nats/token (the repeated-tokens probe" in found[1].message, "every number with its unit"
     assert (found[1].before, found[1].after) == pytest.approx((0.0, -2.5))
 
 
-def test_trainer_logs_head_roles_to_tensorboard_and_files(tmp_path, data_cache):
+def test_trainer_logs_head_roles_to_tensorboard_and_files(tmp_path, data_cache, capsys):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     import train as train_mod
@@ -235,8 +236,11 @@ def test_trainer_logs_head_roles_to_tensorboard_and_files(tmp_path, data_cache):
     rows = tb_report.timeline(events)
     assert [r["step"] for r in rows] == [10, 20] and "val_bpb" in rows[-1]
     png = tmp_path / "timeline.png"
+    capsys.readouterr()
     assert tb_report.main([str(run_dir), "--plot", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", "the timeline plot is a PNG"
+    said = capsys.readouterr().out  # the table's numbers with their units, under it
+    assert "nats/token" in said and "bits/byte" in said and "role score (0 to 1" in said, said
 
 
 def test_head_roles_switch_off(tmp_path, data_cache):

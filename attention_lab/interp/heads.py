@@ -188,8 +188,12 @@ class PhaseChange:
 
     @property
     def message(self) -> str:
-        what = f"{self.head} {self.metric}" if self.head else self.metric
-        return f"step {self.step}: {what} {self.before:.2f} -> {self.after:.2f}"
+        """What changed, with the unit of its numbers: a head's role score (0 to 1) or the probe's loss gap."""
+        if self.head:
+            return (f"step {self.step}: {self.head} {self.metric} score {self.before:.2f} -> {self.after:.2f} "
+                    "(a role score, 0 to 1)")
+        return (f"step {self.step}: {self.metric} {self.before:+.2f} -> {self.after:+.2f} nats/token "
+                "(the repeated-tokens probe; below 0: its repeat is easier than its first half)")
 
     def to_dict(self) -> dict:
         return {"step": self.step, "metric": self.metric, "head": self.head, "before": self.before,

@@ -173,7 +173,7 @@ class HeadRoles(Callback):
         for change in changes:
             ctx.log.print(f"phase change: {change.message}"
                           + (f"; repeated-half loss now {report.probe_repeat_loss:.2f} "
-                             f"(first half {report.probe_first_loss:.2f})" if change.head else ""))
+                             f"(first half {report.probe_first_loss:.2f}) nats/token" if change.head else ""))
         self.changes += [c.to_dict() for c in changes]
         record["phase_changes"] = [c.to_dict() for c in changes]
         ctx.log.metrics(ctx.step, {"heads": record})

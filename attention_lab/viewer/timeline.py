@@ -65,6 +65,14 @@ def timeline(events: dict, roles=TRACKED_ROLES) -> list[dict]:
     return rows
 
 
+# what the table's numbers are, said under it (issue 36: the probe's loss above ln(vocab) read as a bug)
+UNITS = ("role columns: the strongest head and its role score (0 to 1; docs/heads.md says how each is measured)\n"
+         "probe 1st, repeat: the repeated-tokens probe's loss on its first half and on its repeat, nats/token "
+         "(random tokens:\n  a model trained on text gives them less than uniform odds, so the first half can "
+         "exceed ln(vocab); the repeat falls when a head copies)\n"
+         "val bpb: bits/byte on the held-out validation windows")
+
+
 def format_timeline(rows: list[dict], roles=TRACKED_ROLES) -> str:
     header = f"{'step':>6}" + "".join(f"  {r:>22}" for r in roles) + f"  {'probe 1st':>9} {'repeat':>7} {'val bpb':>8}"
     lines = [header]
@@ -95,6 +103,7 @@ def main(argv=None) -> int:
                         "train.head_roles=false, or before head roles were logged?")
     rows = timeline(events)
     print(format_timeline(rows))
+    print(UNITS)
     print(f"\nroles logged: {', '.join(r for r in ROLES if r in events['roles'])}; "
           f"{len(next(iter(events['roles'].values())))} heads")
     print("phase changes:" if events["phase_changes"] else "phase changes: none detected")
