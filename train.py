@@ -35,7 +35,14 @@ from attention_lab.store.runlock import RunLock, RunLocked  # noqa: E402
 from attention_lab.training.callbacks import EvalContext, build_callbacks  # noqa: E402
 from attention_lab.training.config import Config, register_configs, to_config  # noqa: E402
 from attention_lab.training.learner import recorded_config  # noqa: E402
-from attention_lab.training.loop import StopRequest, Throughput, schedule_position, train_step, validation_loss  # noqa: E402,E501
+from attention_lab.training.loop import (  # noqa: E402
+    StopRequest,
+    Throughput,
+    schedule_position,
+    snapshot_part,
+    train_step,
+    validation_loss,
+)
 from attention_lab.training.optim import configure_optimizer, lr_at, lr_multiplier  # noqa: E402
 from attention_lab.training.run import Run, finish, wrap_model  # noqa: E402
 from attention_lab.training.start import TrainingError, load_model, resolve_model_config  # noqa: E402
@@ -137,6 +144,7 @@ def run_loop(run: Run) -> dict:
         log.print(f"{run.layout.root} already finished {state.step} of {tc.max_steps} steps; nothing to train. "
                   "Raise train.max_steps to go on.")
     interrupted = False
+    done_parts = snapshot_part(state.step, 0.0, tc.max_steps, tc.max_minutes, tc.snapshots)  # resumed: those before
     with StopRequest() as stop:
         while state.step < tc.max_steps:
             loss, grad_norm, lr = optimizer_step(run)
@@ -160,6 +168,12 @@ def run_loop(run: Run) -> dict:
                             f"nats/token, {metrics['val_bpb']:.3f} bits/byte")
             elif interrupted:
                 save(run, False, {"interrupted": True})
+            elif distributed.any_true(done_parts < snapshot_part(state.step, time.time() - t_start, tc.max_steps,
+                                                                 tc.max_minutes, tc.snapshots) < tc.snapshots,
+                                      info, run.device):
+                with meter.paused():
+                    take_snapshot(run)
+            done_parts = snapshot_part(state.step, time.time() - t_start, tc.max_steps, tc.max_minutes, tc.snapshots)
             if out_of_time and not interrupted:
                 log.print(f"time budget of {tc.max_minutes} min spent: stopped at step {state.step} of {tc.max_steps}")
                 break
@@ -215,6 +229,19 @@ def run_evaluation(run: Run) -> dict:
         callback.after_evaluate(ctx)
     run.last_eval = metrics
     return metrics
+
+
+def take_snapshot(run: Run) -> None:
+    """Between evaluations (train.snapshots): the callbacks' cheap part (a film frame) and a light checkpoint."""
+    if not run.info.is_main:
+        return
+    t0, state = time.time(), run.state
+    ctx = EvalContext(state.step, run.raw_model, run.device, run.dtype, run.log, run.layout.root)
+    with eval_mode(run.raw_model), torch.no_grad():
+        for callback in run.callbacks:
+            callback.on_snapshot(ctx)
+    save_checkpoint(run.layout.checkpoints, state.step, run.raw_model, run.data.tokenizer.to_str(), {}, snapshot=True)
+    run.log.metrics(state.step, {"seconds_snapshot": time.time() - t0})
 
 
 def save(run: Run, best: bool, extra: dict) -> Path | None:

@@ -138,3 +138,26 @@ def test_the_mask_claims_report_says_which_bits_per_byte_the_verdict_reads(tmp_p
     assert "verdict" not in lines["leaky_bpb"] and "verdict" not in lines["bits/byte (mean"]
     # a claim with one bits/byte needs no such lines
     assert report.column_lines(CLAIMS["qk"], {"bpb", "seed"}) == []
+
+
+def test_snapshots_add_film_frames_and_light_checkpoints_spread_over_the_run(tmp_path, data_cache):
+    import train as train_mod
+    from attention_lab.store.checkpoint import find_checkpoint, is_snapshot, load_checkpoint
+    from attention_lab.training.config import compose
+
+    run = tmp_path / "run"
+    train_mod.train(compose(["experiment=debug", f"data.cache_dir={data_cache}", "train.snapshots=5",
+                             "train.head_roles=false"]), run)  # 20 steps, evaluations at 10 and 20
+    frames = sorted(int(p.stem.split("_")[1]) for p in (run / "attention").glob("step_*.npy"))
+    assert frames == [4, 8, 10, 12, 16, 20], f"a frame at each fifth of the run besides the evaluations: {frames}"
+    steps = {int(p.name.split("_")[1]): p for p in (run / "checkpoints").glob("step_*")}
+    assert sorted(steps) == [4, 8, 10, 12, 16, 20], f"the light checkpoints are kept beside the full ones: {steps}"
+    assert [s for s, p in sorted(steps.items()) if is_snapshot(p)] == [4, 8, 12, 16]
+    assert not (steps[4] / "train_state.pt").exists(), "a snapshot is light: the weights, no optimizer state"
+    assert find_checkpoint(run, "latest") == steps[20], "a resume opens the last full checkpoint, never a snapshot"
+    light = load_checkpoint(steps[8])  # the lab's slider and sample.py open a snapshot as any checkpoint
+    assert light.step == 8
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert sorted(r["step"] for r in rows if "seconds_snapshot" in r) == [4, 8, 12, 16], "each snapshot's cost"
+    film = (run / "attention.html").read_text(encoding="utf-8")
+    assert "6 frames (evaluations and snapshots), steps 4\u201320" in film, "the film shows the snapshots' frames"

@@ -635,6 +635,49 @@ def test_the_weights_a_person_reads_are_attention_npy(browser, sampled_page):
     assert_quiet(browser, "reading the weights")
 
 
+def _strip_alphas(driver) -> np.ndarray:
+    """The head view's colour strips as drawn: (T, H) opacities of each key's head cells (0: no colour)."""
+    colours = driver.execute_script(
+        "return [...document.querySelectorAll('#tokens .tok')].map(t => "
+        "[...t.querySelectorAll('.strip i')].map(i => i.style.backgroundColor))")
+
+    def alpha(c: str) -> float:
+        if not c:
+            return 0.0
+        parts = re.findall(r"[\d.]+", c)
+        return float(parts[3]) if c.startswith("rgba") else 1.0
+
+    return np.array([[alpha(c) for c in row] for row in colours])
+
+
+def test_the_head_views_colours_follow_the_query_under_the_pointer(browser, sampled_page):
+    """Pointer on one query, then on another: each key's head colours show the second query's weights (opacity
+    sqrt(w), to the page's 8-bit level), later tokens none, not what the first query left there."""
+    from selenium.webdriver.support.ui import Select
+
+    path, weights = sampled_page
+    n_layer, n_head, t, _ = weights.shape
+    open_page(browser, path)
+    toks = css(browser, "#tokens .tok")
+    layer = n_layer - 1
+    Select(css(browser, "#hv-layer")[0]).select_by_value(str(layer))
+    for first, second in ((t - 1, t // 2), (t // 2, t - 2)):
+        hover(browser, toks[first])
+        hover(browser, toks[second])
+        want = np.zeros((t, n_head))
+        want[: second + 1] = np.sqrt(weights[layer, :, second, : second + 1]).T
+        before = np.zeros((t, n_head))
+        before[: first + 1] = np.sqrt(weights[layer, :, first, : first + 1]).T
+        assert np.abs(want - before).max() > 0.2, "fixture: the two queries' weights should look different"
+        got = _strip_alphas(browser)
+        assert got.shape == (t, n_head), got.shape
+        worst = np.unravel_index(np.abs(got - want).argmax(), got.shape)
+        assert np.abs(got - want).max() <= 2 / 255 + 2e-3, (
+            f"query {first} then {second}: key {worst[0]}, head {worst[1]} is drawn at opacity {got[worst]:.3f}; "
+            f"query {second}'s weight gives {want[worst]:.3f} (query {first}'s: {before[worst]:.3f})")
+    assert_quiet(browser, "moving between queries")
+
+
 # one tiny model per attention kind the panel computes differently (inside.js rows / weights / headOut); each on
 # its own, over the base below (2 layers, 3 heads of 8, RoPE, QK-norm)
 STEP_INSIDE_VARIANTS = {
@@ -753,17 +796,22 @@ def test_step_inside_shows_the_computation_with_the_models_own_numbers(browser, 
 
 
 def test_the_film_size_the_readme_and_docs_state_is_what_the_default_run_builds(tmp_path):
-    """The default run's film (4 layers x 4 heads from the default config, the probe prompt's 19 tokens under the
-    default BPE, 4 evaluations as in a 903-step 8-minute run, a loss line every log_interval steps) built from
+    """The default run's film (4 layers x 4 heads from the default config, the film's prompt's 19 tokens under the
+    default BPE, 4 evaluations as in a 903-step 8-minute run and a snapshot at each tenth of it, a loss line every log_interval steps) built from
     made-up numbers of that shape: its size is what README.md and docs/heads.md say, within 10%."""
     from attention_lab.training.config import compose
 
     cfg = compose([])
-    steps = [300, 600, 900, 903]
+    # its evaluations, and a snapshot at each tenth of its time between them (train.snapshots)
+    evaluations = [300, 600, 900, 903]
+    steps = sorted(set(evaluations) | {round(903 * k / cfg.train.snapshots) for k in range(1, cfg.train.snapshots)})
     run = write_run(tmp_path / "run", cfg.model.n_layer, cfg.model.n_head, 19, steps, metrics=False)
+    heads = run / "attention" / "heads.jsonl"  # head roles are measured at evaluations only
+    heads.write_text("".join(line + "\n" for line in heads.read_text().splitlines()
+                             if json.loads(line)["step"] in evaluations))
     rows = [{"step": s, "loss": 8.0 - s / 300, "bpb": 3.1 - s / 900, "lr": 0.002, "grad_norm": 0.51234567,
              "tokens_per_s": 3350.61282043, "mfu": 0.3199207282} for s in range(10, 904, cfg.train.log_interval)]
-    rows += [{"step": s, "val_loss": 5.0 - s / 1000, "val_bpb": 2.3 - s / 2000} for s in steps]
+    rows += [{"step": s, "val_loss": 5.0 - s / 1000, "val_bpb": 2.3 - s / 2000} for s in evaluations]
     (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     kb = viewer.build_film(run).stat().st_size / 1000
     readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")

@@ -79,6 +79,9 @@ class DiskFullError(CheckpointError):
     """The disk filled up while a checkpoint was saved: the half-written one is gone, earlier ones are intact."""
 
 
+SNAPSHOT = "snapshot"  # meta.json's key of a light checkpoint (train.snapshots)
+
+
 def save_checkpoint(
     root: Path,
     step: int,
@@ -88,15 +91,18 @@ def save_checkpoint(
     train_state: dict | None = None,
     best: bool = False,
     keep_last: int = 2,
+    snapshot: bool = False,
 ) -> Path:
     """Write checkpoint `step` under root (the run's checkpoints/ folder); point latest (and best) at it.
 
     `model` must be the plain module (unwrap torch.compile and DDP before calling).
     Keeps the newest `keep_last` step directories and the best one; removes older ones.
+    snapshot: a light checkpoint between evaluations (train.snapshots): no pointer moves to it, so a resume never
+    opens it, it is never pruned, and meta.json says `"snapshot": true`.
     """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    meta = {**meta, **learner.provenance(model)}  # a learner's attention: its file and hash, to reopen the run
+    meta = {**meta, **learner.provenance(model), **({SNAPSHOT: True} if snapshot else {})}
     name = step_name(step)
     final = root / name
     tmp = make_temp_dir(root, prefix=f".{name}.")  # the umask's folder mode, not mkdtemp's private 0700
@@ -119,6 +125,8 @@ def save_checkpoint(
         if full:
             raise DiskFullError(disk_full_message(root, step)) from e
         raise
+    if snapshot:
+        return final
     pointer = {"dir": name, "step": step, **{k: v for k, v in meta.items() if k in ("val_loss", "val_bpb")}}
     try:
         write_json_atomic(pointer_path(root, "latest"), pointer)
@@ -158,10 +166,19 @@ def _step_dirs(root: Path) -> list[Path]:
     return sorted(p for p in root.glob(f"{STEP_PREFIX}*") if p.is_dir())
 
 
+def is_snapshot(step_dir: Path) -> bool:
+    """A light checkpoint between evaluations (save_checkpoint(snapshot=True)): weights only."""
+    try:
+        return bool(json.loads((Path(step_dir) / C.META).read_text(encoding="utf-8")).get(SNAPSHOT))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def _prune(root: Path, keep_last: int) -> None:
-    keep = {p.name for p in _step_dirs(root)[-keep_last:]}
+    full = [p for p in _step_dirs(root) if not is_snapshot(p)]  # snapshots are kept, and take no full one's place
+    keep = {p.name for p in full[-keep_last:]}
     keep |= {d for d in (_read_pointer(root, "best"), _read_pointer(root, "latest")) if d}
-    for p in _step_dirs(root):
+    for p in full:
         if p.name not in keep:
             shutil.rmtree(p, ignore_errors=True)
     for p in root.glob(f".{STEP_PREFIX}*.tmp"):  # left by a killed save
@@ -190,7 +207,7 @@ def find_checkpoint(path: Path, which: str = "best") -> Path:
             f"{path} holds no checkpoint (no {STEP_PREFIX}* folder under {root}). "
             "Train first (`python train.py`), or pass --checkpoint pointing at a checkpoint folder."
         )
-    return steps[-1]
+    return ([p for p in steps if not is_snapshot(p)] or steps)[-1]  # without pointers: the newest full one
 
 
 DEFAULT_PRESET = "default"  # config.yaml's name: what `python train.py` trains

@@ -58,12 +58,17 @@ class Callback:
     def after_evaluate(self, ctx: EvalContext) -> None:
         """After the metrics line and the checkpoint are written."""
 
+    def on_snapshot(self, ctx: EvalContext) -> None:
+        """Between evaluations (train.snapshots), before a light checkpoint: only what costs milliseconds (no
+        validation loss; ctx.metrics is empty)."""
+
     def resume(self, run_dir: Path, step: int) -> None:
         """A resumed run: what an earlier session recorded up to `step` is on disk."""
 
 
 class TextSample(Callback):
-    """Text generated from the film's prompt (train.probe_prompt), seeded by the step so training's random stream is untouched."""
+    """Text generated from the film's prompt (train.probe_prompt), seeded by the step so training's random stream
+    is untouched."""
 
     def __init__(self, tokenizer, prompt_ids: list[int], n_tokens: int, seed: int):
         self.tokenizer, self.prompt_ids, self.n_tokens, self.seed = tokenizer, prompt_ids, n_tokens, seed
@@ -89,17 +94,26 @@ class ProbeAttention(Callback):
         self.tokenizer, self.prompt_ids, self.description = tokenizer, prompt_ids, description
 
     def on_evaluate(self, ctx: EvalContext) -> None:
-        weights = capture_attention(ctx.model, torch.tensor([self.prompt_ids], device=ctx.device))
-        labels = self.tokenizer.token_strings(self.prompt_ids)
+        weights = self.frame(ctx)
         if ctx.log.writer is not None:
-            log_attention_to_tensorboard(ctx.log.writer, weights, labels, ctx.step, "attention")
+            log_attention_to_tensorboard(ctx.log.writer, weights, self.tokenizer.token_strings(self.prompt_ids),
+                                         ctx.step, "attention")
+
+    def on_snapshot(self, ctx: EvalContext) -> None:
+        """A film frame between evaluations: the prompt's attention (one forward pass over its tokens), no heatmaps."""
+        self.frame(ctx)
+
+    def frame(self, ctx: EvalContext) -> np.ndarray:
+        """The prompt's attention at this step, written as the film's frame (and probe.json, once) -> the weights."""
+        weights = capture_attention(ctx.model, torch.tensor([self.prompt_ids], device=ctx.device))
         run = RunLayout(ctx.run_dir)
         run.attention.mkdir(parents=True, exist_ok=True)
         if not run.probe.exists():
-            write_json_atomic(run.probe, {"tokens": labels, "ids": list(self.prompt_ids),
-                                          "description": self.description})
+            write_json_atomic(run.probe, {"tokens": self.tokenizer.token_strings(self.prompt_ids),
+                                          "ids": list(self.prompt_ids), "description": self.description})
         with atomic_write(run.frame(ctx.step), "wb") as f:
             np.save(f, weights.astype(np.float16))
+        return weights
 
 
 def evaluations_in(metrics: Path, step: int) -> set[int]:

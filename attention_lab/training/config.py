@@ -85,6 +85,11 @@ class TrainConfig:
     eval_batches: int = 20  # fixed validation batches per evaluation
     log_interval: int = 10
     keep_checkpoints: int = 2  # newest step folders kept besides the best
+    # snapshots between evaluations, at each 1/N of the run (steps or the time budget, whichever is further along,
+    # as the schedule counts): the film's prompt's attention (a film frame) and a light checkpoint (weights only,
+    # never pruned, never resumed from), for the film and the lab's slider; milliseconds each, where an
+    # evaluation costs seconds. 0 = none
+    snapshots: int = 0
     resume: Optional[str] = None  # a run or checkpoint folder; a run folder that has checkpoints resumes itself
     init_from: Optional[str] = None  # start from weights: a Hugging Face GPT-2 id or folder (e.g. gpt2)
     sample_tokens: int = 200  # text generated at each evaluation for TensorBoard
@@ -107,7 +112,7 @@ class TrainConfig:
             raise ValueError(f"train.dtype={self.dtype!r} is not one of {', '.join(DTYPES)}")
         _positive("train", self, ("batch_size", "grad_accum", "max_steps", "eval_interval", "eval_batches",
                                   "log_interval", "keep_checkpoints", "head_roles_every", "probe_batch"))
-        _non_negative("train", self, ("sample_tokens",))
+        _non_negative("train", self, ("sample_tokens", "snapshots"))
         if self.peak_flops is not None and self.peak_flops <= 0:
             raise ValueError(f"train.peak_flops={self.peak_flops} must be positive FLOP/s, or null to measure it")
         if self.max_minutes is not None and self.max_minutes <= 0:

@@ -69,6 +69,16 @@ def schedule_position(step: int, seconds_spent: float, max_steps: int, max_minut
     return max(step, int(seconds_spent / (60 * max_minutes) * max_steps))
 
 
+def snapshot_part(step: int, seconds_spent: float, max_steps: int, max_minutes: float | None, snapshots: int) -> int:
+    """How many of train.snapshots equal parts of the run are done (0..snapshots), counted as the schedule counts
+    (schedule_position: steps, or the share of the time budget when further along), so snapshots spread over a
+    run that stops on its time budget as well as over one that reaches max_steps."""
+    if snapshots <= 0:
+        return 0
+    at = schedule_position(step, seconds_spent, max_steps, max_minutes)
+    return min(snapshots, at * snapshots // max_steps)
+
+
 class Throughput:
     """Tokens/s and MFU over the steps since the last read, with evaluation time left out (`paused`)."""
 

@@ -422,7 +422,7 @@ def film_data(run_dir, *, max_bytes: int = FILM_MAX_BYTES) -> tuple[dict, str]:
     if t:
         parts.append(f"the film's prompt: {t} tokens" + (f" ({description})" if description not in UNSAID else ""))
     if frames:
-        parts.append(f"{total} evaluations, steps {frames[0][0]}\u2013{frames[-1][0]}")
+        parts.append(f"{total} frames (evaluations and snapshots), steps {frames[0][0]}\u2013{frames[-1][0]}")
     if scores:
         parts.append("head roles measured at " + (f"{len(scores)} evaluations" if len(scores) > 1 else "1 evaluation"))
     data = {

@@ -191,7 +191,7 @@ class Film {
     this.slider.value = i;
     const step = this.steps[i], rec = this.recordAt(step);
     let label = `step ${step}`;
-    let text = `${label} \u00b7 evaluation ${i + 1} of ${this.steps.length}`;
+    let text = `${label} \u00b7 frame ${i + 1} of ${this.steps.length}`;
     if (this.frames.length && this.data.frames_total > this.frames.length) text += ` (of ${this.data.frames_total} recorded)`;
     if (rec && rec.step !== step) text += ` \u00b7 head roles from step ${rec.step}`;
     if (this.records.length && !rec) text += " \u00b7 no head roles measured yet";
