@@ -1156,6 +1156,11 @@ MUTATIONS = (
              "            elif distributed.any_true(done_parts < snapshot_part(", "            elif False and (done_parts < snapshot_part(",
              ("tests/test_newcomer_numbers.py::test_snapshots_add_film_frames_and_light_checkpoints_spread_over_the_run",),
              "train.snapshots is read but no snapshot is taken: the default film has 4 frames"),
+    Mutation("tensorboard_heads_one_colour", "attention_lab/training/callbacks.py",
+             'charts = {role: ["Multiline", [f"^{HEAD_TAG}/{role}$"]] for role in ROLES}',
+             'charts = {role: ["Multiline", [f"heads/{role}/.*"]] for role in ROLES}',
+             ("tests/test_newcomer_numbers.py::test_tensorboard_draws_a_named_line_per_head",),
+             "TensorBoard's head-role charts draw 16 tags of one run: 16 lines of one colour, none named"),
     # the GPU check (issue 38): one prepared call must say when a step failed
     Mutation("gpu_check_exits_zero_on_failure", "bench/gpu_check.py",
              'return 0 if all(r["ok"] for r in rows) else 1', "return 0",

@@ -161,3 +161,29 @@ def test_snapshots_add_film_frames_and_light_checkpoints_spread_over_the_run(tmp
     assert sorted(r["step"] for r in rows if "seconds_snapshot" in r) == [4, 8, 12, 16], "each snapshot's cost"
     film = (run / "attention.html").read_text(encoding="utf-8")
     assert "6 frames (evaluations and snapshots), steps 4\u201320" in film, "the film shows the snapshots' frames"
+
+
+def test_tensorboard_draws_a_named_line_per_head(tmp_path, data_cache):
+    """Each head's role scores also go to its own TensorBoard run (tb/heads/L<l>H<h>): a chart of one tag then
+    draws a line per head in the head's colour, named in the run list and tooltip; the custom-scalars layout
+    charts those tags (16 tags of one run were 16 lines of one colour, unnamed)."""
+    import re
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    import train as train_mod
+    from attention_lab.interp.roles import ROLES
+    from attention_lab.training.callbacks import HeadRoles
+    from attention_lab.training.config import compose
+
+    cfg = compose(["experiment=debug", f"data.cache_dir={data_cache}", "train.max_steps=10", "train.eval_interval=10"])
+    run = tmp_path / "run"
+    train_mod.train(cfg, run)
+    heads = sorted(p.name for p in (run / "tb" / "heads").iterdir())
+    assert heads == [f"L{layer}H{h}" for layer in range(cfg.model.n_layer) for h in range(cfg.model.n_head)], heads
+    tags = EventAccumulator(str(run / "tb" / "heads" / "L1H0")).Reload().Tags()["scalars"]
+    layout = HeadRoles.layout(None)
+    charts = next(v for k, v in layout.items() if k.startswith("head roles"))
+    for role in ROLES:
+        matched = [t for t in tags if re.search(charts[role][1][0], t)]
+        assert len(matched) == 1, f"the {role} chart should draw one line per head run: {matched} of {tags}"

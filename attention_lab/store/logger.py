@@ -50,6 +50,7 @@ class RunLogger:
         self.enabled = enabled
         self.use_tensorboard = tensorboard
         self._writer = None
+        self._series: dict = {}  # TensorBoard runs beside the main one (tb/<name>/): one per head, one colour each
         self._metrics = None
         self._console = None
 
@@ -61,6 +62,18 @@ class RunLogger:
 
             self._writer = SummaryWriter(log_dir=str(self.layout.tb))
         return self._writer
+
+    def series_scalar(self, series: str, tag: str, value: float, step: int) -> None:
+        """A scalar in TensorBoard run tb/<series>/: a chart whose tag several series write draws one line per series,
+        each in its own colour and named by the series in the run list and the tooltip (lines of one run share
+        one colour, so 16 heads' lines in one run cannot be told apart)."""
+        if self.writer is None:
+            return
+        if series not in self._series:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._series[series] = SummaryWriter(log_dir=str(self.layout.tb / series))
+        self._series[series].add_scalar(tag, value, step)
 
     def print(self, *args) -> None:
         """A line on the console, also appended to the run's console.log."""
@@ -116,12 +129,14 @@ class RunLogger:
             self.writer.add_hparams(clean, {f"hparam/{k}": v for k, v in final_metrics.items()}, run_name="hparams")
 
     def flush(self) -> None:
-        if self._writer is not None:
-            self._writer.flush()
+        for writer in (self._writer, *self._series.values()):
+            if writer is not None:
+                writer.flush()
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
+        for writer in (self._writer, *self._series.values()):
+            if writer is not None:
+                writer.close()
         for f in (self._metrics, self._console):
             if f is not None:
                 f.close()

@@ -124,6 +124,10 @@ def evaluations_in(metrics: Path, step: int) -> set[int]:
     return {r["step"] for r in rows if "val_loss" in r and r["step"] <= step}
 
 
+HEAD_RUNS = "heads"  # tb/heads/L<l>H<h>/: a TensorBoard run per head
+HEAD_TAG = "head role"  # its tags: "head role/<role>", a chart per role in the SCALARS tab, a line per head
+
+
 class HeadRoles(Callback):
     """Per-head role scores, ablation effects and model-level copying curves at every evaluation.
 
@@ -202,10 +206,14 @@ class HeadRoles(Callback):
         for role in ROLES:
             for (layer, head), v in np.ndenumerate(report.scores[role]):
                 writer.add_scalar(f"heads/{role}/{head_name(layer, head)}", float(v), ctx.step)
+                # the same number in the head's own TensorBoard run: one colour and one name per head in a chart
+                ctx.log.series_scalar(f"{HEAD_RUNS}/{head_name(layer, head)}", f"{HEAD_TAG}/{role}", float(v), ctx.step)
         if report.ablation_probe is not None:
             for name, values in (("probe", report.ablation_probe), ("val", report.ablation_val)):
                 for (layer, head), v in np.ndenumerate(values):
                     writer.add_scalar(f"ablation/{name}/{head_name(layer, head)}", float(v), ctx.step)
+                    ctx.log.series_scalar(f"{HEAD_RUNS}/{head_name(layer, head)}", f"head ablation/{name}", float(v),
+                                          ctx.step)
         for key, v in report.model_metrics().items():
             writer.add_scalar(f"model/{key}", v, ctx.step)
         shown = {r: report.scores[r] for r in TRACKED_ROLES}
@@ -220,11 +228,12 @@ class HeadRoles(Callback):
 
     def layout(self) -> dict:
         """TensorBoard custom-scalars layout: one chart per role (a line per head), ablation, model curves."""
-        charts = {role: ["Multiline", [f"heads/{role}/.*"]] for role in ROLES}
+        # a line per head: the heads' own runs (tb/heads/L<l>H<h>/, colour and name per head), not 16 tags of one run
+        charts = {role: ["Multiline", [f"^{HEAD_TAG}/{role}$"]] for role in ROLES}
         return {
-            "head roles (repeated-tokens probe)": charts,
-            "head ablation (loss change, nats)": {name: ["Multiline", [f"ablation/{name}/.*"]]
-                                                  for name in ("probe", "val")},
+            "head roles (repeated-tokens probe; a line per head, named in the tooltip)": charts,
+            "head ablation (loss change, nats/token; a line per head)": {
+                name: ["Multiline", [f"^head ablation/{name}$"]] for name in ("probe", "val")},
             "copying": {"probe halves": ["Multiline", ["model/probe_first_loss", "model/probe_repeat_loss"]],
                         "in-context learning score": ["Multiline", ["model/icl_score"]]},
         }
