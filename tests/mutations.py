@@ -1161,6 +1161,11 @@ MUTATIONS = (
              'charts = {role: ["Multiline", [f"heads/{role}/.*"]] for role in ROLES}',
              ("tests/test_newcomer_numbers.py::test_tensorboard_draws_a_named_line_per_head",),
              "TensorBoard's head-role charts draw 16 tags of one run: 16 lines of one colour, none named"),
+    Mutation("head_view_lines_full_opacity", "attention_lab/viewer/assets/explorer.js",
+             "const alpha = LEVELS[f.level(l, h, q, k)];", "const alpha = LEVELS[f.level(l, h, q, k)] >= 0.01 ? 1 : 0;",
+             ("tests/test_viewer.py::test_the_head_view_draws_lines_from_the_query_to_its_keys_with_the_weight_as_opacity",),
+             "the head view's lines are drawn opaque whatever the weight (bertviz's opacity is the weight)",
+             browser=True),
     # the GPU check (issue 38): one prepared call must say when a step failed
     Mutation("gpu_check_exits_zero_on_failure", "bench/gpu_check.py",
              'return 0 if all(r["ok"] for r in rows) else 1', "return 0",

@@ -836,3 +836,37 @@ def test_the_step_inside_headers_stay_in_view_while_its_rows_scroll(browser, sam
     assert browser.execute_script("return arguments[0].scrollTop", box) > 0, "fixture: the table should scroll"
     assert abs(head - top) <= 2, f"the step-inside table's header row scrolled out of view ({head} vs box {top})"
     assert_quiet(browser, "scrolling the step-inside table")
+
+
+def test_the_head_view_draws_lines_from_the_query_to_its_keys_with_the_weight_as_opacity(browser, sampled_page, shots,
+                                                                                           capsys):
+    """As bertviz does: the token under the pointer sends a line to each key it attends, one per shown head in the
+    head's colour, the weight its opacity (to the page's 8-bit level); none to later tokens; the canvas shows them."""
+    from selenium.webdriver.support.ui import Select
+
+    path, weights = sampled_page
+    n_layer, n_head, t, _ = weights.shape
+    open_page(browser, path)
+    toks = css(browser, "#tokens .tok")
+    layer = n_layer - 1
+    Select(css(browser, "#hv-layer")[0]).select_by_value(str(layer))
+    for q in (t - 1, t // 2):
+        hover(browser, toks[q])
+        lines = browser.execute_script("return window.sampleView.explorer.lines")
+        drawn = {(ln["h"], ln["k"]): ln["alpha"] for ln in lines}
+        assert all(k <= q for _, k in drawn), f"query {q}: a line to a later token"
+        for h in range(n_head):
+            for k in range(q + 1):
+                w = float(weights[layer, h, q, k])
+                if w >= 0.02:
+                    assert (h, k) in drawn, f"query {q}: no line from head {h} to key {k} (weight {w:.3f})"
+                    assert abs(drawn[(h, k)] - w) <= 2 * np.sqrt(w) / 255 + 2e-3, (
+                        f"query {q}, head {h}, key {k}: opacity {drawn[(h, k)]:.3f} for weight {w:.3f}")
+        painted = browser.execute_script(
+            "const c = document.querySelector('#tokens canvas.hv-lines');"
+            "const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;"
+            "let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i] > 0) n++; return n")
+        assert painted > 50, f"query {q}: the lines' canvas is blank ({painted} pixels)"
+    browser.execute_script("document.getElementById('head-view').scrollIntoView()")
+    screenshot(browser, shots, "head_view_lines.png", capsys)
+    assert_quiet(browser, "drawing the head view's lines")

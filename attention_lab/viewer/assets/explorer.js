@@ -403,8 +403,53 @@ class Explorer {
       // one head alone: its weights tint the tokens themselves, as a heatmap over the text
       setBackground(node.firstChild, alone >= 0 && f && k <= q ? own[alone][f.level(l, alone, q, k)] : "");
     }
+    this.drawLines();
     this.renderWeights();
     if (this.onChange) this.onChange();
+  }
+
+  // bertviz's lines: from the query (the token under the pointer) to every key it attends, one line per shown head
+  // in the head's colour, the weight as its opacity; drawn on a canvas under the text, which scrolls with it.
+  // this.lines: what was drawn last ({h, k, alpha}), for the tests
+  drawLines() {
+    const box = this.tokenBox, f = this.frame, l = this.layer, q = this.query;
+    if (!this.lineCanvas) this.lineCanvas = el("canvas", { class: "hv-lines", "aria-hidden": "true" });
+    const canvas = this.lineCanvas;
+    if (canvas.parentNode !== box) box.prepend(canvas); // a rebuilt text (buildTokens) took it out
+    this.lines = [];
+    const width = box.scrollWidth, height = box.scrollHeight, ratio = window.devicePixelRatio || 1;
+    if (canvas.width !== Math.round(width * ratio) || canvas.height !== Math.round(height * ratio)) {
+      canvas.width = Math.round(width * ratio); canvas.height = Math.round(height * ratio);
+      canvas.style.width = `${width}px`; canvas.style.height = `${height}px`;
+    }
+    const ctx = canvas.getContext("2d");
+    ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+    ctx.clearRect(0, 0, width, height);
+    if (!f || q == null || q >= this.T || !this.tokNodes[q]) return;
+    // a token's anchor: the middle of its text's top edge (an arc between two tokens of one line rises into the
+    // gap above it, never through the text)
+    const centre = (node) => [node.offsetLeft + node.offsetWidth / 2, node.offsetTop + 1];
+    const [qx, qy] = centre(this.tokNodes[q]);
+    ctx.lineWidth = 2;
+    for (let h = 0; h < this.H; h++) {
+      if (!this.shownHeads[h]) continue;
+      ctx.strokeStyle = headColour(h, this.H);
+      for (let k = 0; k <= q; k++) {
+        const alpha = LEVELS[f.level(l, h, q, k)];
+        if (alpha < 0.01) continue; // invisible: not worth a line (a long text has thousands)
+        const [kx, ky] = centre(this.tokNodes[k]);
+        ctx.globalAlpha = alpha;
+        ctx.beginPath();
+        // an arc above the text when both ends sit on one line (at most 6 px high: the gap between lines), so a
+        // line never runs along the tokens it joins
+        ctx.moveTo(qx, qy);
+        ctx.quadraticCurveTo((qx + kx) / 2, Math.min(qy, ky) - (Math.abs(qy - ky) < 4 ? Math.min(12, 4 + Math.abs(qx - kx) / 10) : 0),
+                             kx, ky);
+        ctx.stroke();
+        this.lines.push({ h, k, alpha });
+      }
+    }
+    ctx.globalAlpha = 1;
   }
 
   renderWeights() {
