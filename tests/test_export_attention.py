@@ -134,6 +134,34 @@ def test_generation_keeps_its_cache(tmp_path, bpe_json):
     assert lengths == [4, 1, 1, 1, 1], f"tokens per forward call during generate: {lengths}"
 
 
+def test_generate_returns_each_steps_attention(tmp_path, bpe_json):
+    """`generate(..., output_attentions=True, return_dict_in_generate=True)` returns one tuple of per-layer weights a
+    generated token: the prompt's (nh, T, T) first, then one row a step over the keys seen so far, rows summing to
+    1 and equal to a plain forward's rows over the whole generated text."""
+    model = variant("default", bpe_json)
+    out = export_pretrained(model, tmp_path / "hf", bpe_json).path
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
+    prompt, new = torch.tensor([[1, 2, 3, 4, 5, 6]]), 3
+    T, nh, n_layer = prompt.shape[1], model.config.n_head, model.config.n_layer
+    with torch.no_grad():
+        gen = theirs.generate(prompt, max_new_tokens=new, do_sample=False, output_attentions=True,
+                              return_dict_in_generate=True)
+        full = theirs(gen.sequences, output_attentions=True).attentions  # (1, nh, T+new, T+new) a layer
+    steps = gen.attentions
+    assert steps is not None and len(steps) == new and all(layers is not None for layers in steps), (
+        f"generate(output_attentions=True, return_dict_in_generate=True) returned attentions {steps!r}, not "
+        f"one tuple of per-layer weights for each of the {new} generated tokens")
+    for i, layers in enumerate(steps):
+        rows = T if i == 0 else 1
+        assert len(layers) == n_layer, f"step {i}: {len(layers)} layers, not {n_layer}"
+        for layer, a in enumerate(layers):
+            assert a.shape == (1, nh, rows, T + i), f"step {i}, layer {layer}: {tuple(a.shape)}"
+            torch.testing.assert_close(a.sum(-1), torch.ones(1, nh, rows), atol=1e-5, rtol=0)
+            expected = full[layer][:, :, T + i - rows:T + i, :T + i]
+            torch.testing.assert_close(a, expected, atol=ATOL, rtol=0,
+                                       msg=f"step {i}, layer {layer}: not the forward's weights for those rows")
+
+
 def test_bertviz_head_view_draws_an_exports_attention(tmp_path, bpe_json):
     head_view = pytest.importorskip("bertviz").head_view
     model = variant("default", bpe_json)

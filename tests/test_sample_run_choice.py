@@ -97,3 +97,27 @@ def test_an_exercise_run_is_not_the_default(runs, tmp_path):
     (exercise / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match="exercise runs"):
         choose_run(tmp_path)
+
+
+def test_a_newer_run_of_another_preset_does_not_displace_the_default_run(runs, tmp_path, capsys):
+    """An older default run beside a newer run of another ordinary preset (experiment=baby_gpu: not debug, not
+    claims, not an exercise): sample.py opens the default run and says so, not the newer one under its name."""
+    _, default, _ = runs
+    older = tmp_path / "default" / default.name
+    shutil.copytree(default, older)
+    newer = tmp_path / "baby_gpu" / "later"
+    shutil.copytree(default, newer)
+    config = json.loads((newer / "config.json").read_text())
+    config["name"] = "baby_gpu"
+    (newer / "config.json").write_text(json.dumps(config))
+    later = time.time() + 5
+    for p in [newer, *(newer / "checkpoints").iterdir()]:
+        os.utime(p, (later, later))
+    assert choose_run(tmp_path, "baby_gpu").path == newer  # it is the newest run there
+    rc = sample.main(["--runs-root", str(tmp_path), "--prompt", "R", "--max-new-tokens", "2", "--no-attention",
+                      "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    line = first_line(err)
+    assert line.startswith(f"run: {older} (preset default; "), f"the default run should open, not {newer}:\n{err}"
+    assert "the latest run of the default preset" in line and str(newer) not in err, err

@@ -195,6 +195,28 @@ def test_logit_lens_equals_transformer_lens_accumulated_resid(opened):
             f"(apply_ln=True) by {diff.round(6).tolist()} in log-probability at rows {labels}")
 
 
+SHIPPED = [case for case, (_, architecture) in CASES.items() if architecture == "AttentionLabForCausalLM"]
+
+
+@pytest.mark.parametrize("opened", SHIPPED, indirect=True)
+def test_the_weights_an_export_returns_through_the_bridge_are_its_pattern(opened):
+    """The shipped code called through the bridge (its blocks call AttentionLabAttentionBridge) with
+    output_attentions=True, which runs eager attention: the weights it returns are TransformerLens's hook_pattern
+    and our model's own weights, one (B, nh, T, T) a layer."""
+    o = opened
+    with torch.no_grad():
+        got = o.bridge.original_model(o.probe, output_attentions=True).attentions
+    n_layer = o.ours.config.n_layer
+    assert got is not None and len(got) == n_layer and all(a is not None for a in got), (
+        f"{o.case}: output_attentions=True through the bridge returned "
+        f"{None if got is None else [None if a is None else tuple(a.shape) for a in got]}, not one tensor a layer")
+    for layer in range(n_layer):
+        torch.testing.assert_close(got[layer], o.attentions[:, layer], atol=PATTERN_TOL, rtol=0, msg=lambda m: (
+            f"{o.case}, layer {layer}: the weights returned through the bridge are not our model's\n{m}"))
+        torch.testing.assert_close(got[layer], o.cache["pattern", layer], atol=0, rtol=0, msg=lambda m: (
+            f"{o.case}, layer {layer}: the weights returned are not the bridge's hook_pattern\n{m}"))
+
+
 def test_the_default_model_opens_in_transformer_lens(tmp_path, tokenizer_json):
     """The default config (RoPE + QK-norm: the shipped code) at its full size, untrained. QK-norm makes the scale
     of q and k irrelevant, so for sharp patterns each query projection is made its key projection: every query then

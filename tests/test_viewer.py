@@ -672,9 +672,11 @@ def test_the_head_views_colours_follow_the_query_under_the_pointer(browser, samp
         got = _strip_alphas(browser)
         assert got.shape == (t, n_head), got.shape
         worst = np.unravel_index(np.abs(got - want).argmax(), got.shape)
-        assert np.abs(got - want).max() <= 2 / 255 + 2e-3, (
-            f"query {first} then {second}: key {worst[0]}, head {worst[1]} is drawn at opacity {got[worst]:.3f}; "
-            f"query {second}'s weight gives {want[worst]:.3f} (query {first}'s: {before[worst]:.3f})")
+        err = float(np.abs(got - want).max())
+        assert err <= 2 / 255 + 2e-3, (
+            f"pointer on query {first}, then {second}: key {worst[0]}, head {worst[1]} is drawn at opacity "
+            f"{got[worst]:.3f}, but query {second}'s weight gives {want[worst]:.3f} (query {first}'s "
+            f"{before[worst]:.3f}): a colour left from an earlier query or layer")
     assert_quiet(browser, "moving between queries")
 
 
