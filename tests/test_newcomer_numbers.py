@@ -41,7 +41,8 @@ def test_the_default_runs_last_lines_point_to_the_induction_preset(tmp_path, dat
     for name in ("default", "debug"):  # the debug preset's tiny run, once under the default preset's name
         run_dir = tmp_path / name
         train_mod.train(compose(["experiment=debug", f"data.cache_dir={data_cache}", f"name={name}",
-                                 "train.max_steps=2", "train.eval_interval=2", "train.head_roles=false"]), run_dir)
+                                 "train.max_steps=2", "train.eval_interval=2", "train.head_roles=false",
+                                 "train.film=false", "train.tensorboard=false", "train.sample_tokens=0"]), run_dir)
         said[name] = (run_dir / "console.log").read_text().splitlines()
     last = said["default"][-2:]
     assert last[0].startswith("done:"), last
@@ -147,7 +148,8 @@ def test_snapshots_add_film_frames_and_light_checkpoints_spread_over_the_run(tmp
 
     run = tmp_path / "run"
     train_mod.train(compose(["experiment=debug", f"data.cache_dir={data_cache}", "train.snapshots=5",
-                             "train.head_roles=false"]), run)  # 20 steps, evaluations at 10 and 20
+                             "train.head_roles=false", "train.tensorboard=false", "train.sample_tokens=0"]),
+                    run)  # 20 steps, evaluations at 10 and 20
     frames = sorted(int(p.stem.split("_")[1]) for p in (run / "attention").glob("step_*.npy"))
     assert frames == [4, 8, 10, 12, 16, 20], f"a frame at each fifth of the run besides the evaluations: {frames}"
     steps = {int(p.name.split("_")[1]): p for p in (run / "checkpoints").glob("step_*")}
