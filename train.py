@@ -160,6 +160,7 @@ def run_loop(run: Run) -> dict:
             out_of_time = tc.max_minutes is not None and time.time() - t_start > 60 * tc.max_minutes
             out_of_time = distributed.any_true(out_of_time, info, run.device)
             interrupted = distributed.any_true(stop.requested, info, run.device)
+            part = snapshot_part(state.step, time.time() - t_start, tc.max_steps, tc.max_minutes, tc.snapshots)
             if state.step % tc.eval_interval == 0 or state.step == tc.max_steps or out_of_time:
                 with meter.paused():  # evaluation time does not count against tokens/s
                     metrics = run_evaluation(run)
@@ -168,12 +169,10 @@ def run_loop(run: Run) -> dict:
                             f"nats/token, {metrics['val_bpb']:.3f} bits/byte")
             elif interrupted:
                 save(run, False, {"interrupted": True})
-            elif distributed.any_true(done_parts < snapshot_part(state.step, time.time() - t_start, tc.max_steps,
-                                                                 tc.max_minutes, tc.snapshots) < tc.snapshots,
-                                      info, run.device):
-                with meter.paused():
+            elif tc.snapshots and distributed.any_true(done_parts < part < tc.snapshots, info, run.device):
+                with meter.paused():  # a film frame and a light checkpoint at each 1/snapshots of the run
                     take_snapshot(run)
-            done_parts = snapshot_part(state.step, time.time() - t_start, tc.max_steps, tc.max_minutes, tc.snapshots)
+            done_parts = part
             if out_of_time and not interrupted:
                 log.print(f"time budget of {tc.max_minutes} min spent: stopped at step {state.step} of {tc.max_steps}")
                 break
