@@ -319,6 +319,11 @@ def verdict_summary(doc: dict) -> str:
             what = f"{c['metric']}: trained attention vs the pasted control"
         interval = "" if math.isnan(c["low"]) else f" [{c['low']:+.3f}, {c['high']:+.3f}]"
         parts.append(f"{what}: **{c['verdict']}** {c['mean']:+.3f}{interval}")
+    axis = doc.get("axis") or {}
+    for t in axis.get("trends", []):  # along a measured axis: the trend's word and slope
+        if not math.isnan(t["slope"]):
+            parts.append(f"{t['worse']} vs {t['better']} along {t['variable']}: **{t['verdict']}** "
+                         f"{t['slope']:+.3f}/doubling [{t['low']:+.3f}, {t['high']:+.3f}]")
     return "; ".join(parts) if parts else doc.get("summary", "")
 
 
