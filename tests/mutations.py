@@ -1176,6 +1176,16 @@ MUTATIONS = (
              "if not err <= tol:  # NaN fails too", "if err > tol:",
              ("tests/test_gpu_check.py::test_a_difference_over_the_tolerance_or_nan_fails",),
              "a NaN difference (bf16 overflow in a fused kernel) passes the tolerance check"),
+    # the second code-only round (2026-11-26): two it found missed
+    Mutation("loglog_interval_one_df_too_many", "attention_lab/claims/stats.py",
+             "half = float(stats.t.ppf(1 - ALPHA / 2, n - 2)) * float(fit.stderr)",
+             "half = float(stats.t.ppf(1 - ALPHA / 2, n - 1)) * float(fit.stderr)",
+             ("tests/test_claims.py::test_the_log_log_slopes_interval_covers_the_true_slope_95_times_in_100",),
+             "the quadratic claim's slope interval uses n - 1 degrees of freedom: too narrow, overconfident"),
+    Mutation("recall_val_is_train", "data/recall.py",
+             '(("train", n_train, seed), ("val", n_val, seed + 1))', '(("train", n_train, seed), ("val", n_val, seed))',
+             ("tests/test_recall.py::test_the_validation_examples_are_not_the_training_examples",),
+             "the recall task's validation lines are its training lines: memorising passes it"),
     # a code-only round of planted bugs the suite missed
     Mutation("newer_other_preset_opens_as_default", "attention_lab/store/checkpoint.py",
              "return RunChoice(max(default, key=last_saved), DEFAULT_PRESET",

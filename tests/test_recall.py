@@ -85,3 +85,13 @@ def test_write_text_and_its_errors(tmp_path, capsys):
     assert "error: write_text has 26 letters" in capsys.readouterr().err
     with pytest.raises(ValueError, match="distance >= 1"):
         copy_task(1, 0)
+
+
+def test_the_validation_examples_are_not_the_training_examples(tmp_path):
+    """The held-out text must be other blocks than the training text's, or a model could pass it by memorising
+    the training lines instead of looking back d tokens."""
+    train, val = write_text(tmp_path, distance=8, n_train=200, n_val=50)
+    train_lines = set(train.read_text().splitlines())
+    val_lines = val.read_text().splitlines()
+    seen = sum(line in train_lines for line in val_lines)
+    assert seen <= 2, f"{seen} of {len(val_lines)} validation examples are training examples"
