@@ -348,9 +348,9 @@ def step_lab(ck: Check) -> str:
             raise AssertionError(f"/api/analyze answered {r.status_code}: {r.text[:300]}")
         t0 = time.perf_counter()
         with c.stream("POST", "/api/generate", json={"text": "ROMEO:", "max_new_tokens": 20, "seed": 1}) as g:
-            lines = [json.loads(x) for x in g.iter_lines() if x] if g.status_code == 200 else []
             if g.status_code != 200:
                 raise AssertionError(f"/api/generate answered {g.status_code}: {g.read()[:300]!r}")
+            lines = [json.loads(x) for x in g.iter_lines() if x]
         generate_ms = 1000 * (time.perf_counter() - t0)
     return f"analyze {len(text)} chars {analyze_ms:.0f} ms (first call); generate 20 tokens {generate_ms:.0f} ms, " \
            f"{len(lines)} lines streamed"

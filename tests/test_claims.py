@@ -455,13 +455,20 @@ def test_a_diverged_sweep_run_is_counted_its_rate_refused_and_the_report_says_so
     assert "diverged: seed 11" in text and doc["diverged_rule"] in text
 
 
-def test_docs_are_assembled_from_the_reports_and_the_readme_table_replaced(tmp_path):
+def _rendered_qk(tmp_path: Path) -> tuple[Path, stats.Comparison]:
+    """A claims folder holding one rendered qk report (two seeds, tied vs separate), what `claims docs` assembles,
+    and its one comparison."""
     root = tmp_path / "claims"
     (root / "qk").mkdir(parents=True)
     c = stats.decide([stats.paired({1: 2.41, 2: 2.42}, {1: 2.51, 2: 2.53}, better_name="separate", worse_name="tied",
                                    metric="bpb", region=0.01)])[0]
     (root / "qk" / "results.json").write_text(json.dumps(_doc([c.as_dict()])))
     report.render(replace(CLAIMS["qk"], arms=CLAIMS["qk"].arms[:2], expect=CLAIMS["qk"].expect[:1]), root / "qk")
+    return root, c
+
+
+def test_docs_are_assembled_from_the_reports_and_the_readme_table_replaced(tmp_path):
+    root, c = _rendered_qk(tmp_path)
     readme = tmp_path / "README.md"
     readme.write_text("top\n<!-- claims table: python -m attention_lab.claims docs -->\nOLD TABLE\n<!-- end claims table -->\nend\n")
     out = report.write_docs(root, tmp_path / "docs", readme)
@@ -781,12 +788,7 @@ def test_regenerating_the_docs_keeps_earlier_sections_marked_as_earlier(tmp_path
                                     "| `mask` | after vs before: **holds** +0.991 [+0.901, +1.080] | 31 runs, 50 run-min |\n"
                                     "| `qk` | old qk | 29 runs |\n\n## `mask`\n\n`.venv/bin/python -m attention_lab.claims "
                                     "mask`\n\nold mask body +0.991\n\n## `qk`\n\nold qk body\n")
-    root = tmp_path / "claims"
-    (root / "qk").mkdir(parents=True)
-    c = stats.decide([stats.paired({1: 2.41, 2: 2.42}, {1: 2.51, 2: 2.53}, better_name="separate", worse_name="tied",
-                                   metric="bpb", region=0.01)])[0]
-    (root / "qk" / "results.json").write_text(json.dumps(_doc([c.as_dict()])))
-    report.render(replace(CLAIMS["qk"], arms=CLAIMS["qk"].arms[:2], expect=CLAIMS["qk"].expect[:1]), root / "qk")
+    root, c = _rendered_qk(tmp_path)
     readme = tmp_path / "README.md"
     readme.write_text("<!-- claims table: python -m attention_lab.claims docs -->\n<!-- end claims table -->\n")
     for _ in range(2):
