@@ -51,7 +51,7 @@ def select(claim: Claim, seeds: tuple[int, ...] | None = None, arms: tuple[str, 
     if rates is not None:
         if not rates or any(not r > 0 for r in rates):
             raise ValueError(f"--rates must be positive multiples of the base rate, got {rates}")
-        claim = replace(claim, rates=tuple(sorted(set(rates))))
+        claim = replace(claim, rates=tuple(sorted(set(rates))), fixed_rate=claim.fixed_rate and len(set(rates)) == 1)
     if arms:
         unknown = set(arms) - {a.name for a in claim.arms}
         if unknown:

@@ -300,9 +300,30 @@ def finished_twin(out: Path, overrides: list[str], skip: Path | None = None, lau
         if json.loads(done.read_text()).get("launch") != launch:
             continue
         want = want if want is not None else resolved(overrides)
-        if _learned(json.loads((run / "config.json").read_text())) == want:
+        if _as_now(_learned(json.loads((run / "config.json").read_text())), want, _defaults()) == want:
             return run
     return None
+
+
+def _defaults() -> dict:
+    import dataclasses
+
+    from attention_lab.training.config import Config
+
+    return json.loads(json.dumps(dataclasses.asdict(Config())))
+
+
+def _as_now(old: dict, want: dict, defaults: dict) -> dict:
+    """An older run's config with the fields added to the config since it trained (absent from its config.json)
+    read as their defaults, where `want` holds the default too: a new field's default keeps the old behaviour
+    (train.snapshots=0: no film frames, the run identical to every digit), any other value of it is another run."""
+    out = dict(old)
+    for key, value in want.items():
+        if key not in old and isinstance(defaults, dict) and key in defaults and value == defaults[key]:
+            out[key] = value
+        elif isinstance(value, dict) and isinstance(old.get(key), dict):
+            out[key] = _as_now(old[key], value, defaults.get(key, {}) if isinstance(defaults, dict) else {})
+    return out
 
 
 def mean_minutes(seconds: list[float]) -> float:
