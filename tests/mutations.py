@@ -999,6 +999,12 @@ MUTATIONS = (
              "    lower = None",
              ("tests/test_exercises_numerics.py::test_lower_precision_inside_is_named_and_higher_precision_passes",),
              "a float32 function computing in float16 or bfloat16 inside is located but never named"),
+    Mutation("exercise_sunk_rows_read_the_future", "attention_lab/exercises/book.py",
+             "    return scores.masked_fill(~visible, -torch.inf).amax(-1) < scores.max() + EXP_ZERO",
+             "    return scores.amax(-1) < scores.max() + EXP_ZERO",
+             ("tests/test_exercises_numerics.py::test_the_whole_tensors_max_is_named_where_only_the_future_keys_score_high",),
+             "the rows the whole tensor's max sinks are found from every key, the hidden ones too: a row whose future "
+             "key scores high but which sees small scores is never marked, and that learner's mistake goes unnamed"),
     Mutation("exercise_leak_never_told", "attention_lab/training/learner.py",
              "    if not float(gap.mean()) > NOISE_FLOOR:", "    if True:",
              ("tests/test_exercises_training.py::test_a_learners_run_says_once_when_its_attention_reads_the_future",),

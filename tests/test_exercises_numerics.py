@@ -112,3 +112,38 @@ def test_a_near_miss_is_not_taken_for_lower_precision():
 
     r = check("attention", off, quiet=True)
     assert r.status == "fail" and r.mistake is None and "first differs at" in r.message, r.message
+
+
+def _future_heavy_case():
+    """A case whose rows 0-10 see only small scores (about 1) while their one future key, key 11, scores 500, and
+    row 11 sees that key: the largest visible score of the tensor is 500, of rows 0-10 about 3."""
+    from attention_lab.exercises.book import Case, _causal, _maxima_note
+
+    g = torch.Generator().manual_seed(370)
+    q, k, v = (torch.randn(1, 2, 12, 16, generator=g) for _ in range(3))
+    q[..., 0], k[..., 0] = 2000.0, 0.0
+    k[..., 11, 0] = 1.0  # (q.k) / sqrt(16): about 500 for key 11, noise of sd 1 for every other key
+    note = _maxima_note(scores_with(q, k), _causal(12))
+    return Case({"B": 1, "nh": 2, "T": 12, "hs": 16}, (q, k, v), torch.float32, note)
+
+
+def test_the_whole_tensors_max_is_named_where_only_the_future_keys_score_high(tmp_path, monkeypatch):
+    """The rows the whole tensor's max sinks are found from their visible keys: a row whose future key scores 500
+    while it sees only scores of about 1 is sunk by a max of 500 (exp(1 - 500) = 0: its output 0/0), though its
+    largest score, the hidden one, is the tensor's largest. Correct answers pass the case. Planted bug:
+    exercise_sunk_rows_read_the_future."""
+    ex = EXERCISES["attention"]
+    case = _future_heavy_case()
+    s = scores_with(*case.args[:2])
+    assert s[..., :11, 11].min() > 450 and s[..., :11, :11].abs().max() < 10 and s[..., 11, 11].min() > 450, (
+        "the case lost its shape: rows 0-10 must see small scores and have a future key above 450")
+    cases = ex.cases
+    monkeypatch.setattr(ex, "cases", lambda: cases() + [case])
+    exercise, body, expected = LEARNERS["attention: the whole tensor's max subtracted"]
+    r = check(exercise, write(tmp_path, body), quiet=True)
+    assert r.status == "fail" and r.mistake == expected == "global_max", (
+        f"the whole tensor's max not named once a case has high future scores: {r.status} / {r.mistake!r}\n"
+        f"{r.message}")
+    for label in ("attention: a stable softmax by hand", "attention: einsum and -1e9"):
+        exercise, body = CORRECT[label]
+        assert check(exercise, write(tmp_path, body, "right"), quiet=True).status == "pass", label
