@@ -555,7 +555,7 @@ def test_the_sweep_chooses_on_the_choose_plays_its_winner_trains_the_seeds_and_n
     assert json.loads((again.parent / "results.json").read_text())["runs_trained"] == 0
 
 
-QUICK_ARMS = {"scale": ("sqrt", "none-3xlr"), "mask": ("before_softmax", "none"), "heads": ("1 head", "4 heads"),
+QUICK_ARMS = {"scale": ("sqrt", "none-unit"), "mask": ("before_softmax", "none"), "heads": ("1 head", "4 heads"),
               "positions": ("none", "sinusoidal"),
               "rnn": ("transformer", "lstm equal time"), "context": ("base",)}
 
@@ -726,22 +726,23 @@ def test_saturation_of_one_hot_and_uniform_rows():
 def test_a_claim_along_its_variable_is_decided_at_each_value_and_trained_at_each():
     from attention_lab.claims.catalog import along
 
-    claim = along(CLAIMS["scale-dk"])
-    var = CLAIMS["scale-dk"].variable
-    assert len(var.values) >= 3 and len(claim.arms) == 2 * len(var.values)
+    base = CLAIMS["scale"]
+    claim, var = along(base), base.variable
+    assert len(var.values) >= 3 and len(claim.arms) == len(base.arms) * len(var.values)
     heads = {compose([*BASE, *runs.job(a, 1, BASE_LR).overrides]).model.n_head for a in claim.arms}
     assert heads == {16, 4, 1}, "each value trains its own model"
     assert {e.at for e in claim.expect} == set(var.values) and all(e.of for e in claim.expect)
     assert len({runs.job(a, 1, BASE_LR).name for a in claim.arms}) == len(claim.arms), "one run folder an arm"
-    assert report.runs_needed(claim, False) == 2 * 3 * 5
+    assert report.runs_needed(claim, False) == len(base.arms) * 3 * 5
 
 
 def test_a_claim_along_its_variable_runs_end_to_end_quick_with_a_trend(tmp_path, data_cache):
-    claim, rep, doc = _quick(tmp_path, "scale-dk", data_cache, None, seeds=(1, 2))
-    assert doc["variable"] == "d_k" and len(doc["trends"]) == 3 and doc["rate_rule"] == "fixed in advance"
-    assert len(doc["comparisons"]) == 9 and sorted(set(doc["at"])) == [8, 32, 128]
+    claim, rep, doc = _quick(tmp_path, "scale", data_cache, ("sqrt", "none"), seeds=(1, 2))
+    assert doc["variable"] == "d_k" and len(doc["trends"]) == 2 and doc["rate_rule"] == "fixed in advance"
+    assert len(doc["comparisons"]) == 6 and sorted(set(doc["at"])) == [8, 32, 128]
     for r in doc["results"]["none, d_k=32"]:
-        assert {"max_weight", "saturated_rows", "entropy_rows"} <= set(r) and r["lr"] == pytest.approx(BASE_LR)
+        assert {"max_weight", "saturated_rows", "entropy_rows", "log10_score_grad", "log10_score_grad_init"} <= set(r)
+        assert r["lr"] == pytest.approx(BASE_LR) and r["log10_score_grad_init"] < 0, r
     t = doc["trends"][0]
     assert t["values"] == [8, 32, 128] and t["verdict"] in stats.TREND_WORDS
     diffs = {s: {} for s in (1, 2)}
@@ -754,6 +755,31 @@ def test_a_claim_along_its_variable_runs_end_to_end_quick_with_a_trend(tmp_path,
     text = rep.read_text()
     assert "## Along d_k" in text and f"changes by {t['slope']:+.4f} per doubling of d_k" in text
     assert "at d_k = 8/32/128" in report.verdict_summary(doc)
+
+
+def test_the_gradient_at_the_scores_vanishes_when_the_softmax_saturates():
+    """Unscaled scores from q and k rows ever larger: uniform rows (q = k = 0) pass the most gradient to the scores,
+    one-hot rows (sd 1 a weight: scores with sd ~128) almost none; and the number is per prediction, so the same
+    windows twice give the same number."""
+    from attention_lab.interp.measures import score_gradient
+    from model import GPT, GPTConfig
+
+    x = torch.randint(0, 64, (4, 32), generator=torch.Generator().manual_seed(0))
+    y = torch.roll(x, -1, 1)
+    grads = []
+    for sd in (0.0, 0.088, 0.35, 1.0):
+        torch.manual_seed(0)
+        m = GPT(GPTConfig(vocab_size=64, block_size=32, n_layer=1, n_head=1, n_embd=128, attn_scale="none",
+                          pos_encoding="none"))
+        with torch.no_grad():
+            m.transformer.h[0].attn.c_attn.weight[:256].normal_(0, sd) if sd else \
+                m.transformer.h[0].attn.c_attn.weight[:256].zero_()
+        grads.append(score_gradient(m, x, y))
+        assert all(p.grad is None for p in m.parameters()), "the measure leaves no gradient behind"
+        if sd == 0.088:
+            assert score_gradient(m, x.repeat(2, 1), y.repeat(2, 1)) == pytest.approx(grads[-1], rel=1e-4), \
+                "per prediction: more windows of the same kind give the same number"
+    assert grads == sorted(grads, reverse=True) and grads[-1] < grads[0] / 20, grads
 
 
 def test_the_log_log_slope_of_a_cost_and_its_interval():

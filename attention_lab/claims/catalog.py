@@ -147,43 +147,47 @@ CLAIMS = {c.name: c for c in (
     Claim("qk", "queries and keys are separate projections because what a word looks for differs from what it "
           "offers",
           (Arm("separate"), Arm("tied", ("model.qk_tied=true",)),
-           Arm("tied, matched", ("model.qk_tied=true", "model.mlp_ratio=4.5"))),
+           Arm("tied, matched", ("model.qk_tied=true", "model.mlp_ratio=4.5")),
+           Arm("tied, no self", ("model.qk_tied=true", "model.attend_self=false"))),
           ("diagonal", "previous_head"),
-          (Expect("separate", "tied"), Expect("separate", "tied, matched")),
+          (Expect("separate", "tied"), Expect("separate", "tied, matched"), Expect("separate", "tied, no self")),
           "no published ablation at the scale of a language model; Kitaev et al. 2020 (Reformer, §2 and Figure 3) "
           "share queries and keys, forbid a token to attend to itself (with q = k it would attend to itself "
           "most), and find shared-QK attention no worse than separate on enwik8 and imagenet64",
+          rates=(1.0,), fixed_rate=True,
           notes=("tied, matched: tied Q/K with the MLP widened from 4x to 4.5x, which gives back exactly the "
-                 "parameters the k projection held (n_embd^2 per layer)",)),
-    Claim("scale", "scores are divided by sqrt(d_k) for numerical stability, so the softmax does not saturate",
+                 "parameters the k projection held (n_embd^2 per layer)",
+                 "tied, no self: tied Q/K under Reformer's rule, a token never attends to itself unless it has no "
+                 "other key (model.attend_self=false): with q = k a token's score with itself is the largest "
+                 "(|q|^2), so without the rule the tied arms spend their attention on themselves", FIXED)),
+    Claim("scale", "scores are divided by sqrt(d_k) for numerical stability: as d_k grows, unscaled scores "
+          "saturate the softmax and its gradient vanishes",
           (Arm("sqrt"), Arm("none", ("model.attn_scale=none",)), Arm("inverse", ("model.attn_scale=inverse",)),
-           *(Arm(f"{s}-3xlr", (f"model.attn_scale={s}", f"optim.lr={3 * BASE_LR:g}"), sweep=False)
-             for s in ("sqrt", "none", "inverse"))),
-          ("attention", "train_loss"),
-          (Expect("sqrt", "none"), Expect("sqrt", "inverse"), Expect("sqrt-3xlr", "none-3xlr"),
-           Expect("sqrt", "none", "max_score", region=1.0), Expect("sqrt-3xlr", "none-3xlr", "max_score", region=1.0)),
+           Arm("sqrt-unit", ("model.qk_init=unit",)),
+           Arm("none-unit", ("model.attn_scale=none", "model.qk_init=unit"))),
+          ("saturation",),
+          (Expect("sqrt", "none"), Expect("sqrt", "inverse"), Expect("sqrt-unit", "none-unit"),
+           Expect("sqrt", "none", "saturated_rows", region=0.02),
+           Expect("sqrt-unit", "none-unit", "saturated_rows", region=0.02),
+           Expect("none-unit", "sqrt-unit", "log10_score_grad_init", region=0.1)),
           "Vaswani et al. 2017 §3.2.1: for unit-variance q and k the dot product has variance d_k, which pushes "
           "the softmax into regions of tiny gradients (an argument, no ablation numbers); Wortsman et al. 2023: "
           "attention-logit growth makes small models unstable at high learning rates, and QK-layernorm prevents it",
-          notes=("sqrt, none, inverse: each at the rate its own sweep chose; the -3xlr arms all at 3x the base rate "
-                 "(9e-3), the rate the claim is about",)),
-    Claim("scale-dk", "scores are divided by sqrt(d_k) so that as d_k grows the softmax does not saturate",
-          (Arm("sqrt"), Arm("none", ("model.attn_scale=none",))), ("saturation",),
-          (Expect("sqrt", "none"), Expect("sqrt", "none", "max_weight", region=0.02),
-           Expect("sqrt", "none", "saturated_rows", region=0.02)),
-          "Vaswani et al. 2017 §3.2.1: for unit-variance q and k the dot product has variance d_k, which pushes "
-          "the softmax into regions of tiny gradients (an argument, no ablation numbers)",
           rates=(1.0,), fixed_rate=True, plot="trend",
           variable=Variable("d_k", ((8, ("model.n_head=16",)), (32, ("model.n_head=4",)), (128, ("model.n_head=1",)))),
           notes=("the variable is the head size d_k at a constant width of 128 (16 heads of 8, 4 of 32, 1 of 128), "
                  "so the head count moves with it; every arm at one rate fixed in advance (3e-3, the base preset's): "
                  "the claim is about saturation as d_k grows, not about which rate each scaling tolerates (the "
-                 "`scale` claim's 3x-rate arms)",
-                 "the default initialisation (0.02) starts q.k far from the unit-variance premise of the argument; "
-                 "an arm that starts q and k at unit variance needs an initialisation option model/ does not have "
-                 "yet",
+                 "instability at high rates Wortsman et al. describe is another question)",
+                 "sqrt, none, inverse: GPT-2's initialisation (every weight N(0, 0.02)), under which q and k start "
+                 "with a variance of about 0.05 a channel, far from the argument's premise; the unit-init arms start "
+                 "q and k at unit variance (their rows N(0, 1/n_embd): model.qk_init=unit), so that unscaled q.k "
+                 "starts with variance d_k, the premise itself",
                  "max_weight: a query's largest attention weight, averaged over queries with at least 2 keys, "
-                 "heads and layers; saturated_rows: the share of those rows whose largest weight is above 0.99")),
+                 "heads and layers; saturated_rows: the share of those rows whose largest weight is above 0.99; "
+                 "log10_score_grad(_init): log10 of the RMS gradient of the loss at the softmax's input per "
+                 "prediction, for the trained model (and for the same config untrained, under the run's seed): "
+                 "a saturated softmax passes almost no gradient to its scores")),
     Claim("mask", "future keys get -inf before the softmax, not 0 after it, or the weights no longer sum to 1; "
           "without the mask the model sees the word it must predict",
           (Arm("before_softmax"), Arm("after_softmax", ("model.causal_mask=after_softmax",)),
@@ -225,20 +229,23 @@ CLAIMS = {c.name: c for c in (
                  "rate swept over the same grid; `lstm equal time` trains at the LSTM's chosen rate for the "
                  "transformer's mean wall time, on the same schedule stretched over that time",)),
     Claim("context", "attention turns a word's context-free embedding into a context-dependent one",
-          (Arm("base"),), ("similarity",),
-          (Expect("base", "base", "context_left", worse_metric="context_left_uniform", region=0.01),),
+          (Arm("base"), Arm("uniform", ("model.attention=uniform",))), ("similarity",),
+          (Expect("base", "base", "context_left", worse_metric="context_left_uniform", region=0.01),
+           Expect("base", "uniform", "context_left", region=0.01), Expect("base", "uniform")),
           "Ethayarajh 2019: in all layers of ELMo, BERT and GPT-2, on average less than 5% of the variance in a "
           "word's contextualized representations can be explained by their first principal component (a static "
           "embedding); upper layers produce more context-specific representations",
           notes=("context_left: after the last block, a token's cosine similarity to its other occurrences minus "
                  "that of random pairs (0: its vectors no closer to each other than to other tokens'); "
                  "context_at_embedding is the same number before any block, the value with no attention at all",
-                 "the control is a pasted one: the same trained runs read with every head's attention made uniform "
-                 "over the prefix (scores set to 0 before the mask), weights these models never trained with. It "
-                 "asks whether the learned weights contextualise more than a plain average of the words before, and "
-                 "since the MLPs act on one token at a time, any difference can only come from attention: true by "
-                 "construction of a model without attention, not a test that it could fail. A control trained with "
-                 "uniform attention is left for a later session",)),
+                 "two controls. The pasted one: the same trained runs read with every head's attention made uniform "
+                 "over the prefix (scores set to 0 before the mask), weights these models never trained with; since "
+                 "the MLPs act on one token at a time, any difference can only come from attention, so it asks "
+                 "whether the learned weights contextualise more than a plain average of the words before, not "
+                 "whether attention contextualises at all. The trained one: the `uniform` arm, the same model "
+                 "trained from the start with every head's weights uniform over the prefix (model.attention=uniform: "
+                 "its scores are 0, its q and k projections get no gradient), read as it was trained", FIXED),
+          rates=(1.0,), fixed_rate=True),
     Claim("quadratic", "the cost grows with the square of the context", (), ("bench",), (),
           "Vaswani et al. 2017 Table 1: a self-attention layer costs O(n^2 d) for n positions (a recurrent layer O(n "
           "d^2)); Beltagy et al. 2020 (Longformer): a sliding window of w keys costs O(n w), linear in n; Katharopoulos "

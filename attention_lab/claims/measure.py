@@ -7,6 +7,8 @@ reads windows spread evenly over the whole part, not its first pages.
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from attention_lab.interp.measures import (
     honest_position_losses,
     position_losses,
     prefix_shuffle,
+    score_gradient,
 )
 from attention_lab.interp.roles import role_scores
 from attention_lab.store.checkpoint import CheckpointError, load_checkpoint
@@ -113,8 +116,11 @@ def measure(claim, run_dir: Path, held: Held, quick: bool) -> dict:
         with torch.no_grad():
             attn = torch.stack(model(x[few], return_attention=True).attentions, dim=1).float().numpy()
         out |= saturation(attn)
+        out |= score_gradients(model, run_dir, x[few], y[few])
     if "similarity" in claim.measures and attention:
         out |= context_measures(model, x, quick)
+    if "recall" in claim.measures:  # the delayed copy's held-out examples, whole and aligned
+        out |= recall_scores(model, held.part.tokens, ckpt.tokenizer().eot_id)
     return out
 
 
@@ -139,6 +145,17 @@ def saturation(weights: np.ndarray) -> dict:
         ent = -np.where(rows > 0, rows * np.log(rows), 0.0).sum(axis=-1) / np.log(keys)
     return {"max_weight": float(top.mean()), "saturated_rows": float((top > SATURATED).mean()),
             "entropy_rows": float(ent.mean())}
+
+
+def score_gradients(model, run_dir: Path, x: torch.Tensor, y: torch.Tensor) -> dict:
+    """log10 of the RMS gradient at the softmax's input (interp.measures.score_gradient), for the trained model and
+    for the same config untrained, initialised under the run's seed (the premise of the sqrt(d_k) argument is about
+    the start: unit-variance q and k); log10, so that a paired difference is a ratio."""
+    seed = json.loads((run_dir / "config.json").read_text())["train"]["seed"]
+    torch.manual_seed(seed)
+    untrained = type(model)(model.config)
+    return {"log10_score_grad": math.log10(score_gradient(model, x, y)),
+            "log10_score_grad_init": math.log10(score_gradient(untrained, x, y))}
 
 
 def context_measures(model, x: torch.Tensor, quick: bool) -> dict:
@@ -187,3 +204,40 @@ def _sample(model, ckpt, held: Held, n_tokens: int) -> str:
     with torch.no_grad():
         out = generate(model, prompt, n_tokens, temperature=0.8, top_k=50, generator=gen)
     return tok.decode(out[0].tolist())
+
+
+@torch.no_grad()
+def recall_scores(model, tokens: np.ndarray, eot: int, batch_size: int = 16) -> dict:
+    """The delayed-copy task (data/recall.py) scored on its held-out examples, each read whole and aligned: the
+    separator before it, then its 2d letters (a block and the same block again). Only the copy is scored, the d
+    predictions whose target is the token exactly d back; the first block is noise to every model.
+
+        copy_bits      mean over copied letters of -log2 p(the letter): 0 for a model that looks back d tokens,
+                       log2(symbols) (4 for 16) for the best model that sees only the last k < d tokens
+        copy_accuracy  the share of copied letters that are the model's most likely token (1 / symbols: chance)
+
+    tokens: a held-out part (examples separated by `eot`), every example 2d long; the model must see all 2d."""
+    from attention_lab.runtime.device import eval_mode  # here, so that this measure is one addition to the file
+
+    ends = np.flatnonzero(np.asarray(tokens) == eot)
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    docs = [np.asarray(tokens[a:b], dtype=np.int64) for a, b in zip(starts, ends)]
+    lengths = {len(d) for d in docs}
+    if not docs or len(lengths) != 1 or min(lengths) % 2:
+        raise ValueError(f"recall_scores needs examples of one even length 2d, separated by token {eot}; got "
+                         f"{len(docs)} examples of lengths {sorted(lengths)[:5]}")
+    t = lengths.pop()
+    d = t // 2
+    if model.config.block_size < t:
+        raise ValueError(f"the model sees {model.config.block_size} tokens, the delayed copy needs {t} (2 x distance "
+                         f"{d}): train it with model.block_size >= {t}")
+    y = torch.from_numpy(np.stack(docs))  # (n, 2d): the targets
+    x = torch.cat([torch.full((len(y), 1), eot), y[:, :-1]], dim=1)  # (n, 2d): the separator, then all but the last
+    nats, hits = [], []
+    with eval_mode(model):
+        for xb, yb in zip(x.split(batch_size), y.split(batch_size)):
+            logits = model(xb).logits[:, d:].float()  # (b, d, V): the predictions of the copied letters only
+            nats.append(torch.nn.functional.cross_entropy(logits.transpose(1, 2), yb[:, d:], reduction="none"))
+            hits.append(logits.argmax(-1) == yb[:, d:])
+    return {"copy_bits": float(torch.cat(nats).mean() / np.log(2)),
+            "copy_accuracy": float(torch.cat(hits).float().mean())}

@@ -26,7 +26,11 @@ from attention_lab.runtime.device import cpu_model
 from data.files import atomic_write, write_json_atomic
 
 UNITS = {"bpb": "bits/byte", "honest_bpb": "bits/byte (honest: every later token cut off)",
-         "max_score": "in the largest pre-softmax score", "context_left": "in identity left after the last block"}
+         "max_score": "in the largest pre-softmax score", "context_left": "in identity left after the last block",
+         "max_weight": "in the mean largest attention weight of a row", "saturated_rows": "in the share of rows whose "
+         "largest weight is above 0.99", "log10_score_grad": "powers of ten in the gradient reaching the softmax's "
+         "input (RMS per prediction; trained)", "log10_score_grad_init": "powers of ten in the gradient reaching the "
+         "softmax's input (RMS per prediction; untrained, the run's seed)"}
 LEGEND = {"leaky_bpb": "as trained: the whole window in view", "honest_bpb": "honest: every later token cut off",
           "bpb": "bits/byte on the test plays"}
 

@@ -14,6 +14,10 @@ Shapes: B windows, T positions (at most block_size), L n_layer, C n_embd, V voca
                          leaks the future really predicts. Equal to position_losses for a causal model.
     attention_stats      per layer: the attention entropy normalised by log(visible keys), and the largest
                          pre-softmax score, from one forward pass (the model's own weights and scores)
+    score_gradient       the root mean square of the loss's gradient at the softmax's input (the scaled scores),
+                         per prediction, over the keys a query sees in rows with at least two of them: how much
+                         signal reaches the scores (a saturated softmax passes almost none; Vaswani et al. 2017
+                         §3.2.1's reason for the sqrt(d_k))
     contextual_similarity   per layer: the mean cosine similarity of the same token's residual vector in
                          different windows, minus that of random pairs of (any) tokens at the same layer, so that
                          a drift every vector shares does not count (Ethayarajh 2019's self-similarity,
@@ -119,6 +123,32 @@ def attention_stats(model, x: torch.Tensor) -> AttentionStats:
         finite = scores[torch.isfinite(scores)] if scores is not None else None
         max_score.append(finite.max().item() if finite is not None and finite.numel() else float("nan"))
     return AttentionStats(entropy, np.array(max_score))
+
+
+def score_gradient(model, x: torch.Tensor, y: torch.Tensor) -> float:
+    """The RMS of d(loss)/d(scores) per prediction over the windows x, y (B, T): one forward and backward pass in
+    eval mode and float32, the gradient read where the model hands its scores to the softmax (hook_scores). Each
+    prediction's share of the mean loss is 1/(B T), so the gradient is multiplied back by B T; hidden keys (which
+    get no gradient) and row 0 (one key: its weight is 1 whatever its score) are left out. The model's own
+    gradients are left as they were found (none)."""
+    n_layer = model.config.n_layer
+    grads: list[torch.Tensor] = []
+
+    def keep(scores: torch.Tensor) -> torch.Tensor:
+        scores.register_hook(lambda g: grads.append(g.detach().float()))
+        return scores
+
+    names = {point_name("scores", i): keep for i in range(n_layer)}
+    with eval_mode(model), torch.enable_grad(), torch.autocast(device_type=x.device.type, enabled=False), \
+            hooked(model, edits=names):
+        loss = model(x, y).loss
+        loss.backward()
+    model.zero_grad(set_to_none=True)
+    t = x.size(1)
+    seen = torch.tril(torch.ones(t, t, dtype=torch.bool, device=x.device))
+    seen[0] = False  # query 0 sees one key: nothing to share out
+    g = torch.stack(grads)[..., seen] * x.numel()  # (L, B, nh, visible entries), per prediction
+    return float(g.pow(2).mean().sqrt())
 
 
 @dataclass
