@@ -601,6 +601,11 @@ def test_each_claim_runs_end_to_end_quick(name, tmp_path, data_cache):
     if name == "context":
         r = doc["results"]["base"][0]
         assert {"context_left", "context_left_uniform", "context_at_embedding"} <= set(r)
+    if name == "scale":  # the unit-init arm starts q and k at unit variance: its config says so, the other's not
+        model_of = {arm: json.loads((tmp_path / name / rows[0]["run"] / "config.json").read_text())["model"]
+                    for arm, rows in doc["results"].items()}
+        assert model_of["none-unit, d_k=32"]["qk_init"] == "unit" and model_of["sqrt, d_k=32"]["qk_init"] == "normal"
+        assert model_of["none-unit, d_k=32"]["attn_scale"] == "none"
 
 
 def test_the_results_do_not_depend_on_the_launcher(tmp_path, data_cache):
@@ -650,6 +655,21 @@ def test_a_twin_launched_another_way_is_not_reused(tmp_path):
     (sibling / runs.DONE).write_text(json.dumps({"seconds": 1.0, "launch": here}))
     assert runs.finished_twin(out, [*overrides, "train.num_threads=2"], launch=here | {"threads": 2}) is None, \
         "a run config with other threads is another run"
+
+
+def test_a_twin_trained_before_a_config_field_existed_counts_only_at_its_default(tmp_path):
+    """A run whose config.json predates a field (train.snapshots was added later; its default 0 trains the same run
+    to every digit) is the twin of a run that holds the default, and of no run that sets it to anything else."""
+    overrides = [*BASE, *QUICK, "train.seed=1"]
+    sibling = tmp_path / "qk" / "runs" / "separate-s1"
+    sibling.mkdir(parents=True)
+    old = runs.resolved(overrides)
+    del old["train"]["snapshots"]
+    (sibling / "config.json").write_text(json.dumps(old))
+    (sibling / runs.DONE).write_text(json.dumps({"seconds": 1.0, "launch": runs.launch_of(())}))
+    out = tmp_path / "scale"
+    assert runs.finished_twin(out, [*overrides, "train.snapshots=0"]) == sibling.resolve(), "the default: the same run"
+    assert runs.finished_twin(out, [*overrides, "train.snapshots=3"]) is None, "another value is another run"
 
 
 def test_quadratic_runs_the_wall_benchmark_and_computes_the_growth(tmp_path):
