@@ -25,6 +25,15 @@ The experiment switches (GPTConfig; each default is the line above), to test wha
               none            w = softmax(scores over every key): the future leaks into each prediction
   qk_tied     one projection for queries and keys: c_attn's rows are [q: nh heads | v: nh heads] and k = q
               (before positions and QK-norm), so the scores q_i . q_j are symmetric before positions
+  attend_self False: query i does not see its own key (-inf on it, before the softmax) unless it sees no other
+              key (position 0, or window = 1): Reformer's rule for shared q and k, where q_i . q_i is the largest
+              score (Kitaev et al. 2020, sec. 2). `hide_self` edits the visible mask, and every path takes it: the
+              math path, sdpa (an explicit mask: masked_sdpa, never the kernel's is_causal), local_attention's
+              blocks, and the KV cache (the mask compares true positions, so cached = uncached)
+  uniform     (GPTConfig.attention = "uniform") q is zeroed, so every score is 0 and each query's weights are
+              1 / (the keys it sees): the block averages the visible values. c_attn keeps its q and k rows (the
+              parameter count is softmax attention's) but they get no gradient (k is detached too). Every path
+              computes it as it computes softmax attention, so the KV cache, windows and return_weights hold
 A learner's attention (attn_fn): a function attention(q, k, v) -> y of their own (attention_lab/exercises) in
 place of softmax(mask(Q K^T / sqrt(hs))) V; `learner_attention` calls it. The model only takes the callable:
 loading it from the learner's file happens outside model/.
@@ -61,6 +70,14 @@ def visible_keys(q_pos: Tensor, k_pos: Tensor, window: int | None = None) -> Ten
     if window is not None:
         seen &= k_pos[None, :] > q_pos[:, None] - window
     return seen
+
+
+def hide_self(visible: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    """visible (..., T, S) with each query's own key hidden (attend_self=False), except in a row where it is the
+    only visible key (position 0; window = 1), which keeps it: Reformer's "except when no other targets are
+    available". q_pos (T,), k_pos (S,) the positions; an empty ring-buffer slot (FAR) is no query's own key."""
+    others = visible & (k_pos[None, :] != q_pos[:, None])
+    return torch.where(others.any(-1, keepdim=True), others, visible)
 
 
 def expand_kv(x: Tensor, n_head: int) -> Tensor:
@@ -174,11 +191,12 @@ def masked_sdpa(q: Tensor, k: Tensor, v: Tensor, visible: Tensor, bias: Tensor |
 
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, pos: Tensor, k_pos: Tensor, window: int | None,
                     pe: PositionalEncoding, sink: Tensor | None, dropout_p: float, plain_causal: bool,
-                    scale: float | None = None, causal: bool = True) -> Tensor:
+                    scale: float | None = None, causal: bool = True, attend_self: bool = True) -> Tensor:
     """The sdpa backend. plain_causal: the keys are positions 0..S-1 in order and no window hides any of them,
     so the kernel's own causal paths apply (and no T x S mask is built). scale: the factor on q.k (None:
     1/sqrt(hs)). causal=False (causal_mask="none"): every query sees every key, no mask at all (GPTConfig
-    refuses it with a window or ALiBi)."""
+    refuses it with a window or ALiBi). attend_self=False: an explicit mask without each query's own key
+    (hide_self), so the kernel's causal shortcuts are never taken (GPTConfig refuses it with causal=False)."""
     t, s = q.size(-2), k.size(-2)
     gqa = {"enable_gqa": True} if q.size(1) != k.size(1) else {}
     if not causal:
@@ -186,9 +204,12 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, pos: Tensor, k_pos: Tensor,
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale, **gqa)
         everything = torch.ones(t, s, dtype=torch.bool, device=q.device)
         return masked_sdpa(q, k, v, everything, None, sink, dropout_p, scale)
-    if pe.has_score_bias or sink is not None or not plain_causal:
+    if pe.has_score_bias or sink is not None or not plain_causal or not attend_self:
         bias = pe.score_bias(pos, k_pos) if pe.has_score_bias else None
-        return masked_sdpa(q, k, v, visible_keys(pos, k_pos, window), bias, sink, dropout_p, scale)
+        visible = visible_keys(pos, k_pos, window)
+        if not attend_self:
+            visible = hide_self(visible, pos, k_pos)
+        return masked_sdpa(q, k, v, visible, bias, sink, dropout_p, scale)
     if t == s:  # no cache, or a prefill into an empty one: the kernel's own causal path
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p, scale=scale, **gqa)
     if t == 1:  # one new token sees every cached key
@@ -201,7 +222,8 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, pos: Tensor, k_pos: Tensor,
 
 
 def local_attention(q: Tensor, k: Tensor, v: Tensor, window: int, pe: PositionalEncoding,
-                    sink: Tensor | None = None, dropout_p: float = 0.0, scale: float | None = None) -> Tensor:
+                    sink: Tensor | None = None, dropout_p: float = 0.0, scale: float | None = None,
+                    attend_self: bool = True) -> Tensor:
     """Sliding-window attention in blocks: queries in blocks of P = W, each block against the P keys before it
     and its own P, so (T / W) blocks of W x 2W scores: time and memory grow with T*W, not T*T. Equals
     masked_sdpa with visible_keys(pos, pos, W). q (B, nh, T, hs), k and v (B, nkv, T, hs) -> (B, nh, T, hs).
@@ -226,6 +248,8 @@ def local_attention(q: Tensor, k: Tensor, v: Tensor, window: int, pe: Positional
     rel_q, rel_k = torch.arange(p, 2 * p, device=q.device), torch.arange(2 * p, device=q.device)
     visible = visible_keys(rel_q, rel_k, window).expand(n, p, 2 * p).clone()  # (n, P, 2P)
     visible[0, :, :p] = False  # the first block has nothing before it
+    if not attend_self:  # after the line above, so that position 0 (alone in its row) keeps its own key
+        visible = hide_self(visible, rel_q, rel_k)
     bias = pe.score_bias(rel_q, rel_k) if pe.has_score_bias else None  # ALiBi: relative, the same in every block
     bias = bias[:, None] if bias is not None else None  # (nh, 1, P, 2P) against (B, nh, n, P, 2P)
     y = masked_sdpa(qb, kb, vb, visible, bias, sink, dropout_p, scale)
@@ -340,6 +364,8 @@ class CausalSelfAttention(nn.Module):
         self.window = cfg.layer_window(layer)
         self.scale, self.causal_mask = cfg.score_scale, cfg.causal_mask
         self.qk_tied = cfg.qk_tied  # keys are the queries: c_attn has no key rows
+        self.attend_self = cfg.attend_self  # False: a query's own key is hidden unless it is its only one
+        self.uniform = cfg.attention == "uniform"  # q zeroed: weights 1 / (visible keys), the values averaged
         # a learner's attention(q, k, v) -> y in place of the built-in (learner_attention); set from outside
         # (attention_lab/exercises loads it from their file), never saved with the weights
         self.attn_fn = None
@@ -381,6 +407,8 @@ class CausalSelfAttention(nn.Module):
         if self.qk_norm:
             q, k = qk_norm(q), qk_norm(k)
         q, k = pe.rotate_qk(q, k, rotation)
+        if self.uniform:  # every score 0, so each row's softmax is uniform over its visible keys; no gradient to q, k
+            q, k = torch.zeros_like(q), k.detach()
         v_own = v
         if self.value_lambda is not None and v_first is not None:
             v = self.value_lambda * v + (1.0 - self.value_lambda) * v_first
@@ -401,15 +429,17 @@ class CausalSelfAttention(nn.Module):
             visible = visible_keys(pos, k_pos, self.window)
             if self.causal_mask == "none":  # every key, the later ones too (GPTConfig refuses it with a window)
                 visible = torch.ones_like(visible)
+            if not self.attend_self:  # GPTConfig allows it with causal_mask before_softmax only
+                visible = hide_self(visible, pos, k_pos)
             bias = pe.score_bias(pos, k_pos) if pe.has_score_bias else None
             y, weights = math_attention(q, k, v, visible, bias, self.sink, dropout_p, self.scale, self.causal_mask,
                                         self.hook_scores if hooked else None, self.hook_pattern if hooked else None)
         elif self.window is not None and kv_cache is None and t > self.window:
-            y = local_attention(q, k, v, self.window, pe, self.sink, dropout_p, self.scale)
+            y = local_attention(q, k, v, self.window, pe, self.sink, dropout_p, self.scale, self.attend_self)
         else:  # a ring buffer's keys are out of order and may hold empty slots: only a full layer is plain
             plain = self.window is None or (kv_cache is None and t <= self.window)
             y = fused_attention(q, k, v, pos, k_pos, self.window, pe, self.sink, dropout_p, plain, self.scale,
-                                causal=self.causal_mask != "none")
+                                causal=self.causal_mask != "none", attend_self=self.attend_self)
         if hooked:
             y = self.hook_z(y)  # (B, nh, T, hs): each head's output
         y = y.transpose(1, 2).contiguous().view(b, t, c)  # re-assemble heads side by side: (B, T, C)

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 POSITION_ENCODINGS = ("learned", "sinusoidal", "rope", "alibi", "none")
 ATTENTION_BACKENDS = ("math", "sdpa")
 MLP_ACTIVATIONS = ("gelu", "relu2")
-ATTENTION_KINDS = ("softmax", "linear")
+ATTENTION_KINDS = ("softmax", "linear", "uniform")
 ATTN_SCALES = ("sqrt", "none", "inverse")  # the factor on q.k: 1/sqrt(hs), 1, 1/hs
 CAUSAL_MASKS = ("before_softmax", "after_softmax", "none")
+QK_INITS = ("normal", "unit")  # c_attn's q and k rows: GPT-2's N(0, 0.02) | N(0, 1/n_embd), unit-variance q and k
 
 
 @dataclass
@@ -43,7 +44,8 @@ class GPTConfig:
     window: int = 0  # sliding window: query i sees keys i-W < j <= i; 0 = every earlier key
     window_pattern: str = ""  # per layer, repeated: L local (the window), G global; "" = every layer local
     attn_sinks: bool = False  # a learned logit per head joins the softmax's denominator (gpt-oss's sinks)
-    attention: str = "softmax"  # softmax | linear: causal linear attention with elu+1 features
+    attention: str = "softmax"  # softmax | linear: causal linear attention with elu+1 features | uniform: each
+    #   query's weights are 1/(keys it sees), the prefix's values averaged (q zeroed; q, k kept, no gradient)
     linear_denominator: bool = True  # linear: divide by phi(q) . sum_j phi(k_j) (False: no normaliser)
     linear_out_norm: bool = False  # linear: RMS-normalise each head's output (what recent linear models do)
     # experiment switches (model/attention.py), to test what the tutorials claim; each default is GPT-2's attention
@@ -51,6 +53,8 @@ class GPTConfig:
     causal_mask: str = "before_softmax"  # future keys -inf before the softmax | "after_softmax": softmax over
     #   every key, then the future keys' weights set to 0 (rows sum to < 1) | "none": every key seen, no mask
     qk_tied: bool = False  # one projection for queries and keys: k = q (c_attn outputs [q | v]), q_i.q_j symmetric
+    attend_self: bool = True  # False: a query never sees its own key unless it sees no other (Reformer's rule)
+    qk_init: str = "normal"  # c_attn's q, k rows N(0, 0.02) | "unit": N(0, 1/n_embd), so q, k start at variance 1
 
     @property
     def mlp_hidden(self) -> int:
@@ -133,8 +137,11 @@ class GPTConfig:
         if self.causal_mask not in CAUSAL_MASKS:
             raise ValueError(f"GPTConfig.causal_mask must be one of {', '.join(CAUSAL_MASKS)}; got "
                              f"{self.causal_mask!r}")
-        if not isinstance(self.qk_tied, bool):
-            raise ValueError(f"GPTConfig.qk_tied must be true or false, got {self.qk_tied!r}")
+        for name in ("qk_tied", "attend_self"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"GPTConfig.{name} must be true or false, got {getattr(self, name)!r}")
+        if self.qk_init not in QK_INITS:
+            raise ValueError(f"GPTConfig.qk_init must be one of {', '.join(QK_INITS)}; got {self.qk_init!r}")
         if self.attention == "linear" and (self.attn_scale != "sqrt" or self.causal_mask != "before_softmax"):
             raise ValueError(f"GPTConfig.attention='linear' has no softmax and no scale: attn_scale must be sqrt "
                              f"(got {self.attn_scale!r}) and causal_mask before_softmax (got {self.causal_mask!r}); "
@@ -149,6 +156,26 @@ class GPTConfig:
         if self.qk_tied and self.kv_heads != self.n_head:
             raise ValueError(f"GPTConfig.qk_tied makes every query head its own key head (k = q), so it needs "
                              f"n_kv_head 0 or {self.n_head}; got n_kv_head={self.n_kv_head}")
+        if not self.attend_self:
+            clash = [f"attention={self.attention}"] if self.attention == "linear" else []
+            clash += [f"causal_mask={self.causal_mask}"] if self.causal_mask != "before_softmax" else []
+            if clash:
+                raise ValueError(f"GPTConfig.attend_self=false hides each query's own key with -inf before the "
+                                 f"softmax, so it cannot be combined with {', '.join(clash)} (no such mask there); "
+                                 "use attention softmax or uniform and causal_mask=before_softmax, or attend_self true")
+        if self.attention == "uniform":
+            clash = ["pos_encoding=alibi"] if self.pos_encoding == "alibi" else []
+            clash += ["attn_sinks=true"] if self.attn_sinks else []
+            clash += [f"causal_mask={self.causal_mask}"] if self.causal_mask != "before_softmax" else []
+            clash += [f"attn_scale={self.attn_scale}"] if self.attn_scale != "sqrt" else []
+            clash += ["qk_tied=true"] if self.qk_tied else []
+            clash += [f"qk_init={self.qk_init}"] if self.qk_init != "normal" else []
+            if clash:
+                raise ValueError(f"GPTConfig.attention='uniform' gives each query equal weights over the keys it sees "
+                                 f"(its scores are all 0, its q and k unused): it cannot be combined with "
+                                 f"{', '.join(clash)}, which would bias, sink, unmask, scale, tie or initialise "
+                                 "those scores; use pos_encoding learned, sinusoidal, rope or none, attn_sinks false, "
+                                 "causal_mask before_softmax, attn_scale sqrt, qk_tied false, qk_init normal")
 
     @property
     def score_scale(self) -> float:

@@ -51,7 +51,10 @@ class MLP(nn.Module):
         return dropout(self.c_proj(self.act(self.c_fc(x))), self.dropout_p, self.training)
 
 
-ATTENTIONS: dict[str, type[nn.Module]] = {"softmax": CausalSelfAttention, "linear": LinearAttention}
+# uniform attention is softmax attention with q zeroed (CausalSelfAttention reads cfg.attention): every path it
+# has (backends, windows, the KV cache, hooks, return_weights) then computes the uniform weights
+ATTENTIONS: dict[str, type[nn.Module]] = {"softmax": CausalSelfAttention, "linear": LinearAttention,
+                                          "uniform": CausalSelfAttention}
 
 
 class Block(nn.Module):
@@ -138,6 +141,11 @@ class GPT(nn.Module):
         Each block adds two residual branches (attention and MLP); scaling their output projections keeps the
         residual stream's variance from growing with depth. With zero_init_proj they start at exactly zero
         instead: every block begins as the identity, and the branches grow from there (modded-nanogpt).
+
+        qk_init="unit": c_attn's q and k rows (the q rows alone with qk_tied) are drawn N(0, 1/n_embd) instead, so
+        on the LayerNorm's unit-variance output each q and k channel starts with variance n_embd * (1/n_embd) = 1,
+        the premise of the 1/sqrt(d_k) scale (q.k then has variance d_k; Vaswani et al. 2017, footnote 4). With
+        0.02 the variance is 0.0004 * n_embd (0.05 at n_embd 128), and q.k is small at any d_k.
         """
         for module in self.modules():
             if isinstance(module, nn.Linear):
@@ -159,6 +167,12 @@ class GPT(nn.Module):
                     nn.init.normal_(p, mean=0.0, std=residual_std)
             elif name.endswith("value_lambda"):
                 nn.init.constant_(p, 0.5)  # an even mix of the block's own and the first block's values
+        if self.config.qk_init == "unit":
+            cfg = self.config
+            qk_rows = (cfg.n_head + (0 if cfg.qk_tied else cfg.kv_heads)) * cfg.head_size  # [q | k] lead c_attn
+            for block in self.transformer.h:
+                with torch.no_grad():
+                    block.attn.c_attn.weight[:qk_rows].normal_(0.0, 1.0 / math.sqrt(cfg.n_embd))
 
     def new_kv_cache(self) -> KVCache:
         cfg = self.config

@@ -255,6 +255,7 @@ def refuse_unsupported(cfg) -> None:
     clash += [f"attn_scale={cfg.attn_scale}"] if getattr(cfg, "attn_scale", "sqrt") != "sqrt" else []
     clash += [f"causal_mask={cfg.causal_mask}"] if getattr(cfg, "causal_mask", "before_softmax") != "before_softmax" \
         else []
+    clash += ["attend_self=false"] if not getattr(cfg, "attend_self", True) else []
     if clash:
         raise ValueError(f"model.attn_impl runs your attention(q, k, v), which does its own scale and causal mask "
                          f"over every earlier key; it cannot be combined with {', '.join(clash)}: leave those at "

@@ -59,15 +59,19 @@ FIELD_ROLES = {
     "window": "remote code when > 0",
     "window_pattern": "remote code (with window)",
     "attn_sinks": "remote code when true",
-    "attention": "remote code when linear",
+    "attention": "remote code when linear; not exportable when uniform (an experiment switch: q zeroed)",
     "linear_denominator": "remote code (with attention=linear)",
     "linear_out_norm": "remote code (with attention=linear)",
     "attn_scale": "not exportable unless sqrt (an experiment switch; nothing exported computes another scale)",
     "causal_mask": "not exportable unless before_softmax (an experiment switch; nothing exported computes another)",
     "qk_tied": "not exportable when true (an experiment switch; nothing exported ties the key projection)",
+    "attend_self": "not exportable when false (an experiment switch; nothing exported hides a query's own key)",
+    "qk_init": "not exported: initialisation only (the trained weights compute GPT-2's attention either way)",
 }
 # the experiment switches (model/config.py) and the value every exported architecture, and the remote code, computes
-SWITCH_DEFAULTS = {"attn_scale": "sqrt", "causal_mask": "before_softmax", "qk_tied": False}
+SWITCH_DEFAULTS = {"attn_scale": "sqrt", "causal_mask": "before_softmax", "qk_tied": False, "attend_self": True}
+# values of a model field that are experiment switches too: no exported architecture computes them
+SWITCH_VALUES = {"attention": ("uniform",)}
 NATIVE_ACTIVATIONS = {"gelu": "gelu_pytorch_tanh", "relu2": "relu2"}  # transformers' ACT2FN names, same kernels
 # transformers activations that compute our tanh GELU (gelu_new and gelu_fast: the same formula written out)
 TANH_GELUS = ("gelu_pytorch_tanh", "gelu_new", "gelu_fast", "gelu_python_tanh")
@@ -136,11 +140,14 @@ def plan_export(cfg: GPTConfig, remote_code: bool = False) -> ExportPlan:
         )
     switched = [f"{name}={getattr(cfg, name)!r}" for name, default in SWITCH_DEFAULTS.items()
                 if getattr(cfg, name) != default]
+    switched += [f"{name}={getattr(cfg, name)!r}" for name, values in SWITCH_VALUES.items()
+                 if getattr(cfg, name) in values]
     if switched:
         raise ValueError(
             f"cannot export: the experiment switch(es) {', '.join(switched)} are computed by no transformers "
             "architecture and not by the shipped remote code; only "
-            f"{', '.join(f'{k}={v!r}' for k, v in SWITCH_DEFAULTS.items())} export"
+            f"{', '.join(f'{k}={v!r}' for k, v in SWITCH_DEFAULTS.items())}"
+            f"{''.join(f', {k} other than {v!r}' for k, vs in SWITCH_VALUES.items() for v in vs)} export"
         )
     reasons = native_blockers(cfg)
     if remote_code and not reasons:

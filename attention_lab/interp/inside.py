@@ -14,12 +14,14 @@ The steps, for head h of block l and query i, every vector a row (y = x W^T + b,
     x          the residual stream entering block l at positions 0..i                           (n, C)
     x_ln     = ln_1(x) = (x - mean(x)) / sqrt(var(x) + eps) * gamma + beta                       (n, C)
     q_j      = x_ln[j] W_Q^T + b_Q,  k_j = x_ln[j] W_K^T + b_K,  v_j = x_ln[j] W_V^T + b_V      (hs,) each
+    uniform attention: q_j = 0 (the model zeroes it), so every dot is 0 and the weights are 1 / (keys seen)
     qk_norm:   q <- q / sqrt(mean(q^2) + eps), k likewise (parameter-free RMS norm over hs)
     rope:      q_i <- R(i) q_i,  k_j <- R(j) k_j      (R(p) turns channel pair (c, c + hs/2) by p * theta_c)
     value_residual, block l > 0:  v_j <- lambda v_j + (1 - lambda) v_first_j    (v_first: block 0's v_j)
     dots_j   = q_i . k_j;   scaled_j = dots_j / sqrt(hs);   alibi: + m_h (j - i)                     (n,)
                attn_scale: dots_j * 1 ("none") or dots_j / hs ("inverse") instead (GPTConfig.score_scale)
     masked   = that row over all T keys, -inf where the query may not look (j > i; window W: j <= i - W) (T,)
+               attend_self=False: -inf at j = i too, unless i is the only key the query sees
     weights  = softmax(masked) = exp(masked - max) / sum(exp(masked - max))   (exactly 0 where -inf) (T,)
                sinks: exp(masked - m) / (exp(s_h - m) + sum exp(masked - m)), m = max(row, s_h)
     linear attention: dots_j = phi(q_i) . phi(k_j) with phi = elu + 1, no scaling; weights the implied
@@ -35,7 +37,8 @@ recorded x: nothing of the model is written twice. What follows q, k and v for o
 mask, softmax, weighted sum, the head's share) is the arithmetic the page shows, in float64 numpy, so any
 difference from the model is the model's float32 rounding (~1e-7). A model whose positions see later keys
 (causal_mask "after_softmax" or "none") is refused: its rows need every key of the sequence, not keys 0..i
-(`steppable` says why; the page leaves its panel out). What varies with the attention kind
+(`steppable` says why; the page leaves its panel out). The page's panel also leaves out a model that hides each
+query's own key (attend_self=False), which its script does not know; step_inside shows that one. What varies with the attention kind
 (which key/value head a query head reads, which keys a query sees, what joins the softmax) lives in one
 section below, "the attention kind".
 """
@@ -80,12 +83,25 @@ class HeadWeights:
     W_O: Tensor  # (C, hs): c_proj's input channels that carry this head's output
 
 
-def steppable(cfg) -> str | None:
-    """Why a model cannot be stepped through here (None: it can). The steps see keys 0..i only, so a model whose
+def _not_causal(cfg) -> str | None:
+    """Why step_inside cannot show this model (None: it can). The steps see keys 0..i only, so a model whose
     positions see later keys (causal_mask after_softmax or none) is left out rather than shown wrong."""
     if cfg.causal_mask != "before_softmax":
         return (f"step inside shows causal attention (keys 0..i); this model has causal_mask={cfg.causal_mask!r}, "
                 "whose rows reach later keys: read its weights from capture_attention instead")
+    return None
+
+
+def steppable(cfg) -> str | None:
+    """Why the page's step-inside panel cannot show this model (None: it can): step_inside's reason, or a query
+    that never sees its own key (attend_self=False), which the panel's script (viewer/assets/inside.js) does not
+    hide. Uniform attention needs nothing: its recorded q is 0, so the panel's dot products are 0 as the model's."""
+    if _not_causal(cfg) is not None:
+        return _not_causal(cfg)
+    if not getattr(cfg, "attend_self", True):
+        return ("the page's step inside shows every key 0..i; this model hides each query's own key "
+                "(attend_self=false): call attention_lab.interp.inside.step_inside, or read its weights from "
+                "capture_attention")
     return None
 
 
@@ -121,15 +137,19 @@ def head_weights(model, layer: int, head: int) -> HeadWeights:
     )
 
 
-def _scores_row(scaled: np.ndarray, bias: np.ndarray, query: int, t: int, window: int | None) -> np.ndarray:
+def _scores_row(scaled: np.ndarray, bias: np.ndarray, query: int, t: int, window: int | None,
+                attend_self: bool = True) -> np.ndarray:
     """The pre-softmax row of query i over all T keys: scaled + bias (n,) where the query may look, -inf elsewhere.
 
-    Causal: keys j <= i; a sliding window of W keys also hides j <= i - W.
+    Causal: keys j <= i; a sliding window of W keys also hides j <= i - W; attend_self=False hides j = i unless
+    it is the only key left (i = 0, or W = 1: Reformer's "except when no other targets are available").
     """
     row = np.full(t, -np.inf)
     row[: query + 1] = scaled + bias
     if window is not None:
         row[: max(0, query - window + 1)] = -np.inf
+    if not attend_self and np.isfinite(np.delete(row, query)).any():
+        row[query] = -np.inf
     return row
 
 
@@ -227,6 +247,8 @@ def _projections(model, layer: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor, 
     cfg, attn = model.config, model.transformer.h[layer].attn
     x_ln = model.transformer.h[layer].ln_1(x)
     q, k, v = split_qkv(attn.c_attn(x_ln)[None], cfg.n_head, cfg.kv_heads, cfg.qk_tied)
+    if cfg.attention == "uniform":  # the model zeroes q: every score 0 (model/attention.py)
+        q = torch.zeros_like(q)
     return x_ln, q[0], k[0], v[0]
 
 
@@ -247,7 +269,7 @@ def _head_steps(model, layer: int, head: int, vec: dict, query: int, t: int) -> 
     dots = k @ q  # (n,)
     scaled = dots * cfg.score_scale  # dots / sqrt(hs), unless attn_scale says otherwise
     bias = _alibi_row(model.transformer.wpe, head, query, device)
-    masked = _scores_row(scaled, bias, query, t, cfg.layer_window(layer))  # (T,)
+    masked = _scores_row(scaled, bias, query, t, cfg.layer_window(layer), cfg.attend_self)  # (T,)
     sink = float(attn.sink[head]) if getattr(attn, "sink", None) is not None else None
     weights = _weights(masked, sink)  # (T,)
     head_out = weights[: query + 1] @ v  # (hs,); the hidden keys' weights are 0
@@ -323,8 +345,8 @@ def step_inside(model, ids, layer: int, head: int, query: int) -> Inside:
     """
     model = plain_module(model)
     cfg = model.config
-    if steppable(cfg) is not None:
-        raise ValueError(steppable(cfg))
+    if _not_causal(cfg) is not None:
+        raise ValueError(_not_causal(cfg))
     _check_head(cfg, layer, head)
     idx = token_window(model, ids)
     t = idx.numel()

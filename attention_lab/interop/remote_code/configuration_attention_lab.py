@@ -21,12 +21,14 @@ class AttentionLabConfig(PretrainedConfig):
         "max_position_embeddings": "block_size",
     }
     # the GPTConfig fields this code implements; the exporter refuses a model with any other. The experiment
-    # switches (attn_scale, causal_mask, qk_tied) are implemented at their defaults only: GPT-2's attention
+    # switches (attn_scale, causal_mask, qk_tied, attend_self) are implemented at their defaults only: GPT-2's
+    # attention (and attention softmax or linear, never uniform); qk_init is an initialisation, kept as a record
     FIELDS = (
         "vocab_size", "block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "pos_encoding",
         "attn_backend", "tie_embeddings", "mlp_ratio", "rope_base", "layer_norm_eps", "qk_norm", "mlp_act",
         "logit_softcap", "zero_init_proj", "value_residual", "n_kv_head", "window", "window_pattern", "attn_sinks",
         "attention", "linear_denominator", "linear_out_norm", "attn_scale", "causal_mask", "qk_tied",
+        "attend_self", "qk_init",
     )
 
     def __init__(
@@ -59,6 +61,8 @@ class AttentionLabConfig(PretrainedConfig):
         attn_scale="sqrt",
         causal_mask="before_softmax",
         qk_tied=False,
+        attend_self=True,
+        qk_init="normal",
         use_cache=True,
         **kwargs,
     ):
@@ -72,9 +76,10 @@ class AttentionLabConfig(PretrainedConfig):
             raise ValueError(f"n_kv_head ({n_kv_head}) must divide n_head ({n_head})")
         if attention not in ATTENTION_KINDS:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION_KINDS)}; got {attention!r}")
-        if (attn_scale, causal_mask, qk_tied) != ("sqrt", "before_softmax", False):
-            raise ValueError(f"this code computes attn_scale='sqrt', causal_mask='before_softmax', qk_tied=False "
-                             f"only; got {attn_scale!r}, {causal_mask!r}, {qk_tied!r}")
+        if (attn_scale, causal_mask, qk_tied, attend_self) != ("sqrt", "before_softmax", False, True):
+            raise ValueError(f"this code computes attn_scale='sqrt', causal_mask='before_softmax', qk_tied=False, "
+                             f"attend_self=True only; got {attn_scale!r}, {causal_mask!r}, {qk_tied!r}, "
+                             f"{attend_self!r}")
         self.vocab_size = vocab_size
         self.block_size = block_size
         self.n_layer = n_layer
@@ -101,6 +106,8 @@ class AttentionLabConfig(PretrainedConfig):
         self.linear_denominator = linear_denominator
         self.linear_out_norm = linear_out_norm
         self.attn_scale, self.causal_mask, self.qk_tied = attn_scale, causal_mask, qk_tied  # the defaults only
+        self.attend_self = attend_self  # the default only
+        self.qk_init = qk_init  # initialisation only: the weights loaded are what count
         self.use_cache = use_cache  # generation keeps keys and values (transformers 5 keeps no such field)
         kwargs["tie_word_embeddings"] = tie_embeddings  # transformers ties lm_head to wte by this name
         super().__init__(**kwargs)
