@@ -585,6 +585,7 @@ def test_each_claim_runs_end_to_end_quick(name, tmp_path, data_cache):
         assert cfg["train"]["max_minutes"] == pytest.approx(max(transformer / 60, 0.05), abs=1e-3), \
             "the equal-time LSTM trains for the transformer's wall time"
         assert cfg["train"]["max_steps"] == 100000, "the arm's own values beat --quick's (its steps: no cap)"
+        assert cfg["model"]["block_size"] == 32, "--quick's sizes beat the claim's own context (512)"
     if name == "heads":  # two widths: the same head count at two head sizes
         widths = {json.loads((tmp_path / name / r["run"] / "config.json").read_text())["model"]["n_embd"]
                   for rows in doc["results"].values() for r in rows}
@@ -682,6 +683,23 @@ def test_quadratic_runs_the_wall_benchmark_and_computes_the_growth(tmp_path):
     assert f"- sdpa causal: log-log slope {fit.slope:.2f} over T = {upper[0][0]:,}" in rep, rep[:2000]
     assert f"{2 ** fit.slope:.2f}x the forward + backward time per doubling" in rep
     assert "| T | method |" in rep
+
+
+def test_the_rnn_claim_reads_a_context_of_512_tokens_at_the_base_preset_s_tokens_a_step():
+    claim = CLAIMS["rnn"]
+    for arm in claim.arms:
+        cfg = compose([*BASE, *claim.overrides, *runs.job(arm, 1, BASE_LR, minutes=1.0).overrides])
+        assert cfg.model.block_size == 512 and cfg.train.batch_size * 512 == 16 * 128, (arm.name, cfg.model)
+
+
+def test_a_claim_s_own_overrides_reach_its_runs(tmp_path, data_cache):
+    """The overrides a claim puts on the base preset (the rnn claim's context) are in every run it trains."""
+    claim = replace(select(CLAIMS["qk"], (1,), ("separate",)), overrides=("model.rope_base=5000.0",))
+    out = tmp_path / "qk"
+    experiment.run_claim(claim, out, quick=True, overrides=(f"data.cache_dir={data_cache}", NO_PEAK),
+                         log=lambda *a: None, progress=False)
+    run = json.loads((out / "results.json").read_text())["results"]["separate"][0]["run"]
+    assert json.loads((out / run / "config.json").read_text())["model"]["rope_base"] == 5000.0
 
 
 def test_an_expectation_between_two_numbers_of_one_arm_pairs_them_by_seed():

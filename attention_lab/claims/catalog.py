@@ -12,7 +12,7 @@ hang on the rates the sweep chose.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 BASE = ("experiment=claims",)
 BASE_LR = 3e-3  # configs/experiment/claims.yaml's optim.lr: the sweep's centre
@@ -87,6 +87,7 @@ class Claim:
     axis: str | None = None  # a variable each run is measured along, no new runs: "length" (the scored context,
     # 1x/2x/4x the trained one) or "position" (the position in the context, log-spaced buckets); a trend per
     # bits/byte expectation along it
+    overrides: tuple[str, ...] = ()  # on the base preset for every arm of this claim (--quick's sizes beat them)
 
 
 def at_value(arm: str, variable: Variable, value: float) -> str:
@@ -113,11 +114,10 @@ def along(claim: Claim) -> Claim:
                             after=a.after and at_value(a.after, var, value), rate_of=rate_of))
     expect = tuple(Expect(at_value(e.better, var, v), at_value(e.worse, var, v), e.metric, e.worse_metric, e.region,
                           at=v, of=(e.better, e.worse)) for v in var.values for e in claim.expect)
-    return Claim(claim.name, claim.statement, tuple(arms), claim.measures, expect, claim.published, claim.seeds,
-                 claim.rates, claim.sweep_seeds, claim.choose_by, claim.plot, claim.notes, var, claim.fixed_rate,
-                 claim.axis)
+    return replace(claim, arms=tuple(arms), expect=expect)
 
 
+LONG = ("model.block_size=512", "train.batch_size=4")  # the rnn claim's context: 4 x 512 tokens a step
 HEAD_COUNTS = (1, 4, 8)  # the counts the expectations compare (2 and 16 heads cost runs and decided nothing)
 FIXED = ("no sweep: every arm at one rate fixed in advance (3e-3, the base preset's), the common-rate verdict being "
          "the verdict. A sweep of 3 rates on 3 seeds costs 9 or more runs an arm, more than its 5 verdict seeds, and "
@@ -224,10 +224,33 @@ CLAIMS = {c.name: c for c in (
           ("position", "speed"), (Expect("transformer", "lstm"), Expect("transformer", "lstm equal time")),
           "Khandelwal et al. 2018: an LSTM LM uses about 200 tokens of context, word order only within the last "
           "~20-50; Kaplan et al. 2020: LSTM per-token loss plateaus after <100 tokens while "
-          "transformers keep improving", plot="position", axis="position",
-          notes=("the LSTM's recipe: the same AdamW, schedule, batches and steps as the transformer, with its own "
+          "transformers keep improving", plot="position", axis="position", overrides=LONG,
+          notes=("every arm reads a context of 512 tokens, 4 sequences a step: the same 2,048 tokens a step as the "
+                 "base preset's 16 x 128, over a context past the ~200 tokens Khandelwal et al. found an LSTM uses",
+                 "the LSTM's recipe: the same AdamW, schedule, batches and steps as the transformer, with its own "
                  "rate swept over the same grid; `lstm equal time` trains at the LSTM's chosen rate for the "
                  "transformer's mean wall time, on the same schedule stretched over that time",)),
+    Claim("recall", "attention relates distant words directly: a token d back is one step away, where a recurrent "
+          "network must carry it through d steps of its state",
+          (Arm("transformer", ("model.n_embd=64", "model.n_head=2")),
+           Arm("lstm", ("model.n_embd=64", "model.n_head=2", "model.arch=lstm"))),
+          ("recall",), (Expect("transformer", "lstm", "copy_bits", region=0.1),),
+          "Graves et al. 2014 (Neural Turing Machines, the copy task): an LSTM learns to copy sequences of up to 20 "
+          "random 8-bit vectors more slowly than an NTM and fails on longer ones; Khandelwal et al. 2018: an LSTM LM "
+          "uses about 200 tokens of context", rates=(1.0,), fixed_rate=True, plot="trend",
+          variable=Variable("distance", tuple(
+              (d, ("data.source=recall", "data.name=recall", "data.tokenizer=char", "data.val_docs=[]",
+                   f"data.distance={d}", f"model.block_size={2 * d}", f"train.batch_size={2048 // d}"))
+              for d in (8, 32, 128, 512))),
+          notes=("the task (data/recall.py): a block of d random letters (16) and the same block again, one example a "
+                 "document; copy_bits, the verdict's number, is bits per copied letter on the held-out test part's "
+                 "examples, each read whole from its start (4 bits: chance; 0: every letter copied); copy_accuracy "
+                 "the share of copied letters that are the model's most likely token (chance 1/16)",
+                 "at each distance d both arms see 2d tokens (the whole example) and 4,096 tokens a step (2048/d "
+                 "windows), the same 600 steps, AdamW and schedule; both 2 layers 64 wide (the transformer 2 heads of "
+                 "32), the LSTM's width matched to the transformer's parameters as in the rnn claim (model.arch=lstm)",
+                 "no sweep: both arms at the base preset's rate (3e-3) fixed in advance; in sizing runs at d = 8 "
+                 "(another seed, the choose part) the LSTM did no better at 10x that rate")),
     Claim("context", "attention turns a word's context-free embedding into a context-dependent one",
           (Arm("base"), Arm("uniform", ("model.attention=uniform",))), ("similarity",),
           (Expect("base", "base", "context_left", worse_metric="context_left_uniform", region=0.01),

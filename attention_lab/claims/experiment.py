@@ -51,7 +51,7 @@ def select(claim: Claim, seeds: tuple[int, ...] | None = None, arms: tuple[str, 
     if rates is not None:
         if not rates or any(not r > 0 for r in rates):
             raise ValueError(f"--rates must be positive multiples of the base rate, got {rates}")
-        claim = replace(claim, rates=tuple(sorted(set(rates))), fixed_rate=claim.fixed_rate and len(set(rates)) == 1)
+        claim = replace(claim, rates=tuple(sorted(set(rates))), fixed_rate=False)  # rates named: swept over them
     if arms:
         unknown = set(arms) - {a.name for a in claim.arms}
         if unknown:
@@ -74,7 +74,8 @@ def run_claim(claim: Claim, out: Path, quick: bool = False, overrides: tuple[str
     if not claim.arms:
         return report.write_bench(claim, out, quick)
     claim = along(claim)  # every arm and expectation at each value of the claim's variable
-    runner = Runner(out, claim.name, (*BASE, *(QUICK if quick else ()), *overrides), launcher, log, progress,
+    common_overrides = (*BASE, *claim.overrides, *(QUICK if quick else ()), *overrides)
+    runner = Runner(out, claim.name, common_overrides, launcher, log, progress,
                     timed=frozenset(a.after for a in claim.arms if a.after))
     sweeping = sweeps(claim, bracket)
     common = BASE_LR if sweeping else BASE_LR * claim.rates[0]  # the common rate: every swept arm at it

@@ -349,8 +349,10 @@ def render(claim: Claim, out: Path) -> Path:
         lines += [f"Machine: {doc['machine']}.", "", doc["body"], "", "## Published", "", claim.published]
         return _done(out, lines)
     n_runs = len(doc["run_seconds"])
-    lines += [f"Machine: {doc['machine']}. Base preset: configs/experiment/claims.yaml"
-              f"{' with the --quick overrides' if doc['quick'] else ''}; launcher: "
+    own = f" with {' '.join(claim.overrides)}" if claim.overrides else ""
+    lines += [f"Machine: {doc['machine']}. Base preset: configs/experiment/claims.yaml{own}"
+              f"{' and the --quick overrides (which beat them)' if doc['quick'] and own else ''}"
+              f"{' with the --quick overrides' if doc['quick'] and not own else ''}; launcher: "
               f"{' '.join(doc['launcher']) or 'basic'}{_launch(doc)}. Verdict seeds "
               f"{', '.join(map(str, doc['seeds']))} per arm, paired (seed s: the same initialisation stream, batches "
               f"and test windows in every arm). " + _rates_said(doc) + "Every number below is the "
