@@ -314,3 +314,23 @@ def test_a_learners_attention_with_dropout_says_which_dropout_it_keeps(tmp_path,
     assert "model.dropout=0.1 still drops the residual and MLP outputs, but not attention weights" in said, said
     train_mod.train(compose(short + [f"model.attn_impl={mine}"]), tmp_path / "r0")
     assert "model.dropout" not in capsys.readouterr().out, "no dropout, nothing to say"
+
+
+def test_the_leak_is_told_above_rounding_and_below_what_the_mask_after_the_softmax_leaks():
+    """The sentence's rule on numbers with a known answer (no training): a pair of losses apart by float32 rounding
+    at every position (1e-5, the bound the runs above hold causal files to), in either direction, is no leak; the
+    honest loss above by 3e-3 (a fifth of the 0.015 the mask after the softmax leaks after 20 debug steps) is told,
+    and with its numbers; the honest loss below by as much is not. Planted bugs: exercise_leak_gap_reversed,
+    exercise_leak_noise_floor_zero."""
+    from attention_lab.training.learner import leak_sentence
+
+    leaky = np.linspace(2.0, 3.0, 64)
+    spec = "mine.py:attention"
+    for rounding in (1e-5, -1e-5):
+        assert leak_sentence(leaky, leaky + rounding, 16, spec) is None, (
+            f"honest - leaky = {rounding:g} at every position (float rounding) told as a leak")
+    said = leak_sentence(leaky, leaky + 3e-3, 16, spec)
+    assert said is not None and LEAK.search(said), "a leak of 3e-3 nats/token at every position not told"
+    assert said.startswith(f"your attention reads the future: loss {leaky.mean():.4g} with it, "
+                           f"{leaky.mean() + 3e-3:.4g} without"), said
+    assert leak_sentence(leaky, leaky - 3e-3, 16, spec) is None, "the honest loss lower than the leaky one is no leak"
