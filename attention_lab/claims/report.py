@@ -547,13 +547,16 @@ each claim is an experiment you run on a CPU with one command:
 
 **How a claim is judged.** Its arms are config overrides on one base preset (`configs/experiment/claims.yaml`: 2
 layers, 4 heads, 128 wide, a context of 128 BPE tokens, vocabulary 512, RoPE, QK-norm off, AdamW, batch 16, 600
-steps). Each arm is swept over three learning rates (1e-3, 3e-3, 9e-3) on three *sweep* seeds (101-103; a best rate
-at the edge of what was tried brings the next rate beyond it, up to {bracket} more); a run is **diverged** when its
-training loss became non-finite or ended above its first evaluation's validation loss, and a rate at which any sweep
-run diverged is never chosen. The arm's five *verdict* seeds (1-5, none of them a sweep seed) then train at the rate
-whose mean scored best on the *choose* plays (two of the four held-out plays), and once more at one common rate
-(3e-3) for a sensitivity verdict; the scale claim's 3x-rate arms keep their rate, since the rate is what they are
-about. Every seed's final checkpoint (chosen by nothing) is scored on the *test* plays (the other two), which no
+steps; a claim may change these for all its arms, and its report names the change). A claim either sweeps each
+arm's learning rate or fixes one rate in advance, and says which. Swept ({swept}): each arm over three rates (1e-3,
+3e-3, 9e-3) on three *sweep* seeds (101-103; a best rate at the edge of what was tried brings the next rate beyond
+it, up to {bracket} more), a rate at which any sweep run diverged is never chosen, and the arm's five *verdict* seeds
+(1-5, none of them a sweep seed) train at the rate whose mean scored best on the *choose* plays (two of the four
+held-out plays), and once more at one common rate (3e-3) for a sensitivity verdict. Fixed ({fixed}): every arm at
+3e-3, the base preset's rate, so the common-rate verdict is the verdict: a sweep costs 9 or more runs an arm, more
+than its 5 verdict seeds, and would bring these claims past an hour on 2 cores (`--rates 0.333,1,3` sweeps them). A
+run is **diverged** when its training loss became non-finite or ended above its first evaluation's validation
+loss. Every seed's final checkpoint (chosen by nothing) is scored on the *test* plays (the other two), which no
 choice read. Arms are paired by seed: arm A and arm B with seed s start from the same random stream and read the
 same batches; how much that pairing removes is measured, not assumed (each verdict prints the correlation of the
 two arms' seeds and the paired sd over the unpaired one: near 1, the pairing bought little). For each expectation
@@ -651,7 +654,10 @@ def write_docs(root: Path = Path("claims"), docs: Path = REPO / "docs", readme: 
     (docs / "claims").mkdir(parents=True, exist_ok=True)
     earlier_rows, sections = earlier_sections(docs / "claims.md")
     table = summary_table(root, earlier_rows)
-    parts = [DOCS_INTRO.format(bracket=BRACKET), table, ""]
+    swept = [f"`{c.name}`" for c in CLAIMS.values() if c.arms and not c.fixed_rate]
+    fixed = [f"`{c.name}`" for c in CLAIMS.values() if c.arms and c.fixed_rate]
+    parts = [DOCS_INTRO.format(bracket=BRACKET, swept=", ".join(swept) or "none", fixed=", ".join(fixed) or "none"),
+             table, ""]
     for name in CLAIMS:
         rep = root / name / "report.md"
         res = root / name / "results.json"
