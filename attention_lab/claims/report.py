@@ -503,8 +503,12 @@ def plot_trends(claim: Claim, doc: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     trends = doc["trends"]
-    fig, axes = plt.subplots(1, len(trends), figsize=(4.2 * len(trends), 3.6), squeeze=False)
-    for ax, t in zip(axes[0], trends):
+    cols = min(3, len(trends))  # rows of three: six expectations are two rows, not one strip 25 inches wide
+    rows = -(-len(trends) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.6 * rows), squeeze=False)
+    for ax in axes.flat[len(trends):]:
+        ax.set_visible(False)
+    for ax, t in zip(axes.flat, trends):
         pts = [(at, c) for at, c in _per_value(doc, t) if not math.isnan(c["mean"])]
         x = [at for at, _ in pts]
         y = np.array([c["mean"] for _, c in pts])
