@@ -267,7 +267,9 @@ CLAIMS = {c.name: c for c in (
                  "whether the learned weights contextualise more than a plain average of the words before, not "
                  "whether attention contextualises at all. The trained one: the `uniform` arm, the same model "
                  "trained from the start with every head's weights uniform over the prefix (model.attention=uniform: "
-                 "its scores are 0, its q and k projections get no gradient), read as it was trained", FIXED),
+                 "its scores are 0, its q and k projections get no gradient), read as it was trained. RoPE acts only "
+                 "on q and k, so this arm has no position information at all: it averages the prefix without order, "
+                 "as the pasted control does", FIXED),
           rates=(1.0,), fixed_rate=True),
     Claim("quadratic", "the cost grows with the square of the context", (), ("bench",), (),
           "Vaswani et al. 2017 Table 1: a self-attention layer costs O(n^2 d) for n positions (a recurrent layer O(n "
