@@ -1085,6 +1085,16 @@ MUTATIONS = (
              'page = attention_lab.show(run_dir=run, text="ROMEO:\\nBut soft, what light", height=700)',
              ("tests/test_notebooks.py::test_the_notebook_runs_top_to_bottom",),
              "a notebook calls attention_lab.show with a keyword it does not take: the notebook breaks for learners"),
+    Mutation("notebook_mask_one_off", "notebooks/04_train_your_attention.py",
+             "dtype=torch.bool, device=q.device).triu(1)", "dtype=torch.bool, device=q.device).triu(2)",
+             ("tests/test_notebooks.py::test_the_notebook_runs_top_to_bottom[04_train_your_attention]",),
+             "notebook 04's attention, the one it calls correct and trains, lets each token see the next"),
+    Mutation("notebook_leaky_example_not_leaky", "notebooks/04_train_your_attention.py",
+             "    'return torch.softmax(s.masked_fill(future, float(\"-inf\")), dim=-1) @ v',",
+             "    'return torch.softmax(s.masked_fill(future, float(\"-inf\")), -1) @ v',",
+             ("tests/test_notebooks.py::test_the_notebook_runs_top_to_bottom[04_train_your_attention]",),
+             "notebook 04's leaky example edits nothing (its target text is not in the file): the 'leaky' run trains "
+             "the correct attention and the notebook blames too few steps"),
     # the two plants of issue 38's code-only round that passed the whole suite (tests/test_slipped_plants.py)
     Mutation("exercise_cache_keeps_the_padded_rows", "model/attention.py",
              "        return fn(q, k, v)[:, :, s - t:], None", "        return fn(q, k, v)[:, :, :t], None",
@@ -1238,9 +1248,14 @@ MUTATIONS = (
              ("tests/test_claims.py::test_the_log_log_slopes_interval_covers_the_true_slope_95_times_in_100",),
              "the quadratic claim's slope interval uses n - 1 degrees of freedom: too narrow, overconfident"),
     Mutation("recall_val_is_train", "data/recall.py",
-             '(("train", n_train, seed), ("val", n_val, seed + 1))', '(("train", n_train, seed), ("val", n_val, seed))',
+             "((n_train, seed), (n_val, seed + 1))", "((n_train, seed), (n_val, seed))",
              ("tests/test_recall.py::test_the_validation_examples_are_not_the_training_examples",),
              "the recall task's validation lines are its training lines: memorising passes it"),
+    Mutation("recall_measure_scores_the_first_block", "attention_lab/claims/measure.py",
+             "logits = model(xb).logits[:, d:].float()", "logits = model(xb).logits[:, :d].float()",
+             ("tests/test_recall.py::test_the_recall_measure_gives_0_bits_to_a_look_back_of_d_and_log2_symbols_to_a_window_of_k",),
+             "the recall claim's copy_bits reads the predictions of the random first block, where every model is at "
+             "chance: transformer and LSTM look alike at every distance"),
     # the second code-only round's eight not run that day (run 2026-11-26 later; docs/testing.md)
     Mutation("report_interval_level_always_95", "attention_lab/claims/report.py",
              '    conf = c.get("confidence", 0.95)', "    conf = 0.95",

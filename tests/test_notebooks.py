@@ -59,4 +59,24 @@ def test_the_notebook_runs_top_to_bottom(path, tmp_path, data_cache):
         assert any("text/html" in o.get("data", {}) and "<iframe" in o["data"]["text/html"] for o in last), (
             "attention_lab.show did not display its page inline")
         assert "config.json:" in text and "pass: attention" in text, text[-2000:]
+        leaky_example_leaks(tmp_path)
     print(f"{path.stem}: {SECONDS[path.stem]:.1f} s at {SMALL}")
+
+
+def leaky_example_leaks(folder: Path) -> None:
+    """Notebook 04's leaky example is what it says, whatever its few steps let the run say: its file is the correct
+    one with the mask after the softmax (named so by the check), and its run's honest loss is not its loss as
+    trained, which a causal attention's is to float rounding (1e-5). Planted bug: notebook_leaky_example_not_leaky
+    (the edit's target text no longer in the file: the 'leaky' run trains the correct attention)."""
+    import json
+
+    from attention_lab.exercises import check
+
+    mine, leaky = folder / "my_attention" / "attention.py", folder / "my_attention" / "leaky.py"
+    assert leaky.read_text() != mine.read_text(), "notebook 04's leaky.py is its correct attention.py unchanged"
+    r = check("attention", leaky, quiet=True)
+    assert r.mistake == "mask_after_softmax", f"notebook 04's leaky example: {r.status} / {r.mistake!r}\n{r.message}"
+    rows = [json.loads(line) for line in (folder / "runs" / "notebook_04_leaky" / "metrics.jsonl").read_text()
+            .splitlines() if "honest_loss" in line]
+    assert rows and all(abs(r["honest_loss"] - r["leaky_loss"]) > 1e-5 for r in rows), (
+        f"notebook 04's leaky run scores the same both ways, as a causal attention does: {rows}")
