@@ -7,7 +7,7 @@ every key of configs/data/*.yaml is a field here.
 from dataclasses import dataclass, field
 from typing import Optional
 
-SOURCES = ("shakespeare", "hub", "text")
+SOURCES = ("shakespeare", "hub", "text", "recall")
 TOKENIZERS = ("bpe", "char", "file")
 
 # Held out from the 42 Shakespeare works when `val_docs` is empty: one tragedy, one comedy, one history and
@@ -21,7 +21,7 @@ MIN_BPE_VOCAB = 257
 @dataclass
 class DataConfig:
     # --- where the text comes from --------------------------------------------------------------------------------
-    source: str = "shakespeare"  # shakespeare | hub | text
+    source: str = "shakespeare"  # shakespeare | hub | text | recall
     name: str = "shakespeare"  # label for the cache directory and meta.json
 
     # source=hub: anything `datasets.load_dataset` takes. `path` is a hub id (roneneldan/TinyStories) or a
@@ -43,6 +43,13 @@ class DataConfig:
 
     # source=text: paths, globs or directories (all *.txt below it); one document per file.
     files: list[str] = field(default_factory=list)
+
+    # source=recall: the delayed-copy task of data/recall.py, generated (a block of random letters, then the same
+    # block: the copy needs the token `distance` back), one example a document, always the char tokenizer.
+    distance: int = 0  # how far back the copied token is (>= 1 for source=recall)
+    symbols: int = 16  # how many letters the blocks draw from (2-26)
+    train_tokens: int = 1_000_000  # about this many training characters, in whole examples of 2 * distance + 1
+    val_examples: int = 256  # held-out examples (even ones the "choose" part, odd ones the "test" part)
 
     # --- validation split (used when val_split is None) -----------------------------------------------------------
     # Document names to hold out: Shakespeare work names (julius_caesar) or, for source=text, file stems.
@@ -108,6 +115,29 @@ class DataConfig:
             raise ValueError("data.tokenizer=file needs data.tokenizer_file (the path of a tokenizer.json)")
         if self.num_proc < 1:
             raise ValueError(f"data.num_proc={self.num_proc} must be >= 1")
+        self._check_recall()
+
+    def _check_recall(self) -> None:
+        if self.source != "recall":
+            if self.distance:
+                raise ValueError(f"data.distance={self.distance} is for source=recall (the delayed-copy task), not "
+                                 f"source={self.source}")
+            return
+        if isinstance(self.distance, bool) or not isinstance(self.distance, int) or self.distance < 1:
+            raise ValueError(f"data.distance={self.distance!r} must be an integer >= 1 for source=recall: how far "
+                             "back the copied token is, e.g. data.distance=64 (and model.block_size >= 128 to see it)")
+        if not 2 <= self.symbols <= 26:
+            raise ValueError(f"data.symbols={self.symbols} must be in 2-26 (the letters a-z)")
+        if self.train_tokens < 2 * self.distance + 1:
+            raise ValueError(f"data.train_tokens={self.train_tokens} holds no example of {2 * self.distance + 1} "
+                             f"tokens at data.distance={self.distance}")
+        if self.val_examples < 2:
+            raise ValueError(f"data.val_examples={self.val_examples} must be >= 2 (one for each held-out part)")
+        if self.tokenizer != "char":
+            raise ValueError(f"source=recall reads one token a letter: data.tokenizer=char, not {self.tokenizer}")
+        if self.files or self.val_docs:
+            raise ValueError("source=recall generates its examples and holds out its own: leave data.files and "
+                             "data.val_docs empty")
 
     @property
     def resolved_val_docs(self) -> list[str]:

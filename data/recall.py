@@ -8,6 +8,9 @@ uniform and independent of what follows it), so it is right 1 / `symbols` of the
 every model: only the copy is scored (`scored`).
 
     copy_task(n, distance, symbols, seed)  -> x (n, 2 * distance) int64 in [0, symbols), scored (2 * distance,) bool
+    as_text(x)                              -> the examples as strings of letters, one an example
+    examples(distance, n_train, n_val, ...) -> (train, val) strings: the corpus of `data.source=recall`
+                                               (data/sources.py; configs/data/recall.yaml), one example a document
     write_text(out, distance, ...)          -> text files of letters (one example a line), for `data=text` with the
                                                char tokenizer: python -m data.recall --distance 64 --out DIR
 
@@ -38,6 +41,20 @@ def copy_task(n: int, distance: int, symbols: int = 16, seed: int = 0) -> tuple[
     return x, scored
 
 
+def as_text(x: np.ndarray) -> list[str]:
+    """(n, L) symbols -> n strings of letters (symbol i is LETTERS[i])."""
+    letters = np.array(list(LETTERS))
+    return ["".join(row) for row in letters[x]]
+
+
+def examples(distance: int, n_train: int, n_val: int, symbols: int = 16, seed: int = 0) -> tuple[list[str], list[str]]:
+    """The task as letters: n_train training examples and n_val held-out ones, drawn from other seeds (seed and
+    seed + 1), so no held-out block is a training block but by chance (16^distance blocks)."""
+    if symbols > len(LETTERS):
+        raise ValueError(f"the task has {len(LETTERS)} letters for symbols, got symbols={symbols}")
+    return tuple(as_text(copy_task(n, distance, symbols, s)[0]) for n, s in ((n_train, seed), (n_val, seed + 1)))
+
+
 def write_text(out: Path, distance: int, n_train: int = 2000, n_val: int = 200, symbols: int = 16,
                seed: int = 0) -> list[Path]:
     """The task as letters, one example a line, in train.txt and val.txt under `out` (for `data=text`,
@@ -46,10 +63,9 @@ def write_text(out: Path, distance: int, n_train: int = 2000, n_val: int = 200, 
         raise ValueError(f"write_text has {len(LETTERS)} letters for symbols, got symbols={symbols}")
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, n, s in (("train", n_train, seed), ("val", n_val, seed + 1)):
-        x, _ = copy_task(n, distance, symbols, s)
+    for name, lines in zip(("train", "val"), examples(distance, n_train, n_val, symbols, seed)):
         path = out / f"{name}.txt"
-        path.write_text("\n".join("".join(LETTERS[i] for i in row) for row in x) + "\n", encoding="utf-8")
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
         paths.append(path)
     return paths
 

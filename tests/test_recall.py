@@ -95,3 +95,169 @@ def test_the_validation_examples_are_not_the_training_examples(tmp_path):
     val_lines = val.read_text().splitlines()
     seen = sum(line in train_lines for line in val_lines)
     assert seen <= 2, f"{seen} of {len(val_lines)} validation examples are training examples"
+
+
+# --- the task as a corpus (data.source=recall) and its measure (claims/measure.py recall_scores) ---------------------
+
+
+class HandSet(torch.nn.Module):
+    """A hand-set "language model" over the task's token ids: `rule(x)` -> (B, T, V) logits; it says how far it sees
+    only through what `rule` reads."""
+
+    def __init__(self, rule, vocab_size: int, block_size: int):
+        super().__init__()
+        self.rule, self.vocab_size = rule, vocab_size
+        self.config = type("Config", (), {"block_size": block_size})()
+
+    def forward(self, x):
+        return type("Output", (), {"logits": self.rule(x)})()
+
+
+def recall_part(tmp_path, distance: int, part: str = "test"):
+    """The held-out part of the prepared task at `distance`: its tokens, the separator, the letters' token ids and
+    the vocabulary size."""
+    from data.config import DataConfig
+    from data.prepare import prepare_data
+
+    cfg = DataConfig(source="recall", name="recall", tokenizer="char", distance=distance, train_tokens=4000,
+                     val_examples=64, cache_dir=str(tmp_path / "cache"))
+    data = prepare_data(cfg, log=lambda *_: None)
+    letters = [data.tokenizer.encode(c)[0] for c in "abcdefghijklmnop"]
+    return data.held_out(part).tokens, data.tokenizer.eot_id, letters, data.tokenizer.vocab_size
+
+
+def look_back_model(distance: int, vocab_size: int, block_size: int) -> HandSet:
+    """Predicts, at position t, the token at t + 1 - distance (confidently): what the copy needs."""
+    def rule(x):
+        logits = torch.zeros(*x.shape, vocab_size)
+        t = torch.arange(x.shape[1])
+        src = t + 1 - distance
+        ok = src >= 0
+        logits[:, t[ok]] = 30 * torch.nn.functional.one_hot(x[:, src[ok]], vocab_size).float()
+        return logits
+    return HandSet(rule, vocab_size, block_size)
+
+
+def window_model(k: int, letters: list[int], vocab_size: int, block_size: int, cache: bool) -> HandSet:
+    """Sees only the last k tokens: uniform over the letters (cache=False), or each letter weighted by 1 + 4 x its
+    count in the window (cache=True, a model that bets on what it just saw)."""
+    def rule(x):
+        logits = torch.full((*x.shape, vocab_size), -1e9)
+        letter_ids = torch.tensor(letters)
+        counts = torch.zeros(*x.shape, vocab_size)
+        if cache:
+            for j in range(k):  # the token j back, where there is one
+                shifted = torch.nn.functional.pad(x, (j, 0), value=-1)[:, :x.shape[1]]
+                counts += torch.nn.functional.one_hot(shifted.clamp(min=0), vocab_size) * (shifted >= 0)[..., None]
+        logits[..., letter_ids] = torch.log1p(4 * counts[..., letter_ids])
+        return logits
+    return HandSet(rule, vocab_size, block_size)
+
+
+@pytest.mark.parametrize("distance", [8, 32])
+def test_the_recall_measure_gives_0_bits_to_a_look_back_of_d_and_log2_symbols_to_a_window_of_k(tmp_path, distance):
+    from attention_lab.claims.measure import recall_scores
+
+    tokens, eot, letters, vocab = recall_part(tmp_path, distance)
+    assert (tokens == eot).sum() == 32, "64 held-out examples, every other one in the test part"
+    exact = recall_scores(look_back_model(distance, vocab, 2 * distance), tokens, eot)
+    assert exact["copy_bits"] < 1e-6 and exact["copy_accuracy"] == 1.0, \
+        f"a model that looks back exactly d={distance} tokens copies every letter, got {exact}"
+    off_by_one = recall_scores(look_back_model(distance - 1, vocab, 2 * distance), tokens, eot)
+    assert off_by_one["copy_accuracy"] < 0.2, f"looking back d - 1 is not the copy, got {off_by_one}"
+    for k in (1, distance // 2, distance - 1):
+        uniform = recall_scores(window_model(k, letters, vocab, 2 * distance, cache=False), tokens, eot)
+        assert uniform["copy_bits"] == pytest.approx(math.log2(16), abs=1e-4), \
+            f"uniform over the 16 letters is log2(16) = 4 bits a copied letter, got {uniform}"
+        bets = recall_scores(window_model(k, letters, vocab, 2 * distance, cache=True), tokens, eot)
+        n = 32 * distance
+        assert bets["copy_bits"] > math.log2(16) - 0.05, \
+            f"nothing in the last k={k} < d tokens tells the copied letter, so no bet beats 4 bits: {bets}"
+        assert bets["copy_accuracy"] < 1 / 16 + 4 * math.sqrt(1 / 16 * 15 / 16 / n), (k, bets)
+
+
+def test_the_recall_measure_refuses_a_model_that_cannot_see_the_whole_example(tmp_path):
+    from attention_lab.claims.measure import recall_scores
+
+    tokens, eot, _, vocab = recall_part(tmp_path, 8)
+    with pytest.raises(ValueError, match=r"sees 12 tokens, the delayed copy needs 16 .*model.block_size >= 16"):
+        recall_scores(look_back_model(8, vocab, 12), tokens, eot)
+    with pytest.raises(ValueError, match="examples of one even length"):
+        recall_scores(look_back_model(8, vocab, 16), np.concatenate([tokens, [3, 3, 3, eot]]), eot)
+
+
+def test_the_recall_corpus_is_aligned_examples_of_the_task(tmp_path):
+    """Every held-out example is one document of 2d letters whose second half repeats its first; the two held-out
+    parts share no example; the training text holds about data.train_tokens tokens."""
+    from data.config import DataConfig
+    from data.prepare import prepare_data
+
+    cfg = DataConfig(source="recall", name="recall", tokenizer="char", distance=5, train_tokens=1100, val_examples=10,
+                     cache_dir=str(tmp_path / "cache"))
+    data = prepare_data(cfg, log=lambda *_: None)
+    assert data.meta["train"]["tokens"] == 1100, "100 examples of 5 + 5 letters and a separator"
+    parts = {}
+    for part in ("choose", "test"):
+        tokens = data.held_out(part).tokens
+        docs = np.split(tokens, np.flatnonzero(tokens == data.tokenizer.eot_id)[:-1] + 1)
+        texts = [data.tokenizer.decode(int(t) for t in d[:-1]) for d in docs]
+        assert len(texts) == 5 and all(len(t) == 10 and t[:5] == t[5:] for t in texts), texts
+        parts[part] = set(texts)
+    assert not parts["choose"] & parts["test"]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"distance": 0}, r"data\.distance=0 must be an integer >= 1 for source=recall"),
+    ({"distance": 8, "tokenizer": "bpe"}, r"data\.tokenizer=char"),
+    ({"distance": 8, "symbols": 27}, r"data\.symbols=27 must be in 2-26"),
+    ({"distance": 8, "train_tokens": 10}, r"data\.train_tokens=10 holds no example of 17 tokens"),
+    ({"distance": 8, "val_examples": 1}, r"data\.val_examples=1 must be >= 2"),
+    ({"distance": 8, "val_docs": ["x"]}, r"leave data\.files and data\.val_docs empty"),
+])
+def test_the_recall_data_config_refuses_bad_values(overrides, message):
+    from data.config import DataConfig
+
+    with pytest.raises(ValueError, match=message):
+        DataConfig(**{"source": "recall", "name": "recall", "tokenizer": "char", **overrides})
+    with pytest.raises(ValueError, match=r"data\.distance=8 is for source=recall"):
+        DataConfig(distance=8)
+
+
+def test_a_bad_distance_at_the_entry_point_is_one_error_line(capsys):
+    """train.py composes the config inside cli.run (train._main): the same composition here, in-process."""
+    from attention_lab.runtime import cli
+    from attention_lab.training.config import compose
+
+    assert cli.run(lambda: compose(["data=recall", "data.distance=-3"]) and None) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "data.distance=-3 must be an integer >= 1 for source=recall" in errors[0], errors
+    cfg = compose(["data=recall", "data.distance=64", "model.block_size=128"])
+    assert (cfg.data.source, cfg.data.distance, cfg.data.tokenizer) == ("recall", 64, "char"), cfg.data
+
+
+def test_the_recall_claim_runs_end_to_end_quick_along_the_distance(tmp_path):
+    """`python -m attention_lab.claims recall --quick` at two of its distances (a real `train.py -m`): each run
+    trains on the task at its own distance with the whole example in view, and is scored by copy_bits on the
+    held-out examples; one comparison per distance and one trend along it."""
+    import json
+    from dataclasses import replace
+
+    from attention_lab.claims import CLAIMS, experiment, select
+
+    claim = select(CLAIMS["recall"], seeds=(1,))
+    claim = replace(claim, variable=replace(claim.variable, settings=claim.variable.settings[:2]))  # d = 8, 32
+    out = tmp_path / "recall"
+    experiment.run_claim(claim, out, quick=True, log=lambda *a: None, progress=False,
+                         overrides=(f"data.cache_dir={tmp_path / 'cache'}", "data.train_tokens=20000",
+                                    "train.peak_flops=1e11"))
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["variable"] == "distance" and sorted(set(doc["at"])) == [8, 32], doc["at"]
+    assert [c["metric"] for c in doc["comparisons"]] == ["copy_bits", "copy_bits"], doc["comparisons"]
+    assert len(doc["trends"]) == 1 and doc["trends"][0]["values"] == [8, 32], doc["trends"]
+    for arm, rows in doc["results"].items():
+        d = int(arm.rsplit("=", 1)[1])
+        cfg = json.loads((out / rows[0]["run"] / "config.json").read_text())
+        assert (cfg["data"]["source"], cfg["data"]["distance"], cfg["model"]["block_size"]) == ("recall", d, 2 * d), \
+            (arm, cfg["data"], cfg["model"]["block_size"])
+        assert cfg["model"]["arch"] == ("lstm" if arm.startswith("lstm") else "gpt"), (arm, cfg["model"])
+        assert 0 <= rows[0]["copy_bits"] and 0 <= rows[0]["copy_accuracy"] <= 1, (arm, rows[0])
