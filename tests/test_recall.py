@@ -261,3 +261,30 @@ def test_the_recall_claim_runs_end_to_end_quick_along_the_distance(tmp_path):
             (arm, cfg["data"], cfg["model"]["block_size"])
         assert cfg["model"]["arch"] == ("lstm" if arm.startswith("lstm") else "gpt"), (arm, cfg["model"])
         assert 0 <= rows[0]["copy_bits"] and 0 <= rows[0]["copy_accuracy"] <= 1, (arm, rows[0])
+
+
+def test_the_recall_claims_arms_have_equal_parameters_steps_and_tokens_and_its_notes_say_so():
+    """What the claim's notes state, read from the configs its jobs compose to: at every distance both arms see the
+    whole example (2d tokens), 4,096 tokens a step, the same steps, and parameter counts within 1% (the LSTM's width
+    matched to the transformer, at the task's vocabulary: 16 letters, the separator and the unknown character)."""
+    from attention_lab.claims import CLAIMS, runs
+    from attention_lab.claims.catalog import BASE, BASE_LR, along
+    from attention_lab.training.config import compose
+    from model import build_model
+
+    claim = along(CLAIMS["recall"])
+    notes = " ".join(claim.notes)
+    assert [v for v, _ in claim.variable.settings] == [8, 32, 128, 512]
+    by_distance: dict[int, dict] = {}
+    for arm in claim.arms:
+        cfg = compose([*BASE, *runs.job(arm, 1, BASE_LR).overrides])
+        d = cfg.data.distance
+        assert cfg.model.block_size == 2 * d, "the whole example in view"
+        assert cfg.train.batch_size * cfg.model.block_size == 4096 and "4,096 tokens a step" in notes
+        assert f"the same {cfg.train.max_steps} steps" in notes
+        with torch.device("meta"):
+            params = sum(p.numel() for p in build_model(cfg.model.network(vocab_size=18)).parameters())
+        by_distance.setdefault(d, {})[cfg.model.arch] = (params, cfg.train.max_steps, cfg.optim.lr)
+    for d, arms in by_distance.items():
+        (gpt, steps, lr), (lstm, lstm_steps, lstm_lr) = arms["gpt"], arms["lstm"]
+        assert abs(lstm - gpt) / gpt < 0.01 and steps == lstm_steps and lr == lstm_lr, (d, arms)
