@@ -1256,6 +1256,11 @@ MUTATIONS = (
              ("tests/test_recall.py::test_the_recall_measure_gives_0_bits_to_a_look_back_of_d_and_log2_symbols_to_a_window_of_k",),
              "the recall claim's copy_bits reads the predictions of the random first block, where every model is at "
              "chance: transformer and LSTM look alike at every distance"),
+    Mutation("recall_distance_not_varied", "attention_lab/claims/catalog.py",
+             'f"data.distance={d}"', '"data.distance=8"',
+             ("tests/test_recall.py::test_the_recall_claims_arms_have_equal_parameters_steps_and_tokens_and_its_notes_say_so",),
+             "every value of the recall claim's distance trains on the task at d = 8 (only the context grows): the "
+             "LSTM's fall along the distance is never tested"),
     # the second code-only round's eight not run that day (run 2026-11-26 later; docs/testing.md)
     Mutation("report_interval_level_always_95", "attention_lab/claims/report.py",
              '    conf = c.get("confidence", 0.95)', "    conf = 0.95",
