@@ -235,15 +235,26 @@ def test_a_bad_distance_at_the_entry_point_is_one_error_line(capsys):
     assert (cfg.data.source, cfg.data.distance, cfg.data.tokenizer) == ("recall", 64, "char"), cfg.data
 
 
-def test_the_recall_claim_runs_end_to_end_quick_along_the_distance(tmp_path):
+def test_the_recall_claim_runs_end_to_end_quick_along_the_distance(tmp_path, monkeypatch):
     """`python -m attention_lab.claims recall --quick` at two of its distances (a real `train.py -m`): each run
     trains on the task at its own distance with the whole example in view, and is scored by copy_bits on the
-    held-out examples; one comparison per distance and one trend along it."""
+    held-out examples of its own distance (not those of the first run measured); one comparison per distance and
+    one trend along it."""
     import json
     from dataclasses import replace
+    from pathlib import Path
 
     from attention_lab.claims import CLAIMS, experiment, select
 
+    scored = {}  # run folder -> the length of the held-out examples it was scored on
+    real_measure = experiment.measure
+
+    def spy(claim, run_dir, held, quick):
+        ends = np.flatnonzero(held.part.tokens == held.part.tokens[-1])  # the separator ends the part
+        scored[run_dir.name] = int(ends[1] - ends[0] - 1)
+        return real_measure(claim, run_dir, held, quick)
+
+    monkeypatch.setattr(experiment, "measure", spy)
     claim = select(CLAIMS["recall"], seeds=(1,))
     claim = replace(claim, variable=replace(claim.variable, settings=claim.variable.settings[:2]))  # d = 8, 32
     out = tmp_path / "recall"
@@ -260,6 +271,7 @@ def test_the_recall_claim_runs_end_to_end_quick_along_the_distance(tmp_path):
         assert (cfg["data"]["source"], cfg["data"]["distance"], cfg["model"]["block_size"]) == ("recall", d, 2 * d), \
             (arm, cfg["data"], cfg["model"]["block_size"])
         assert cfg["model"]["arch"] == ("lstm" if arm.startswith("lstm") else "gpt"), (arm, cfg["model"])
+        assert scored[Path(rows[0]["run"]).name] == 2 * d, f"{arm} scored on examples of another distance: {scored}"
         assert 0 <= rows[0]["copy_bits"] and 0 <= rows[0]["copy_accuracy"] <= 1, (arm, rows[0])
 
 

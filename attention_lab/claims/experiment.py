@@ -31,6 +31,7 @@ from attention_lab.claims.measure import LENGTHS, Held, measure
 from attention_lab.claims.runs import Runner, job, mean_minutes, minutes_or_seconds
 from attention_lab.claims.trained import DIVERGED_RULE, metrics_of
 from attention_lab.store.checkpoint import load_checkpoint
+from attention_lab.training.evaluate import data_dir_of
 
 
 def select(claim: Claim, seeds: tuple[int, ...] | None = None, arms: tuple[str, ...] | None = None,
@@ -87,13 +88,16 @@ def run_claim(claim: Claim, out: Path, quick: bool = False, overrides: tuple[str
         + f"); about {minutes_or_seconds(n_runs * runner.estimate())} at {runner.estimate():.0f} s a run before "
         "any is reused")
 
-    held: dict[str, Held] = {}
+    held: dict[tuple, Held] = {}
 
-    def part(name: str, any_dir: Path) -> Held:
-        if name not in held:
-            block = load_checkpoint(any_dir, "latest").config.block_size
-            held[name] = Held.of(any_dir, name, block, 8 if quick else (64 if name == "choose" else 256))
-        return held[name]
+    def part(name: str, run_dir: Path) -> Held:
+        """The run's own held-out part: one per data and context, since a claim's variable may change either (the
+        recall claim's distance changes both)."""
+        block = load_checkpoint(run_dir, "latest").config.block_size
+        key = (name, data_dir_of(run_dir, run_dir).resolve(), block)
+        if key not in held:
+            held[key] = Held.of(run_dir, name, block, 8 if quick else (64 if name == "choose" else 256))
+        return held[key]
 
     # 1-2. the sweep, and the arms that keep their own rate, in one multirun; each swept arm's rate chosen
     sweep_jobs = {(a.name, r, s): job(a, s, BASE_LR * r) for a in claim.arms if a.sweep and sweeping
