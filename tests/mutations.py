@@ -1261,6 +1261,11 @@ MUTATIONS = (
              ("tests/test_recall.py::test_the_recall_claims_arms_have_equal_parameters_steps_and_tokens_and_its_notes_say_so",),
              "every value of the recall claim's distance trains on the task at d = 8 (only the context grows): the "
              "LSTM's fall along the distance is never tested"),
+    Mutation("held_part_shared_across_data", "attention_lab/claims/experiment.py",
+             "key = (name, data_dir_of(run_dir, run_dir).resolve(), block)", "key = name",
+             ("tests/test_recall.py::test_the_recall_claim_runs_end_to_end_quick_along_the_distance",),
+             "every run of a claim is scored on the first measured run's held-out part: along the recall claim's "
+             "distance, each model is scored on the shortest distance's examples"),
     # the second code-only round's eight not run that day (run 2026-11-26 later; docs/testing.md)
     Mutation("report_interval_level_always_95", "attention_lab/claims/report.py",
              '    conf = c.get("confidence", 0.95)', "    conf = 0.95",
