@@ -727,6 +727,23 @@ def test_an_arm_whose_time_is_a_budget_is_trained_here_not_copied(tmp_path, monk
     assert runs.finished(tmp_path / "other" / "runs" / same.name), "an arm nobody times is copied from its twin"
 
 
+def test_a_twin_trained_under_the_same_launcher_is_copied(tmp_path, monkeypatch):
+    """Under joblib every run's config holds train.num_threads=1 (the launcher's setting): a run another claim
+    trained under the same launcher is found and copied, not trained again."""
+    joblib = ("hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "train.num_threads=1")
+    overrides = [*BASE, *QUICK, "train.seed=1"]
+    sibling = tmp_path / "qk" / "runs" / "separate-s1"
+    sibling.mkdir(parents=True)
+    (sibling / "config.json").write_text(json.dumps(runs.resolved([*overrides, "train.num_threads=1"])))
+    (sibling / runs.DONE).write_text(json.dumps({"seconds": 1.0, "launch": runs.launch_of(joblib)}))
+    runner = runs.Runner(tmp_path / "mask", "mask", (*BASE, *QUICK), joblib, progress=False, log=lambda *_: None)
+    launched = []
+    monkeypatch.setattr(runner, "_launch", lambda todo: launched.extend(todo))
+    runner.train([runs.Job("before_softmax", 1, None, ("train.seed=1",))])
+    assert launched == [], "the same run under the same launcher is copied"
+    assert runs.finished(tmp_path / "mask" / "runs" / "before_softmax-s1")
+
+
 def test_the_rnn_claim_trains_its_own_transformer_though_another_claim_has_its_twin(tmp_path, data_cache,
                                                                                       monkeypatch):
     """The transformer's mean wall time is the equal-time LSTM's budget: every transformer run of the rnn claim,

@@ -87,6 +87,12 @@ class Runner:
         """How this runner's runs are launched, as claims_done.json records it and a twin must match."""
         return launch_of(self.launcher)
 
+    @property
+    def run_values(self) -> list[str]:
+        """The launcher's settings that reach each run's config (train.num_threads=1 under joblib): a twin's
+        config.json holds them, so the config it is compared with must too."""
+        return [o for o in self.launcher if not o.startswith("hydra")]
+
     def run_dir(self, j: Job) -> Path:
         return self.out / "runs" / j.name
 
@@ -101,8 +107,8 @@ class Runner:
             run_dir = self.run_dir(j)
             if finished(run_dir):
                 continue
-            twin = None if j.arm in self.timed else finished_twin(self.out, self.overrides(j), skip=run_dir,
-                                                                   launch=self.launch)
+            twin = None if j.arm in self.timed else finished_twin(self.out, [*self.overrides(j), *self.run_values],
+                                                                   skip=run_dir, launch=self.launch)
             if twin is not None:  # the same run, trained for another claim: copied, so this claim's folder is whole
                 self.log(f"  {j.name}: the same run as {twin}, copied")
                 shutil.copytree(twin, run_dir, dirs_exist_ok=True)
