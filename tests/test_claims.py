@@ -577,7 +577,10 @@ def test_each_claim_runs_end_to_end_quick(name, tmp_path, data_cache):
         assert "## Samples" in text
     if name == "rnn":  # the equal-time arm trains on a budget, so assert what it did, never how long it took
         assert doc["results"]["lstm equal time"][0]["step"] >= 1
-        assert doc["rates"]["lstm equal time"] == doc["rates"]["lstm"]
+        from attention_lab.claims.catalog import RNN_RATES
+
+        assert doc["results"]["lstm equal time"][0]["lr"] == pytest.approx(RNN_RATES["lstm"]), "the LSTM's own rate"
+        assert doc["results"]["transformer"][0]["lr"] == pytest.approx(RNN_RATES["transformer"])
         from attention_lab.claims.trained import metrics_of
 
         transformer = metrics_of(tmp_path / name / doc["results"]["transformer"][0]["run"])["seconds"]
@@ -748,10 +751,13 @@ def test_the_rnn_claim_trains_its_own_transformer_though_another_claim_has_its_t
                                                                                       monkeypatch):
     """The transformer's mean wall time is the equal-time LSTM's budget: every transformer run of the rnn claim,
     the sweep's and the later seeds', is trained beside the LSTM's, never copied from qk's identical base arm."""
-    _quick(tmp_path, "qk", data_cache, ("separate",), seeds=(1, 2))
+    from attention_lab.claims.catalog import RNN_RATES
+
+    _, _, qk = _quick(tmp_path, "qk", data_cache, ("separate",), seeds=(1, 2), rates=(RNN_RATES["transformer"] / BASE_LR,))
+    assert qk["results"]["separate"][0]["lr"] == pytest.approx(RNN_RATES["transformer"]), "qk's twin of the transformer"
     claim, _, doc = _quick(tmp_path, "rnn", data_cache, ("transformer", "lstm equal time"), seeds=(1, 2))
     trained = doc["runs_trained"]
-    assert trained == 6, f"transformer, lstm and lstm equal time, seeds 1 and 2, all trained here: {trained}"
+    assert trained == 4, f"transformer and lstm equal time, seeds 1 and 2, all trained here: {trained}"
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -232,6 +232,11 @@ def diverged_section(claim: Claim, doc: dict) -> list[str]:
 
 def common_section(claim: Claim, doc: dict) -> list[str]:
     """The common-rate verdict: every swept arm at one rate, the same seeds: does the verdict hang on the rates?"""
+    if doc.get("rate_rule", "swept") != "swept" and _own_rates(doc) and \
+            all(v is None for v in doc.get("rates", {}).values()):
+        return ["## Rates", "", f"No sweep: each arm trained at a rate of its own fixed in advance ({_own_rates(doc)}; "
+                "the notes above say where each comes from), so there is no common-rate verdict: the arms' rates "
+                "differ by design.", ""]
     if doc.get("rate_rule", "swept") != "swept":
         return ["## Rates", "", f"No sweep: every arm that is not about its rate trained at {doc['common_rate']:g}, "
                 "a rate fixed in advance (one rate and no bracketing), so the verdict above is already the "
@@ -388,8 +393,17 @@ def _launch(doc: dict) -> str:
     return f" ({launch['threads']} thread{'s' * (launch['threads'] != 1)} a run, torch {launch['torch']})" if launch else ""
 
 
+def _own_rates(doc: dict) -> str:
+    """The arms that trained at the rate their overrides name (doc["rates"] None), as "arm at rate"."""
+    own = [(arm, sorted({r["lr"] for r in rows})) for arm, rows in doc["results"].items()
+           if doc.get("rates", {}).get(arm, 0) is None and rows]
+    return ", ".join(f"{arm} at {'/'.join(f'{lr:g}' for lr in lrs)}" for arm, lrs in own)
+
+
 def _rates_said(doc: dict) -> str:
     if doc.get("rate_rule") == "fixed in advance":
+        if _own_rates(doc) and all(v is None for v in doc.get("rates", {}).values()):
+            return f"Every arm trained at a rate of its own fixed in advance (no sweep): {_own_rates(doc)}. "
         return f"Every arm that is not about its rate trained at {doc['common_rate']:g}, fixed in advance (no sweep). "
     seeds = ", ".join(map(str, doc.get("sweep_seeds", [])))
     return (f"The rate of each arm was chosen on the choose plays ({', '.join(doc['split']['choose'])}) by sweep "
