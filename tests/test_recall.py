@@ -273,6 +273,7 @@ def test_the_recall_claim_runs_end_to_end_quick_along_the_distance(tmp_path, mon
         assert cfg["model"]["arch"] == ("lstm" if arm.startswith("lstm") else "gpt"), (arm, cfg["model"])
         assert scored[Path(rows[0]["run"]).name] == 2 * d, f"{arm} scored on examples of another distance: {scored}"
         assert 0 <= rows[0]["copy_bits"] and 0 <= rows[0]["copy_accuracy"] <= 1, (arm, rows[0])
+        assert rows[0]["step"] == 24, "--quick's steps beat the claim's own 1,000"
 
 
 def test_the_recall_claims_arms_have_equal_parameters_steps_and_tokens_and_its_notes_say_so():
@@ -289,11 +290,11 @@ def test_the_recall_claims_arms_have_equal_parameters_steps_and_tokens_and_its_n
     assert [v for v, _ in claim.variable.settings] == [8, 32, 128, 512]
     by_distance: dict[int, dict] = {}
     for arm in claim.arms:
-        cfg = compose([*BASE, *runs.job(arm, 1, BASE_LR).overrides])
+        cfg = compose([*BASE, *claim.overrides, *runs.job(arm, 1, BASE_LR).overrides])
         d = cfg.data.distance
         assert cfg.model.block_size == 2 * d, "the whole example in view"
         assert cfg.train.batch_size * cfg.model.block_size == 4096 and "4,096 tokens a step" in notes
-        assert f"the same {cfg.train.max_steps} steps" in notes
+        assert f"the same {cfg.train.max_steps:,} steps" in notes and cfg.train.max_steps == 1000
         with torch.device("meta"):
             params = sum(p.numel() for p in build_model(cfg.model.network(vocab_size=18)).parameters())
         by_distance.setdefault(d, {})[cfg.model.arch] = (params, cfg.train.max_steps, cfg.optim.lr)
