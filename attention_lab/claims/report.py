@@ -30,7 +30,8 @@ UNITS = {"bpb": "bits/byte", "honest_bpb": "bits/byte (honest: every later token
          "max_weight": "in the mean largest attention weight of a row", "saturated_rows": "in the share of rows whose "
          "largest weight is above 0.99", "log10_score_grad": "powers of ten in the gradient reaching the softmax's "
          "input (RMS per prediction; trained)", "log10_score_grad_init": "powers of ten in the gradient reaching the "
-         "softmax's input (RMS per prediction; untrained, the run's seed)"}
+         "softmax's input (RMS per prediction; untrained, the run's seed)",
+         "copy_bits": "bits per copied symbol (the copy half of held-out examples)"}
 LEGEND = {"leaky_bpb": "as trained: the whole window in view", "honest_bpb": "honest: every later token cut off",
           "bpb": "bits/byte on the test plays"}
 
@@ -48,6 +49,12 @@ def write_text(path: Path, text: str) -> None:
 
 def _f(v: float, digits: int = 4) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
+
+
+def _docs(names: list[str]) -> str:
+    """A held-out part's documents by name when they are few (the plays), by count when many (the recall task's
+    examples, one document each)."""
+    return ", ".join(names) if len(names) <= 6 else f"{len(names)} held-out documents"
 
 
 def _p(p: float) -> str:
@@ -288,7 +295,7 @@ def sweep_table(claim: Claim, doc: dict) -> str:
     sweep_seeds = doc.get("sweep_seeds", [1])
     which = (f"the mean of seeds {', '.join(map(str, sweep_seeds))} (each in brackets)" if len(sweep_seeds) > 1
              else f"seed {sweep_seeds[0]}")
-    text = (f"The sweep: {metric} on the choose plays ({', '.join(doc['split']['choose'])}), final checkpoint, "
+    text = (f"The sweep: {metric} on the choose plays ({_docs(doc['split']['choose'])}), final checkpoint, "
             f"{which}; bold: the rate the arm's verdict seeds then trained at, the best among the rates at which no "
             "sweep run diverged.")
     if doc.get("bracket"):
@@ -361,7 +368,7 @@ def render(claim: Claim, out: Path) -> Path:
               f"{' '.join(doc['launcher']) or 'basic'}{_launch(doc)}. Verdict seeds "
               f"{', '.join(map(str, doc['seeds']))} per arm, paired (seed s: the same initialisation stream, batches "
               f"and test windows in every arm). " + _rates_said(doc) + "Every number below is the "
-              f"final checkpoint scored on the test plays ({', '.join(doc['split']['test'])}), which no choice read. "
+              f"final checkpoint scored on the test plays ({_docs(doc['split']['test'])}), which no choice read. "
               f"This run trained {n_runs} run{'s' * (n_runs != 1)} and reused the rest; it took "
               f"{doc['minutes']:.1f} min in all." + _cost(doc), ""]
     lines += [f"- {n}" for n in claim.notes] + ([""] if claim.notes else [])
@@ -406,7 +413,7 @@ def _rates_said(doc: dict) -> str:
             return f"Every arm trained at a rate of its own fixed in advance (no sweep): {_own_rates(doc)}. "
         return f"Every arm that is not about its rate trained at {doc['common_rate']:g}, fixed in advance (no sweep). "
     seeds = ", ".join(map(str, doc.get("sweep_seeds", [])))
-    return (f"The rate of each arm was chosen on the choose plays ({', '.join(doc['split']['choose'])}) by sweep "
+    return (f"The rate of each arm was chosen on the choose plays ({_docs(doc['split']['choose'])}) by sweep "
             f"seeds {seeds}, which are not verdict seeds. ")
 
 
@@ -517,12 +524,25 @@ def plot_trends(claim: Claim, doc: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     trends = doc["trends"]
-    cols = min(3, len(trends))  # rows of three: six expectations are two rows, not one strip 25 inches wide
-    rows = -(-len(trends) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.6 * rows), squeeze=False)
-    for ax in axes.flat[len(trends):]:
+    cols = 2 * min(2, len(trends))  # per expectation two panels, the difference and each arm; two pairs a row
+    rows = -(-2 * len(trends) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.9 * cols, 3.4 * rows), squeeze=False)
+    for ax in axes.flat[2 * len(trends):]:
         ax.set_visible(False)
-    for ax, t in zip(axes.flat, trends):
+    for ax, t in zip(axes.flat[1::2], trends):  # each arm's own number along the variable: which arm moves
+        for arm in (t["better"], t["worse"]):
+            pts = [(v, [r[t["metric"]] for r in doc["results"].get(f"{arm}, {t['variable']}={v:g}", [])
+                        if r.get(t["metric"]) is not None]) for v in t["values"]]
+            pts = [(v, np.mean(ys), np.std(ys)) for v, ys in pts if ys]
+            if pts:
+                ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o",
+                            capsize=3, label=arm)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(t["variable"])
+        ax.set_ylabel(t["metric"], fontsize=8)
+        ax.set_title("each arm (mean ± sd over seeds)", fontsize=9)
+        ax.legend(fontsize=7)
+    for ax, t in zip(axes.flat[0::2], trends):
         pts = [(at, c) for at, c in _per_value(doc, t) if not math.isnan(c["mean"])]
         x = [at for at, _ in pts]
         y = np.array([c["mean"] for _, c in pts])
