@@ -336,10 +336,12 @@ def verdict_summary(doc: dict) -> str:
         interval = "" if math.isnan(c["low"]) else f" [{c['low']:+.3f}, {c['high']:+.3f}]"
         parts.append(f"{what}: **{c['verdict']}** {c['mean']:+.3f}{interval}")
     axis = doc.get("axis") or {}
-    for t in axis.get("trends", []):  # along a measured axis: the trend's word and slope
+    for t, pv in zip(axis.get("trends", []), axis.get("per_value", [])):  # along a measured axis: word, slope, each
         if not math.isnan(t["slope"]):
+            each = "/".join(c["verdict"] for _, c in pv)
             parts.append(f"{t['worse']} vs {t['better']} along {t['variable']}: **{t['verdict']}** "
-                         f"{t['slope']:+.3f}/doubling [{t['low']:+.3f}, {t['high']:+.3f}]")
+                         f"{t['slope']:+.3f}/doubling [{t['low']:+.3f}, {t['high']:+.3f}]; at "
+                         f"{'/'.join(f'{v:g}' for v, _ in pv)}: {each}")
     return "; ".join(parts) if parts else doc.get("summary", "")
 
 
