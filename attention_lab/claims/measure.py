@@ -26,6 +26,7 @@ from attention_lab.interp.measures import (
     score_gradient,
 )
 from attention_lab.interp.roles import role_scores
+from attention_lab.runtime.device import eval_mode
 from attention_lab.store.checkpoint import CheckpointError, load_checkpoint
 from attention_lab.training.evaluate import data_dir_of, split_nats
 from data.batches import windows
@@ -217,8 +218,6 @@ def recall_scores(model, tokens: np.ndarray, eot: int, batch_size: int = 16) -> 
         copy_accuracy  the share of copied letters that are the model's most likely token (1 / symbols: chance)
 
     tokens: a held-out part (examples separated by `eot`), every example 2d long; the model must see all 2d."""
-    from attention_lab.runtime.device import eval_mode  # here, so that this measure is one addition to the file
-
     ends = np.flatnonzero(np.asarray(tokens) == eot)
     starts = np.concatenate([[0], ends[:-1] + 1])
     docs = [np.asarray(tokens[a:b], dtype=np.int64) for a, b in zip(starts, ends)]
@@ -234,7 +233,7 @@ def recall_scores(model, tokens: np.ndarray, eot: int, batch_size: int = 16) -> 
     y = torch.from_numpy(np.stack(docs))  # (n, 2d): the targets
     x = torch.cat([torch.full((len(y), 1), eot), y[:, :-1]], dim=1)  # (n, 2d): the separator, then all but the last
     nats, hits = [], []
-    with eval_mode(model):
+    with eval_mode(model), torch.no_grad():
         for xb, yb in zip(x.split(batch_size), y.split(batch_size)):
             logits = model(xb).logits[:, d:].float()  # (b, d, V): the predictions of the copied letters only
             nats.append(torch.nn.functional.cross_entropy(logits.transpose(1, 2), yb[:, d:], reduction="none"))
