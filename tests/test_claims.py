@@ -285,7 +285,11 @@ def test_the_matched_tied_arm_has_exactly_the_separate_arms_parameter_count():
 
 def test_select_keeps_the_arms_an_arm_needs_and_names_unknown_ones():
     c = select(CLAIMS["rnn"], seeds=(1, 2), arms=("lstm equal time",))
-    assert [a.name for a in c.arms] == ["transformer", "lstm", "lstm equal time"] and c.seeds == (1, 2)
+    assert [a.name for a in c.arms] == ["transformer", "lstm equal time"] and c.seeds == (1, 2), "its time budget"
+    from attention_lab.claims.catalog import Arm, Claim
+
+    chain = Claim("x", "s", (Arm("a"), Arm("b", rate_of="a"), Arm("c", after="b"), Arm("d")), (), (), "p")
+    assert [a.name for a in select(chain, arms=("c",)).arms] == ["a", "b", "c"], "the budget's arm and its rate's"
     with pytest.raises(ValueError, match="has no arm"):
         select(CLAIMS["qk"], arms=("nonsense",))
     with pytest.raises(ValueError, match="distinct"):
@@ -841,6 +845,82 @@ def test_the_gradient_at_the_scores_vanishes_when_the_softmax_saturates():
             assert score_gradient(m, x.repeat(2, 1), y.repeat(2, 1)) == pytest.approx(grads[-1], rel=1e-4), \
                 "per prediction: more windows of the same kind give the same number"
     assert grads == sorted(grads, reverse=True) and grads[-1] < grads[0] / 20, grads
+
+
+def test_the_gradient_at_the_scores_is_the_rms_over_the_keys_each_query_sees():
+    """Against a written-out reference: the scores' gradient read on the math path, times the B T predictions, its
+    RMS over (query i >= 1, key j <= i) only: hidden keys and the first query (one key) get no gradient and would
+    only dilute it."""
+    from attention_lab.interp.measures import score_gradient
+
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32, attn_backend="math"))
+    x = torch.randint(0, 64, (3, 16), generator=torch.Generator().manual_seed(1))
+    y = torch.roll(x, -1, 1)
+    kept = []
+
+    def keep(scores):
+        scores.retain_grad()
+        kept.append(scores)
+        return scores
+
+    from model.hooks import hooked
+
+    with hooked(m, edits={f"h.{i}.attn.hook_scores": keep for i in range(2)}):
+        m(x, y).loss.backward()
+    m.zero_grad(set_to_none=True)
+    entries = [g * x.numel() for s in kept for g in
+               (s.grad[:, :, i, j] for i in range(1, 16) for j in range(i + 1))]
+    want = torch.stack(entries).pow(2).mean().sqrt().item()
+    assert score_gradient(m, x, y) == pytest.approx(want, rel=1e-5)
+
+
+def test_the_untrained_gradient_is_the_run_s_config_initialised_under_its_seed(tmp_path):
+    """log10_score_grad_init reads a fresh model of the run's config drawn under the run's seed: the same number for
+    the same seed whatever the trained weights, another for another seed, and not the trained model's number."""
+    from attention_lab.interp.measures import score_gradient
+
+    cfg = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=32)
+    x = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
+    y = torch.roll(x, -1, 1)
+    trained = GPT(cfg)
+    with torch.no_grad():
+        for p in trained.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    got = {}
+    for seed in (7, 8):
+        (tmp_path / "config.json").write_text(json.dumps({"train": {"seed": seed}}))
+        torch.manual_seed(seed)
+        want = math.log10(score_gradient(GPT(cfg), x, y))
+        torch.manual_seed(123)  # whatever the state before, the seed decides
+        got[seed] = measure.score_gradients(trained, tmp_path, x, y)
+        assert got[seed]["log10_score_grad_init"] == pytest.approx(want, abs=1e-9), seed
+    assert got[7]["log10_score_grad_init"] != got[8]["log10_score_grad_init"]
+    assert got[7]["log10_score_grad"] == got[8]["log10_score_grad"] != got[7]["log10_score_grad_init"]
+
+
+def test_the_report_names_each_arm_s_own_rate_or_the_common_one():
+    rows = lambda lr: [{"lr": lr}]  # noqa: E731
+    own = {"rate_rule": "fixed in advance", "common_rate": 0.003, "rates": {"transformer": None, "lstm": None},
+           "results": {"transformer": rows(0.009), "lstm": rows(0.243)}}
+    said = report._rates_said(own)
+    assert "a rate of its own" in said and "transformer at 0.009" in said and "lstm at 0.243" in said, said
+    assert "no common-rate verdict" in " ".join(report.common_section(CLAIMS["rnn"], own))
+    mixed = own | {"rates": {"transformer": None, "lstm": 0.003}, "results": {"transformer": rows(0.009),
+                                                                              "lstm": rows(0.003)}}
+    assert "that is not about its rate trained at 0.003" in report._rates_said(mixed)
+    assert "that is not about its rate trained at 0.003" in " ".join(report.common_section(CLAIMS["rnn"], mixed))
+
+
+def test_the_trend_plot_draws_each_arm_along_the_variable():
+    t = {"better": "sqrt", "worse": "none", "metric": "bpb", "variable": "d_k", "values": [8, 32]}
+    results = {f"{arm}, d_k={v}": [{"bpb": base + v / 100 + s / 10} for s in (0, 1)]
+               for arm, base in (("sqrt", 2.0), ("none", 3.0)) for v in (8, 32)}
+    series = report.arm_series({"results": results}, t)
+    assert set(series) == {"sqrt", "none"}, "both arms, not one"
+    assert [v for v, _, _ in series["none"]] == [8, 32]
+    assert [m for _, m, _ in series["none"]] == pytest.approx([3.13, 3.37])
+    assert [sd for _, _, sd in series["sqrt"]] == pytest.approx([0.05, 0.05])
 
 
 def test_the_log_log_slope_of_a_cost_and_its_interval():

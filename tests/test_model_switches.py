@@ -435,6 +435,16 @@ def test_qk_init_unit_reaches_linear_attention_q_and_k_rows():
     assert abs(w[2 * 64 :].std().item() - 0.02) < 0.004, "linear attention's v rows keep GPT-2's 0.02"
 
 
+def test_qk_init_unit_with_grouped_query_heads_draws_q_and_k_rows_only():
+    """4 query heads, 2 key/value heads of 32: c_attn's rows are [q: 128 | k: 64 | v: 64]; unit init reaches the
+    first 192 rows and leaves the 64 value rows at GPT-2's 0.02."""
+    torch.manual_seed(0)
+    w = GPT(config(n_embd=128, n_head=4, n_kv_head=2, n_layer=1, qk_init="unit")).transformer.h[0].attn.c_attn.weight
+    assert w.shape[0] == 256
+    assert 0.9 < w[:192].std().item() * math.sqrt(128) < 1.1, "q and k rows: N(0, 1/C)"
+    assert abs(w[192:].std().item() - 0.02) < 0.002, "the value rows keep 0.02"
+
+
 # ----------------------------------------------------------------------------- attention="uniform" (the control)
 
 

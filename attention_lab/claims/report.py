@@ -517,6 +517,17 @@ def plot(claim: Claim, results: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def arm_series(doc: dict, t: dict) -> dict[str, list[tuple[float, float, float]]]:
+    """For one trend: each of its two arms' (value, mean, sd over seeds) of the trend's metric along the variable,
+    from the arm's runs at each value (diverged seeds without the number left out)."""
+    out = {}
+    for arm in (t["better"], t["worse"]):
+        pts = [(v, [r[t["metric"]] for r in doc["results"].get(f"{arm}, {t['variable']}={v:g}", [])
+                    if r.get(t["metric"]) is not None]) for v in t["values"]]
+        out[arm] = [(v, float(np.mean(ys)), float(np.std(ys))) for v, ys in pts if ys]
+    return out
+
+
 def plot_trends(claim: Claim, doc: dict, path: Path) -> None:
     """Per expectation: the paired difference at each value of the variable, with the interval its verdict was
     read from, against the variable (log scale); the trend's slope in the title."""
@@ -532,10 +543,7 @@ def plot_trends(claim: Claim, doc: dict, path: Path) -> None:
     for ax in axes.flat[2 * len(trends):]:
         ax.set_visible(False)
     for ax, t in zip(axes.flat[1::2], trends):  # each arm's own number along the variable: which arm moves
-        for arm in (t["better"], t["worse"]):
-            pts = [(v, [r[t["metric"]] for r in doc["results"].get(f"{arm}, {t['variable']}={v:g}", [])
-                        if r.get(t["metric"]) is not None]) for v in t["values"]]
-            pts = [(v, np.mean(ys), np.std(ys)) for v, ys in pts if ys]
+        for arm, pts in arm_series(doc, t).items():
             if pts:
                 ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o",
                             capsize=3, label=arm)
