@@ -66,6 +66,7 @@ def fake_training(monkeypatch):
     monkeypatch.setattr(experiment, "load_checkpoint", lambda run, which="latest": SimpleNamespace(
         config=SimpleNamespace(block_size=32)))
     monkeypatch.setattr(experiment, "Held", SimpleNamespace(of=lambda run, part, block, n: held))
+    monkeypatch.setattr(experiment, "data_dir_of", lambda run, at: Path("data"))  # one data folder for every fake run
     monkeypatch.setattr(experiment, "measure", measure)
     monkeypatch.setattr(report, "plot", lambda *a: None)
     return best, trained
