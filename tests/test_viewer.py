@@ -650,17 +650,22 @@ def _strip_alphas(driver) -> np.ndarray:
     return np.array([[alpha(c) for c in row] for row in colours])
 
 
-def test_the_head_views_colours_follow_the_query_under_the_pointer(browser, sampled_page):
-    """Pointer on one query, then on another: each key's head colours show the second query's weights (opacity
-    sqrt(w), to the page's 8-bit level), later tokens none, not what the first query left there."""
+def _head_view_at_last_layer(browser, sampled_page):
+    """The sampled page open, its head view on the last layer -> (weights, the token elements, that layer)."""
     from selenium.webdriver.support.ui import Select
 
     path, weights = sampled_page
-    n_layer, n_head, t, _ = weights.shape
     open_page(browser, path)
-    toks = css(browser, "#tokens .tok")
-    layer = n_layer - 1
+    layer = weights.shape[0] - 1
     Select(css(browser, "#hv-layer")[0]).select_by_value(str(layer))
+    return weights, css(browser, "#tokens .tok"), layer
+
+
+def test_the_head_views_colours_follow_the_query_under_the_pointer(browser, sampled_page):
+    """Pointer on one query, then on another: each key's head colours show the second query's weights (opacity
+    sqrt(w), to the page's 8-bit level), later tokens none, not what the first query left there."""
+    weights, toks, layer = _head_view_at_last_layer(browser, sampled_page)
+    n_layer, n_head, t, _ = weights.shape
     for first, second in ((t - 1, t // 2), (t // 2, t - 2)):
         hover(browser, toks[first])
         hover(browser, toks[second])
@@ -844,14 +849,8 @@ def test_the_head_view_draws_lines_from_the_query_to_its_keys_with_the_weight_as
                                                                                            capsys):
     """As bertviz does: the token under the pointer sends a line to each key it attends, one per shown head in the
     head's colour, the weight its opacity (to the page's 8-bit level); none to later tokens; the canvas shows them."""
-    from selenium.webdriver.support.ui import Select
-
-    path, weights = sampled_page
+    weights, toks, layer = _head_view_at_last_layer(browser, sampled_page)
     n_layer, n_head, t, _ = weights.shape
-    open_page(browser, path)
-    toks = css(browser, "#tokens .tok")
-    layer = n_layer - 1
-    Select(css(browser, "#hv-layer")[0]).select_by_value(str(layer))
     for q in (t - 1, t // 2):
         hover(browser, toks[q])
         lines = browser.execute_script("return window.sampleView.explorer.lines")
