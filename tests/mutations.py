@@ -1429,6 +1429,13 @@ MUTATIONS = (
              "(out[1] if eager[0] else None)", "None",
              ("tests/test_transformer_lens.py::test_the_weights_an_export_returns_through_the_bridge_are_its_pattern",),
              "an export's blocks called through the TransformerLens bridge return no attention weights"),
+    # issue 45: four more a code-only round got through the whole suite
+    Mutation("lab_panel_keyed_by_text_alone", "attention_lab/lab/app.py",
+             "    return (id(lm), req.text, json.dumps(req.interventions, sort_keys=True))",
+             "    return (id(lm), req.text)",
+             ("tests/test_lab_server.py::test_the_panel_after_an_analysis_of_the_same_text_with_other_interventions_is_the_edited_pass",),
+             "the lab keeps its analysis by the text alone: a learner who zeroes a head and steps inside, after the "
+             "maps of the same text without the edit, sees the unedited pass's shares, lens and q, k, v"),
 )
 
 

@@ -1314,6 +1314,35 @@ def test_the_panel_apart_is_the_analysis_own_and_its_qkv_float32_bytes(client):
                 assert np.array_equal(got[i], want), f"/api/qkv {name} differs from the analysis' ({interventions})"
 
 
+def test_the_panel_after_an_analysis_of_the_same_text_with_other_interventions_is_the_edited_pass(client):
+    """A learner zeroes a head and steps inside, after the maps of the same text came without the edit: the panel
+    (POST /api/inside, /api/qkv) is the edited pass's shares, lens and q, k, v, not the unedited analysis the lab
+    kept last. Planted bug: lab_panel_keyed_by_text_alone."""
+    import base64
+
+    def qkv_of(inside: dict) -> np.ndarray:
+        return np.stack([np.frombuffer(base64.b64decode(inside[n]), dtype="<f4") for n in "qkv"])
+
+    edited, clean = [ZERO], []
+    want = client.post("/api/analyze", json={"text": TEXT, "interventions": edited}).json()["inside"]
+    unedited = client.post("/api/analyze", json={"text": TEXT, "interventions": clean}).json()["inside"]
+    numbers = [k for k in want if k not in "qkv"]
+    assert any(want[k] != unedited[k] for k in numbers) and not np.array_equal(qkv_of(want), qkv_of(unedited)), (
+        "zeroing head 0.0 must move the later layer's numbers, or this test could not tell the passes apart")
+    # the maps of the text as it is (no edit, no panel), then the panel with the head zeroed
+    client.post("/api/analyze", json={"text": TEXT, "interventions": clean, "inside": False, "ablation": False})
+    got = client.post("/api/inside", json={"text": TEXT, "interventions": edited}).json()["inside"]
+    stale = sorted(k for k in numbers if got[k] != want[k])
+    assert not stale, (f"with head 0.0 zeroed, step inside shows the unedited pass's {', '.join(stale)}"
+                       + (" (the ones the analysis without the edit had)" if all(got[k] == unedited[k]
+                                                                                 for k in stale) else ""))
+    r = client.post("/api/qkv", json={"text": TEXT, "interventions": edited})
+    got = np.frombuffer(r.content, dtype="<f4").reshape(3, -1)
+    assert np.array_equal(got, qkv_of(want)), (
+        "with head 0.0 zeroed, step inside shows the unedited pass's q, k, v"
+        + (" (the analysis without the edit)" if np.array_equal(got, qkv_of(unedited)) else ""))
+
+
 def test_a_model_whose_rows_reach_later_keys_has_no_panel_to_come(runs, tmp_path):
     """causal_mask=after_softmax: the panel steps through causal rows only, so the maps' answer names no panel to
     come and POST /api/inside says why (422), before any pass."""
