@@ -1436,6 +1436,11 @@ MUTATIONS = (
              ("tests/test_lab_server.py::test_the_panel_after_an_analysis_of_the_same_text_with_other_interventions_is_the_edited_pass",),
              "the lab keeps its analysis by the text alone: a learner who zeroes a head and steps inside, after the "
              "maps of the same text without the edit, sees the unedited pass's shares, lens and q, k, v"),
+    Mutation("page_rebuild_reads_the_first_tokens", "attention_lab/viewer/page.py",
+             "    attn = _b64(quantise(a[:, :, t - keep:, t - keep:]))", "    attn = _b64(quantise(a[:, :, :keep, :keep]))",
+             ("tests/test_viewer.py::test_a_page_cut_to_its_last_tokens_rebuilds_each_tokens_weights_under_its_own_label",),
+             "a page cut to its last T tokens (a long sample), rebuilt from its folder, shows the first T tokens' "
+             "weights under the last T tokens' labels"),
 )
 
 

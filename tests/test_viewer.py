@@ -159,6 +159,35 @@ def test_a_sample_too_large_keeps_its_last_tokens_and_says_so(tmp_path):
     assert any("showing the last" in n for n in data["notes"]), data["notes"]
 
 
+def test_a_page_cut_to_its_last_tokens_rebuilds_each_tokens_weights_under_its_own_label(tmp_path, capsys):
+    """A long sample (GPT-2's 1024 tokens pass the page's byte limit) is shown as its last T tokens; attention.npy
+    keeps them all. `python -m attention_lab.viewer FOLDER` rebuilds the page from page.json and attention.npy:
+    each label must keep its own token's row, not the row of the token T places earlier. Planted bug:
+    page_rebuild_reads_the_first_tokens."""
+    t = 40
+    a = synthetic_attention(1, 2, t, seed=5)
+    tokens = [f"w{i}" for i in range(t)]  # every label its own, so a shifted row cannot pass for the right one
+    folder = tmp_path / "sample"
+    folder.mkdir()
+    np.save(folder / "attention.npy", a)
+    (folder / "tokens.json").write_text(json.dumps({"tokens": tokens, "token_ids": list(range(t))}))
+    shown = viewer.sample_data(a, tokens, max_bytes=2 * 20 * 21 // 2)
+    keep = shown["T"]
+    assert keep < t and shown["tokens"] == tokens[t - keep:], "the page shows the last tokens only"
+    viewer.save_page_data(folder / "page.json", shown, "a long sample")
+    assert viewer.main([str(folder)]) == 0, capsys.readouterr().err
+    data = island(folder / "attention.html")
+    assert data["tokens"] == tokens[t - keep:], data["tokens"]
+    levels = np.frombuffer(__import__("base64").b64decode(data["frames"][0]["attn"]), dtype=np.uint8)
+    got = viewer.dequantise(levels.reshape(1, 2, -1), keep)
+    want = a[:, :, t - keep:, t - keep:]
+    for q, label in enumerate(data["tokens"]):
+        err = np.abs(got[:, :, q] - np.tril(want)[:, :, q]).max()
+        assert err <= 1 / 255, (
+            f"the rebuilt page shows under {label!r} (position {t - keep + q}) weights {err:.3f} away from that "
+            f"token's own: a learner reads another token's attention")
+
+
 @pytest.mark.parametrize("shape,steps,limit", [((6, 6, 128), 7, 5_000_000), ((2, 4, 64), 30, 1_000_000)])
 def test_film_size(tmp_path, shape, steps, limit, capsys):
     n_layer, n_head, t = shape
