@@ -1441,6 +1441,11 @@ MUTATIONS = (
              ("tests/test_viewer.py::test_a_page_cut_to_its_last_tokens_rebuilds_each_tokens_weights_under_its_own_label",),
              "a page cut to its last T tokens (a long sample), rebuilt from its folder, shows the first T tokens' "
              "weights under the last T tokens' labels"),
+    Mutation("region_lost_along_the_variable", "attention_lab/claims/catalog.py",
+             "e.metric, e.worse_metric, e.region,", "e.metric, e.worse_metric,",
+             ("tests/test_claims.py::test_expectations_along_a_variable_keep_their_own_region",),
+             "the expectations copied along a claim's variable fall back to ±0.01: scale's saturated rows (±0.02), "
+             "its gradient (±0.1) and recall's copy bits (±0.1) judged against the wrong region at every value"),
 )
 
 

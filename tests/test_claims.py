@@ -801,6 +801,29 @@ def test_a_claim_along_its_variable_is_decided_at_each_value_and_trained_at_each
     assert report.runs_needed(claim, False) == len(base.arms) * 3 * 5
 
 
+def test_expectations_along_a_variable_keep_their_own_region():
+    """Scale's saturated rows (±0.02), its gradient (±0.1) and recall's copy bits (±0.1) are judged against their own
+    region at every value of the variable, not the default ±0.01 bits/byte: a difference of 0.015 saturated rows
+    at every seed is equivalent, as the claim defines it, at each d_k. Planted bug: region_lost_along_the_variable."""
+    from attention_lab.claims.catalog import along
+
+    for name in ("scale", "recall"):
+        base = CLAIMS[name]
+        own = {(e.better, e.worse, e.metric): e.region for e in base.expect}
+        assert any(r != 0.01 for r in own.values()), f"{name} has no region of its own left to test"
+        for e in along(base).expect:
+            want = own[(*e.of, e.metric)]
+            assert e.region == want, (f"{name}: {e.of[0]} vs {e.of[1]} on {e.metric} at {base.variable.name}="
+                                      f"{e.at:g} is judged against ±{e.region}, not its own ±{want}")
+    e = next(e for e in along(CLAIMS["scale"]).expect if e.metric == "saturated_rows" and e.at == 32)
+    rs = {e.better: [{"seed": s, "saturated_rows": 0.300} for s in range(1, 6)],
+          e.worse: [{"seed": s, "saturated_rows": 0.315 + 0.0005 * (s % 2)} for s in range(1, 6)]}
+    c = stats.decide([experiment.compare(e, rs)])[0]
+    assert c.verdict == "equivalent", (
+        f"{e.better} vs {e.worse}: saturated rows 0.015 apart at every seed reads {c.verdict!r} against "
+        f"±{c.region}; the claim's region is ±0.02")
+
+
 def test_a_claim_along_its_variable_runs_end_to_end_quick_with_a_trend(tmp_path, data_cache):
     claim, rep, doc = _quick(tmp_path, "scale", data_cache, ("sqrt", "none"), seeds=(1, 2))
     assert doc["variable"] == "d_k" and len(doc["trends"]) == 2 and doc["rate_rule"] == "fixed in advance"
