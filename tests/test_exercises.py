@@ -436,3 +436,21 @@ def test_the_command_line_codes_and_the_solution_after_a_pass(tmp_path, capsys, 
     assert cli_main(["solution", "attention"]) == 0 and "def attention(q, k, v):" in capsys.readouterr().out
     assert cli_main(["solution", "rope", "--anyway", "--rope", "adjacent"]) == 0
     assert "x[..., 0::2]" in capsys.readouterr().out
+
+
+def test_a_notebook_stub_says_it_is_not_written_and_stop_raises_until_it_passes():
+    """A "your turn" stub (raise NotImplementedError) is reported as not written, in the stub's words, with the
+    command that shows the answer; stop=True raises that message; the answers the SOLVED switch uses pass."""
+    from attention_lab.exercises import NotPassedYet, answer
+
+    def scores(q, k):
+        raise NotImplementedError("write scores = q k^T / sqrt(d_k), then rerun this cell")
+
+    result = check("scores", scores, quiet=True)
+    assert result.status == "error" and "not written yet" in result.message, result.message
+    assert "write scores = q k^T / sqrt(d_k), then rerun this cell" in result.message, result.message
+    assert "solution scores --anyway" in result.message, result.message
+    with pytest.raises(NotPassedYet, match="not written yet"):
+        check("scores", scores, stop=True)
+    for name in EXERCISES:
+        assert check(name, answer(name), quiet=True, stop=True), f"answer({name!r}) does not pass its own check"

@@ -8,7 +8,9 @@ the tutorials' words, and then train the real model with their attention.
     python train.py experiment=debug model.attn_impl=my_attention/attention.py:attention
 
 In a notebook: `from attention_lab.exercises import check; check("mask", my_function)` prints the same message
-and returns a Result (truthy on a pass).
+and returns a Result (truthy on a pass); `check("mask", mask, stop=True)` in a "your turn" cell raises NotPassedYet
+with the message until it passes; `answer("mask")` is the project's function, for a notebook's SOLVED switch (it
+runs the answer without printing it).
 
     book.py      the exercises: the reference each is checked against (model/), the cases, the tolerance, the
                  catalogue of known mistakes, each computed from the reference
@@ -27,9 +29,9 @@ import inspect
 from pathlib import Path
 
 from attention_lab.exercises.book import EXERCISES
-from attention_lab.exercises.checking import Result, check, default_file, exercise_named, train_command
+from attention_lab.exercises.checking import NotPassedYet, Result, check, default_file, exercise_named, train_command
 
-__all__ = ["EXERCISES", "Result", "check", "listing", "solution", "start"]
+__all__ = ["EXERCISES", "NotPassedYet", "Result", "answer", "check", "listing", "solution", "start"]
 
 PACKAGE = Path(__file__).resolve().parents[1]  # attention_lab/: never written into
 
@@ -76,6 +78,14 @@ def start(name: str, folder: str | Path | None = None, force: bool = False) -> P
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(skeleton(name, folder / f"{name}.py"), encoding="utf-8")
     return folder / f"{name}.py"
+
+
+def answer(name: str):
+    """The project's answer to exercise `name` as a function (answers.py): a notebook's SOLVED switch puts it in
+    place of the learner's stub, so the notebook runs on without the answer's text ever shown under the stub."""
+    from attention_lab.exercises import answers
+
+    return getattr(answers, exercise_named(name).function)
 
 
 def answer_source(name: str, convention: str | None = None) -> str:

@@ -123,15 +123,34 @@ def _ref_parts(value) -> list[Tensor]:
 # -------------------------------------------------------------------------------------------- checking
 
 
+class NotPassedYet(Exception):
+    """A notebook's "your turn" that does not pass yet (check(..., stop=True)): the cell stops on the check's
+    message, so running every cell stops at the first exercise still to write."""
+
+
 def check(name: str, fn=None, *, function: str | None = None, rope: str | None = None, convention: str | None = None,
-          timeout: float = DEFAULT_TIMEOUT, quiet: bool = False) -> Result:
+          timeout: float = DEFAULT_TIMEOUT, quiet: bool = False, stop: bool = False) -> Result:
     """Check the learner's function for exercise `name`: a callable (a notebook's `my_function`) or a file path
     (its function named as the exercise's, or `function`). rope="adjacent" (or convention=) accepts RoPE's
-    adjacent-pairs convention. Prints the message unless quiet; returns the Result (truthy on a pass)."""
+    adjacent-pairs convention. Prints the message unless quiet; returns the Result (truthy on a pass).
+    stop=True (a notebook's "your turn" cell): anything but a pass raises NotPassedYet with the message instead."""
     result = _check(name, fn, function, convention or rope, timeout)
+    if stop and not result:
+        raise NotPassedYet(result.message)
     if not quiet:
         print(result.message)
     return result
+
+
+def not_written(ex: Exercise, runs: list[Run]) -> Result | None:
+    """Every case raised NotImplementedError (a stub as `start` or a notebook leaves it): say so plainly, with the
+    stub's own words and where the answer is, instead of a traceback's line."""
+    errors = [r.outcome.error for r in runs]
+    if not errors or not all(isinstance(e, NotImplementedError) for e in errors):
+        return None
+    return Result(ex.name, "error", f"error: {ex.name}: not written yet (NotImplementedError: {_first_line(errors[0])})."
+                                    f"\n  stuck? the project's answer: python -m attention_lab.exercises solution "
+                                    f"{ex.name} --anyway")
 
 
 def _check(name: str, fn, function: str | None, convention: str | None, timeout: float) -> Result:
@@ -166,6 +185,9 @@ def _check(name: str, fn, function: str | None, convention: str | None, timeout:
                                          f"{case.label}{at}; the reference takes {ref_seconds:.2g} s there (a Python "
                                          "loop over the entries? use tensor operations)")
         runs.append(Run(case, ref, outcome, parts(outcome.value, n_out) if outcome.error is None else None, changed))
+    stub = not_written(ex, runs)
+    if stub is not None:
+        return stub
     in_place = next((r for r in runs if r.changed), None)
     if all(r.ok(tol[r.case.dtype]) for r in runs) and not _type_problem(runs, ex):
         if in_place is not None:
