@@ -1,43 +1,14 @@
-"""Masked multi-head self-attention, written out, with the variants that answer its quadratic cost, and the KV
-cache it reads during decoding.
+"""Causal self-attention: the formula of the tutorials, then the way the model runs it.
 
-Shapes: B batch, T new (query) tokens, S keys (cached + new), C n_embd, nh n_head, nkv key/value heads,
-hs = C // nh head size, W a window, P = W the block of local attention.
+    y = softmax(mask(Q K^T / sqrt(d_k))) V        one head; mask(.) puts -inf on every key after the query
 
-Per head: softmax(mask(Q K^T / sqrt(hs) + bias)) V. Two backends compute the same function:
-  math  the explicit reference; can hand back the weights.
-  sdpa  torch's fused scaled_dot_product_attention; a windowed layer without a cache runs `local_attention`
-        instead, blocks of W queries against 2W keys: T*W work and memory rather than T*T.
-The variants (GPTConfig), each a change to the keys a query sees or to the softmax:
-  grouped-query (n_kv_head = nkv < nh)  nkv key/value heads; query head h reads kv head h // (nh / nkv)
-                                        (contiguous groups, as transformers' repeat_kv and sdpa's enable_gqa);
-                                        the cache holds nkv heads. nkv = 1 is multi-query attention.
-  sliding window (window = W)           query i sees keys i-W < j <= i; its cache keeps W keys (a ring buffer)
-  sinks (attn_sinks)                    a learned logit s_h per head joins the softmax's denominator:
-                                        w_ij = exp(a_ij) / (exp(s_h) + sum_j' exp(a_ij')), so a head may attend
-                                        to nothing (gpt-oss)
-The experiment switches (GPTConfig; each default is the line above), to test what the tutorials claim:
-  attn_scale  s = 1/sqrt(hs) | 1 ("none") | 1/hs ("inverse"):   scores = s Q K^T + bias
-  causal_mask before_softmax  w = softmax(scores, -inf on hidden keys): rows sum to 1
-              after_softmax   w = softmax(scores over every key), then hidden keys' w set to 0: rows sum to < 1 and
-                              the future still reaches each row through the denominator (math path only: the sdpa
-                              backend runs the math path for it)
-              none            w = softmax(scores over every key): the future leaks into each prediction
-  qk_tied     one projection for queries and keys: c_attn's rows are [q: nh heads | v: nh heads] and k = q
-              (before positions and QK-norm), so the scores q_i . q_j are symmetric before positions
-  attend_self False: query i does not see its own key (-inf on it, before the softmax) unless it sees no other
-              key (position 0, or window = 1): Reformer's rule for shared q and k, where q_i . q_i is the largest
-              score (Kitaev et al. 2020, sec. 2). `hide_self` edits the visible mask, and every path takes it: the
-              math path, sdpa (an explicit mask: masked_sdpa, never the kernel's is_causal), local_attention's
-              blocks, and the KV cache (the mask compares true positions, so cached = uncached)
-  uniform     (GPTConfig.attention = "uniform") q is zeroed, so every score is 0 and each query's weights are
-              1 / (the keys it sees): the block averages the visible values. c_attn keeps its q and k rows (the
-              parameter count is softmax attention's) but they get no gradient (k is detached too). Every path
-              computes it as it computes softmax attention, so the KV cache, windows and return_weights hold
-A learner's attention (attn_fn): a function attention(q, k, v) -> y of their own (attention_lab/exercises) in
-place of softmax(mask(Q K^T / sqrt(hs))) V; `learner_attention` calls it. The model only takes the callable:
-loading it from the learner's file happens outside model/.
-Linear attention, which has no softmax, is model/linear_attention.py.
+Shapes: B batch, T tokens, C n_embd (the model's width), nh n_head heads, hs = C // nh the head size (d_k).
+Q, K, V (B, nh, T, hs); the scores and weights (B, nh, T, T); y (B, nh, T, hs), its heads side by side (B, T, C).
+
+`reference_attention` below is that formula for one layer of the model, read top to bottom. The rest of the file
+computes the same function for the model (CausalSelfAttention at the end): through torch's fused kernel, with a
+KV cache for decoding, and with the variants and experiment switches the config offers (listed where they are
+implemented, under "Variants and switches"). tests/test_model_invariants.py checks that the two agree.
 """
 
 from __future__ import annotations
@@ -52,6 +23,67 @@ from torch import Tensor
 from .config import GPTConfig
 from .hooks import HookPoint
 from .positions import PositionalEncoding
+
+
+def reference_attention(x: Tensor, w_qkv: Tensor, w_proj: Tensor, n_head: int,
+                        b_qkv: Tensor | None = None, b_proj: Tensor | None = None) -> Tensor:
+    """Masked multi-head self-attention of one layer, as the tutorials write it: x (B, T, C) -> (B, T, C).
+    w_qkv (3C, C) the query, key and value projections stacked (a layer's c_attn.weight), w_proj (C, C) the
+    output projection (c_proj.weight), b_qkv and b_proj their biases. Positions (RoPE) and QK-norm, which the
+    default config adds, come after: CausalSelfAttention.forward."""
+    B, T, C = x.shape
+    hs = C // n_head
+    q, k, v = F.linear(x, w_qkv, b_qkv).split(C, dim=-1)  # each (B, T, C): what a token looks for, offers, passes on
+    q = q.view(B, T, n_head, hs).transpose(1, 2)  # (B, nh, T, hs): the heads split from the channels
+    k = k.view(B, T, n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+    v = v.view(B, T, n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(hs)  # (B, nh, T, T): query i against key j
+    future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)  # (T, T): True where key j > query i
+    scores = scores.masked_fill(future, float("-inf"))  # -inf before the softmax: the future gets weight exactly 0
+    weights = F.softmax(scores, dim=-1)  # (B, nh, T, T): each row sums to 1
+    y = weights @ v  # (B, nh, T, hs): each query's weighted sum of the values
+    y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C): the heads concatenated side by side
+    return F.linear(y, w_proj, b_proj)  # (B, T, C): the output projection mixes the heads
+
+
+# Variants and switches ------------------------------------------------------------------------------------------
+#
+# More shapes: S keys (cached + new), nkv key/value heads, W a window, P = W the block of local attention.
+#
+# Per head: softmax(mask(Q K^T / sqrt(hs) + bias)) V. Two backends compute the same function:
+#   math  the explicit reference (math_attention); can hand back the weights.
+#   sdpa  torch's fused scaled_dot_product_attention; a windowed layer without a cache runs `local_attention`
+#         instead, blocks of W queries against 2W keys: T*W work and memory rather than T*T.
+# The variants (GPTConfig), each a change to the keys a query sees or to the softmax:
+#   grouped-query (n_kv_head = nkv < nh)  nkv key/value heads; query head h reads kv head h // (nh / nkv)
+#                                         (contiguous groups, as transformers' repeat_kv and sdpa's enable_gqa);
+#                                         the cache holds nkv heads. nkv = 1 is multi-query attention.
+#   sliding window (window = W)           query i sees keys i-W < j <= i; its cache keeps W keys (a ring buffer)
+#   sinks (attn_sinks)                    a learned logit s_h per head joins the softmax's denominator:
+#                                         w_ij = exp(a_ij) / (exp(s_h) + sum_j' exp(a_ij')), so a head may attend
+#                                         to nothing (gpt-oss)
+# The experiment switches (GPTConfig; each default is the line above), to test what the tutorials claim:
+#   attn_scale  s = 1/sqrt(hs) | 1 ("none") | 1/hs ("inverse"):   scores = s Q K^T + bias
+#   causal_mask before_softmax  w = softmax(scores, -inf on hidden keys): rows sum to 1
+#               after_softmax   w = softmax(scores over every key), then hidden keys' w set to 0: rows sum to < 1 and
+#                               the future still reaches each row through the denominator (math path only: the sdpa
+#                               backend runs the math path for it)
+#               none            w = softmax(scores over every key): the future leaks into each prediction
+#   qk_tied     one projection for queries and keys: c_attn's rows are [q: nh heads | v: nh heads] and k = q
+#               (before positions and QK-norm), so the scores q_i . q_j are symmetric before positions
+#   attend_self False: query i does not see its own key (-inf on it, before the softmax) unless it sees no other
+#               key (position 0, or window = 1): Reformer's rule for shared q and k, where q_i . q_i is the largest
+#               score (Kitaev et al. 2020, sec. 2). `hide_self` edits the visible mask, and every path takes it: the
+#               math path, sdpa (an explicit mask: masked_sdpa, never the kernel's is_causal), local_attention's
+#               blocks, and the KV cache (the mask compares true positions, so cached = uncached)
+#   uniform     (GPTConfig.attention = "uniform") q is zeroed, so every score is 0 and each query's weights are
+#               1 / (the keys it sees): the block averages the visible values. c_attn keeps its q and k rows (the
+#               parameter count is softmax attention's) but they get no gradient (k is detached too). Every path
+#               computes it as it computes softmax attention, so the KV cache, windows and return_weights hold
+# A learner's attention (attn_fn): a function attention(q, k, v) -> y of their own (attention_lab/exercises) in
+# place of softmax(mask(Q K^T / sqrt(hs))) V; `learner_attention` calls it. The model only takes the callable:
+# loading it from the learner's file happens outside model/.
+# Linear attention, which has no softmax, is model/linear_attention.py.
 
 FAR = -(2**62)  # the position of an empty ring-buffer slot: no query sees it
 
@@ -90,7 +122,8 @@ def math_attention(q: Tensor, k: Tensor, v: Tensor, visible: Tensor, bias: Tenso
                    sink: Tensor | None = None, dropout_p: float = 0.0, scale: float | None = None,
                    causal_mask: str = "before_softmax", on_scores: nn.Module | None = None,
                    on_weights: nn.Module | None = None) -> tuple[Tensor, Tensor]:
-    """The reference. q (B, nh, T, hs), k and v (B, nkv, S, hs), visible (T, S), bias (nh, T, S) or None, sink
+    """The explicit path: reference_attention's softmax with every variant and switch, the model's math backend.
+    q (B, nh, T, hs), k and v (B, nkv, S, hs), visible (T, S), bias (nh, T, S) or None, sink
     (nh,) or None, scale the factor on q.k (None: 1/sqrt(hs)) -> y (B, nh, T, hs), weights (B, nh, T, S).
     on_scores: a module the scores pass through just before the softmax (scaled, biased, -inf where masked), and
     on_weights one the weights pass through before they average the values (CausalSelfAttention.hook_scores and

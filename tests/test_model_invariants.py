@@ -153,6 +153,23 @@ def test_math_and_sdpa_backends_agree_forward_and_backward(pos_encoding):
         )
 
 
+@pytest.mark.parametrize("backend", ATTENTION_BACKENDS)
+def test_the_tutorials_reference_equals_the_models_attention(backend):
+    """model/attention.py's first function, reference_attention (the formula a learner reads first), computes what
+    CausalSelfAttention computes for one layer without positions or QK-norm, on both backends: so the text on the
+    file's first screen is the model's own arithmetic, not a second story."""
+    from model.attention import reference_attention
+
+    model = build(pos_encoding="none", attn_backend=backend)
+    attn = model.transformer.h[0].attn
+    x = torch.randn(2, BLOCK, EMBD, generator=torch.Generator().manual_seed(3))
+    pos = torch.arange(BLOCK)
+    y_model, _, _ = attn(x, model.transformer.wpe, None, pos)
+    y_ref = reference_attention(x, attn.c_attn.weight, attn.c_proj.weight, HEADS, attn.c_attn.bias, attn.c_proj.bias)
+    torch.testing.assert_close(y_ref, y_model, atol=1e-5, rtol=1e-4,
+                               msg=lambda m: f"{backend}: reference_attention != CausalSelfAttention\n{m}")
+
+
 @pytest.mark.parametrize("pos_encoding", POSITION_ENCODINGS)
 def test_math_and_sdpa_agree_with_a_kv_cache(pos_encoding):
     """The fused path has three mask cases with a cache: empty cache (is_causal), T=1, and T>1 after a cache."""
