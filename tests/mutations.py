@@ -1446,6 +1446,11 @@ MUTATIONS = (
              ("tests/test_claims.py::test_expectations_along_a_variable_keep_their_own_region",),
              "the expectations copied along a claim's variable fall back to ±0.01: scale's saturated rows (±0.02), "
              "its gradient (±0.1) and recall's copy bits (±0.1) judged against the wrong region at every value"),
+    Mutation("sweep_rules_out_only_non_finite", "attention_lab/claims/experiment.py",
+             '            if m["diverged"]:\n', "            if _stopped(m):\n",
+             ("tests/test_slipped_plants.py::test_a_rate_where_a_sweep_runs_loss_ended_above_its_first_evaluation_is_ruled_out_and_counted",),
+             "the sweep rules a rate out only on a non-finite loss: a run whose final training loss ended above its "
+             "first evaluation keeps its rate, and neither the sweep table nor the diverged counts show it"),
 )
 
 

@@ -131,3 +131,35 @@ def test_an_arm_still_at_the_edge_when_the_bracket_runs_out_is_named_in_the_repo
 
 def test_the_schedule_floor_the_bracketing_knows_is_the_presets():
     assert compose(list(BASE)).optim.min_lr == MIN_LR and compose(list(BASE)).optim.lr == BASE_LR
+
+
+def test_a_rate_where_a_sweep_runs_loss_ended_above_its_first_evaluation_is_ruled_out_and_counted(
+        tmp_path, fake_training, monkeypatch):
+    """A sweep run whose loss stays finite but whose final training loss ends above its first evaluation's diverged
+    under the stated rule, like a NaN: its rate is never chosen, even where the others' mean scores best there,
+    and the sweep table and the diverged counts name it. Planted bug: sweep_rules_out_only_non_finite."""
+    best, _ = fake_training
+    best["separate"], best["tied"] = 1.2, 1.0  # separate scores best at the grid's 1x, next best at 3x
+    claim = select(CLAIMS["qk"], (1, 2, 3), ("separate", "tied"), GRID)
+    seed = claim.sweep_seeds[0]
+    launch = runs.Runner._launch
+
+    def rising(self, todo):  # that one run ends worse than it was at its first evaluation (2.1), all finite
+        launch(self, todo)
+        for j in todo:
+            if j.arm == "separate" and j.seed == seed and j.lr == pytest.approx(BASE_LR):
+                rows = [{"step": 12, "loss": 2.2, "tokens_per_s": 1000.0}, {"step": 12, "val_loss": 2.1},
+                        {"step": 24, "loss": 3.1, "tokens_per_s": 1000.0}, {"step": 24, "val_loss": 3.0}]
+                (self.run_dir(j) / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    monkeypatch.setattr(runs.Runner, "_launch", rising)
+    _, doc, text = _run(tmp_path, bracket=0)
+    said = f"sweep seed {seed}'s final training loss 3.1 ended above its first evaluation's 2.1 at lr {BASE_LR:g}"
+    assert doc["rates"]["separate"] == pytest.approx(BASE_LR * 3.0), (
+        f"the sweep chose lr {doc['rates']['separate']:g} for separate, though {said}: its verdict seeds train at a "
+        "rate the divergence rule refuses")
+    assert doc["diverged"]["separate"]["sweep"][0] == 1 and list(doc["sweep_diverged"]["separate"]) == [_lr(1.0)], (
+        f"{said}, but the diverged counts say {doc['diverged']['separate']['sweep'][0]} of the sweep's runs diverged")
+    cell = _sweep_row(text, "separate")[f"lr {BASE_LR:g}"]
+    assert cell.endswith(f"diverged: seed {seed}"), f"{said}, but the report's sweep table shows {cell!r} there"
+    assert doc["rates"]["tied"] == pytest.approx(BASE_LR), "tied's runs all trained: its best rate stands"
