@@ -1,7 +1,7 @@
 """An export returns its attention (attention_lab/interop/remote_code, the native GPT-2 / GPT-NeoX exports):
 `model(**inputs, output_attentions=True).attentions` equals sample.py's attention.npy for the same text, under
 attn_implementation "eager" and the default "sdpa", for the default model and the variants; bertviz's head_view
-draws them; the README's transformers snippet runs as written, without a deprecation warning.
+draws them; docs/transformers.md's snippet runs as written, without a deprecation warning.
 
 Tolerance: the eager weights are the same float32 softmax as ours, in another order of operations; measured max
 |diff| below 1e-6 on these tiny random models. We assert atol=1e-5 (a wrong head, layer, mask or position moves
@@ -178,28 +178,29 @@ def test_bertviz_head_view_draws_an_exports_attention(tmp_path, bpe_json):
     assert drawn.shape == (model.config.n_layer, model.config.n_head, len(tokens), len(tokens))
 
 
-def readme_transformers_block() -> str:
-    """The ```python block of the README's transformers section, as a reader copies it."""
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Using a trained model with Hugging Face transformers", 1)[1].split("\n## ", 1)[0]
+def docs_transformers_block() -> str:
+    """The ```python block of docs/transformers.md's "Exporting a run", as a reader copies it (the README points
+    there)."""
+    docs = (REPO / "docs" / "transformers.md").read_text(encoding="utf-8")
+    section = docs.split("## Exporting a run", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
-    assert len(blocks) == 1, "the README's transformers section should hold one ```python block"
+    assert len(blocks) == 1, "docs/transformers.md's 'Exporting a run' should hold one ```python block"
     return blocks[0]
 
 
 @pytest.mark.parametrize("name", ["default", "gpt2"])
-def test_the_readme_snippet_runs_as_written_for_the_default_model(tmp_path, bpe_json, name):
+def test_the_docs_snippet_runs_as_written_for_the_default_model(tmp_path, bpe_json, name):
     """Exported as `python -m attention_lab.export` writes it, into exported/; the snippet run in a fresh interpreter:
     it prints generated text and draws the attention (head_view fails on an empty tuple), and transformers warns of
     nothing deprecated. Also for a GPT-2 export, which returns weights only under attn_implementation="eager"."""
     model = variant(name, bpe_json) if name == "default" else tiny(bpe_json, seed=3, pos_encoding="learned",
                                                                    block_size=96)  # room for 50 new tokens
     export_pretrained(model, tmp_path / "exported", bpe_json)
-    code = readme_transformers_block()
+    code = docs_transformers_block()
     assert 'from_pretrained("exported/"' in code and "output_attentions=True" in code
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                           stdin=subprocess.DEVNULL)
-    assert done.returncode == 0, f"the README's snippet failed:\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, f"docs/transformers.md's snippet failed:\n{done.stderr[-3000:]}"
     assert "ROMEO:" in done.stdout, done.stdout
     for bad in ("deprecated", "seem to have been set", "custom code", "Warning"):
-        assert bad not in done.stderr, f"the README's snippet printed {bad!r}:\n{done.stderr}"
+        assert bad not in done.stderr, f"docs/transformers.md's snippet printed {bad!r}:\n{done.stderr}"

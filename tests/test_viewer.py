@@ -831,10 +831,10 @@ def test_step_inside_shows_the_computation_with_the_models_own_numbers(browser, 
     assert_quiet(browser, "stepping inside")
 
 
-def test_the_film_size_the_readme_and_docs_state_is_what_the_default_run_builds(tmp_path):
+def test_the_film_size_the_docs_state_is_what_the_default_run_builds(tmp_path):
     """The default run's film (4 layers x 4 heads from the default config, the film's prompt's 19 tokens under the
     default BPE, 4 evaluations as in a 903-step 8-minute run and a snapshot at each tenth of it, a loss line every log_interval steps) built from
-    made-up numbers of that shape: its size is what README.md and docs/heads.md say, within 10%."""
+    made-up numbers of that shape: its size is what docs/heads.md says (the README points there), within 10%."""
     from attention_lab.training.config import compose
 
     cfg = compose([])
@@ -850,11 +850,9 @@ def test_the_film_size_the_readme_and_docs_state_is_what_the_default_run_builds(
     rows += [{"step": s, "val_loss": 5.0 - s / 1000, "val_bpb": 2.3 - s / 2000} for s in evaluations]
     (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     kb = viewer.build_film(run).stat().st_size / 1000
-    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
     heads = (Path(__file__).parents[1] / "docs" / "heads.md").read_text(encoding="utf-8")
-    stated = [int(m) for m in re.findall(r"about (\d+) kB\s+for the default run", readme)]
-    stated += [int(m) for m in re.findall(r"The default run's film is about \*\*(\d+) kB\*\*", heads)]
-    assert len(stated) == 2, "README.md and docs/heads.md should each state the default film's size"
+    stated = [int(m) for m in re.findall(r"The default run's film is about \*\*(\d+) kB\*\*", heads)]
+    assert len(stated) == 1, "docs/heads.md should state the default film's size once (the README points there)"
     for n in stated:
         assert abs(n - kb) <= 0.1 * kb, f"the docs say {n} kB for the default film; it builds to {kb:.0f} kB: update them"
 
