@@ -14,11 +14,17 @@ from pathlib import Path
 
 import torch
 
-from attention_lab.runtime.device import autocast, decoding_threads, pick_dtype
+from attention_lab.runtime.decoding import decoding_dtype
+from attention_lab.runtime.device import autocast, decoding_threads
 from attention_lab.store.checkpoint import choose_run, load_checkpoint, run_summary
 from attention_lab.store.layout import run_of_checkpoint
 from data.tokenizer import Tokenizer
 from model import GPT, GPTConfig, generate_stream
+
+
+# decoding steps dtype auto times per dtype and round (runtime/decoding.py): cached steps cost one token each,
+# an uncached step a forward pass over the whole context
+PROBE_TOKENS = {True: 8, False: 2}
 
 
 @dataclass
@@ -93,7 +99,9 @@ def generate_text(
 
     on_text receives the decoded continuation piece by piece as tokens arrive (data.tokenizer.TextStream:
     constant work per token). The context slides past block_size (model.generate.generate_stream), keeping the
-    first keep_first tokens (StreamingLLM); with a bf16 dtype the forward passes run under autocast.
+    first keep_first tokens (StreamingLLM); with a bf16 dtype the forward passes run under autocast. dtype auto:
+    on a CPU with native bf16, whichever of float32 and bf16 decodes this model faster here, timed once per
+    process on a few greedy steps like these (runtime/decoding.py); elsewhere pick_dtype's choice.
     """
     device = next(model.parameters()).device
     idx = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)  # (1, T)
@@ -102,14 +110,23 @@ def generate_text(
     # cached decoding without window rebuilds: one small matrix-vector step per token
     cached = use_cache and (len(prompt_ids) + max_new_tokens <= model.config.block_size
                             or (model.config.bounded_cache and not keep_first))  # keep_first rebuilds
-    with autocast(device, pick_dtype(dtype, device)), decoding_threads(device, cached):
-        for nxt in generate_stream(
-            model, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy,
-            use_cache=use_cache, generator=generator, keep_first=keep_first,
-        ):  # nxt (1, 1)
-            new_ids.append(int(nxt.item()))
-            if stream is not None and (piece := stream.step(new_ids[-1])):
-                on_text(piece)
+
+    def probe() -> None:  # a few greedy decoding steps the way this call decodes: what auto times each dtype on
+        start = idx[:, -PROBE_TOKENS[cached]:] if cached else idx
+        for _ in generate_stream(model, start, PROBE_TOKENS[cached], greedy=True, use_cache=cached):
+            pass
+
+    with decoding_threads(device, cached):
+        weights = next(model.parameters()).dtype
+        chosen = decoding_dtype(dtype, device, probe, (repr(model.config), str(weights), cached))
+        with autocast(device, chosen):
+            for nxt in generate_stream(
+                model, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy,
+                use_cache=use_cache, generator=generator, keep_first=keep_first,
+            ):  # nxt (1, 1)
+                new_ids.append(int(nxt.item()))
+                if stream is not None and (piece := stream.step(new_ids[-1])):
+                    on_text(piece)
     if stream is not None and (rest := stream.flush()):
         on_text(rest)
     return new_ids

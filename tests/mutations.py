@@ -1463,6 +1463,17 @@ MUTATIONS = (
              ("tests/test_slipped_plants.py::test_a_rate_where_a_sweep_runs_loss_ended_above_its_first_evaluation_is_ruled_out_and_counted",),
              "the sweep rules a rate out only on a non-finite loss: a run whose final training loss ended above its "
              "first evaluation keeps its rate, and neither the sweep table nor the diverged counts show it"),
+    Mutation("reference_attention_sees_the_future", "model/attention.py",
+             "    future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)",
+             "    future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(2)",
+             ("tests/test_model_invariants.py::test_the_tutorials_reference_equals_the_models_attention",),
+             "the formula on model/attention.py's first screen lets each query see the next token: the learner reads "
+             "a reference the model does not compute"),
+    Mutation("decoding_auto_ignores_its_measurement", "attention_lab/runtime/decoding.py",
+             "    return faster_dtype(_measured[cache_key])", "    return pick_dtype(name, device)",
+             ("tests/test_decoding_dtype.py",),
+             "sampling's dtype auto measures float32 against bf16 and then decodes in training's choice (bf16 on a "
+             "CPU with native bf16), at half float32's speed on the AMX Xeon of issue 44"),
 )
 
 

@@ -111,11 +111,11 @@ def assert_round_trip(ours: GPT, out: Path) -> None:
 def greedy_text_from_sample_py(model: GPT, tokenizer_json: str, tmp_path: Path, capsys, monkeypatch) -> tuple[str, Path]:
     """What `sample.py --greedy` prints for PROMPT, from a checkpoint of `model`; and that checkpoint.
 
-    In float32, as transformers runs: on a CPU with native bf16 sample.py's dtype "auto" picks bf16 autocast.
+    In float32, as transformers runs: on a CPU with native bf16 sample.py's dtype "auto" may pick bf16 autocast.
     """
     ckpt = save_checkpoint(tmp_path / "run" / "checkpoints", 1, model, tokenizer_json, {"val_loss": 1.0})
     capsys.readouterr()
-    monkeypatch.setattr(sampling, "pick_dtype", lambda name, device: torch.float32)
+    monkeypatch.setattr(sampling, "decoding_dtype", lambda name, device, *rest: torch.float32)
     rc = sample_mod.main(["--checkpoint", str(ckpt), "--prompt", PROMPT, "--greedy", "--max-new-tokens",
                           str(NEW_TOKENS), "--no-attention", "--device", "cpu"])
     captured = capsys.readouterr()

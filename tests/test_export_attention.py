@@ -69,7 +69,7 @@ def sample_py_attention(model: GPT, tokenizer_json: str, tmp_path: Path, capsys,
             for block in model.transformer.h:
                 block.attn.sink.copy_(torch.linspace(-2, 2, block.attn.sink.numel()))
     ckpt = save_checkpoint(tmp_path / "run" / "checkpoints", 1, model, tokenizer_json, {"val_loss": 1.0})
-    monkeypatch.setattr(sampling, "pick_dtype", lambda name, device: torch.float32)
+    monkeypatch.setattr(sampling, "decoding_dtype", lambda name, device, *rest: torch.float32)
     out = tmp_path / "sample"
     rc = sample_mod.main(["--checkpoint", str(ckpt), "--prompt", TEXT, "--max-new-tokens", "0", "--out", str(out),
                           "--no-html", "--device", "cpu"])

@@ -1,0 +1,95 @@
+"""Decoding speed per dtype, and what `--dtype auto` picks here (attention_lab/runtime/decoding.py).
+
+    python -m bench.decoding_dtype              the default run's model shape, 5 rounds (about a minute)
+    python -m bench.decoding_dtype --quick      a tiny model, seconds: checks that it runs
+
+Each round decodes with sampling.generate_text (the path sample.py and the lab take) in float32, then in bf16
+autocast, interleaved (A, B, A, B, ...), so a neighbour's load falls on both; tokens/s are medians, the ratio is
+the median of the per-round ratios. Two paths:
+    cached     sample.py: a 16-token prompt and N new tokens with the KV cache (one token per forward pass)
+    uncached   the lab: one new token after a full window (a forward pass over block_size / 2 tokens)
+"auto picks" runs the real measurement once per path (a fresh process's first call), and its one-time cost.
+Weights are random: a step's cost does not depend on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from attention_lab.runtime import decoding
+from attention_lab.runtime.decoding import decoding_dtype
+from attention_lab.runtime.device import cpu_model
+from attention_lab.sampling import generate_text
+from model import GPT, GPTConfig
+
+
+def default_model(quick: bool) -> GPT:
+    torch.manual_seed(0)
+    if quick:
+        return GPT(GPTConfig(vocab_size=256, block_size=32, n_layer=2, n_head=2, n_embd=32, bias=False,
+                             pos_encoding="rope", qk_norm=True)).eval()
+    # the default run's model: configs/model/small.yaml with the BPE-4096 vocabulary
+    return GPT(GPTConfig(vocab_size=4096, block_size=512, n_layer=4, n_head=4, n_embd=256, bias=False,
+                         pos_encoding="rope", qk_norm=True)).eval()
+
+
+def machine() -> str:
+    caps = torch.cpu.get_capabilities()
+    return (f"CPU {caps.get('cpu_name') or cpu_model()} (avx512_bf16: {bool(caps.get('avx512_bf16'))}, "
+            f"amx_bf16: {bool(caps.get('amx_bf16'))}), {torch.get_num_threads()} torch threads, torch {torch.__version__}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--tokens", type=int, default=200, help="new tokens per cached decode")
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args(argv)
+    model = default_model(args.quick)
+    block = model.config.block_size
+    rounds, tokens = (2, 8) if args.quick else (args.rounds, args.tokens)
+    prompt_cached = list(range(1, 17))
+    prompt_window = [1 + i % 200 for i in range(block // 2)]
+    paths = {
+        "cached (sample.py)": (lambda dtype: generate_text(model, None, prompt_cached, tokens, greedy=True,
+                                                          dtype=dtype), tokens),
+        "uncached (the lab)": (lambda dtype: generate_text(model, None, prompt_window, 1, greedy=True,
+                                                          use_cache=False, dtype=dtype), 1),
+    }
+    print(f"### Decoding: float32 vs bf16 autocast, and dtype auto\n\n{machine()}; shared cores (other work ran "
+          f"beside it)\n\n- {rounds} rounds, interleaved; model {model.config.n_layer} layers x {model.config.n_embd} "
+          f"wide, vocab {model.config.vocab_size}\n")
+    print("| path | float32 tok/s | bf16 tok/s | bf16 / float32 speed | auto picks | auto's one-time measurement |")
+    print("|---|--:|--:|--:|---|--:|")
+    for name, (decode, new) in paths.items():
+        repeat = 1 if new > 1 else (5 if args.quick else 20)  # the uncached path: 20 one-token calls a sample
+        times: dict[str, list[float]] = {"float32": [], "bfloat16": []}
+        for dtype in times:  # warm-up
+            decode(dtype)
+        for _ in range(rounds):
+            for dtype in times:
+                start = time.perf_counter()
+                for _ in range(repeat):
+                    decode(dtype)
+                times[dtype].append((time.perf_counter() - start) / repeat)
+        f32, bf16 = (new / statistics.median(times[k]) for k in ("float32", "bfloat16"))
+        ratio = statistics.median(a / b for a, b in zip(times["float32"], times["bfloat16"], strict=True))
+        decoding.forget_measurements()
+        start = time.perf_counter()
+        decode("auto")
+        first = time.perf_counter() - start
+        measured = list(decoding._measured.values())  # empty where auto needs no measurement (no bf16 units)
+        chosen = decoding.faster_dtype(measured[0]) if measured else decoding_dtype("auto", torch.device("cpu"),
+                                                                                     lambda: None, name)
+        cost = first - new / (f32 if chosen == torch.float32 else bf16)
+        print(f"| {name} | {f32:,.0f} | {bf16:,.0f} | {ratio:.2f}x | {str(chosen).removeprefix('torch.')} | "
+              f"{cost * 1e3:,.0f} ms |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
