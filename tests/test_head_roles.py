@@ -98,6 +98,40 @@ def test_scores_do_not_edit_the_callers_pattern():
     np.testing.assert_array_equal(a, before)
 
 
+def test_a_heads_label_is_its_strongest_role_above_the_threshold_else_mixed():
+    """roles.role_label on hand-built scores: each labelling role wins when it is the strongest and reaches the
+    threshold; below it the head is "mixed"; a tie goes to the role listed first in ROLE_TABLE; roles that may not
+    name a head (entropy, the all-rows copies, ablation) never do, however high; NaN and missing scores count as
+    unmeasured. Planted bug: head_label_weakest_role."""
+    t = R.LABEL_THRESHOLD
+    assert R.LABEL_ROLES == ("previous_token", "duplicate_token", "induction", "first_token", "self"), R.LABEL_ROLES
+    for role in R.LABEL_ROLES:  # every role wins when it is the strongest, the others just under the threshold
+        scores = {r: t - 0.01 for r in R.LABEL_ROLES} | {role: t + 0.3}
+        assert R.role_label(scores) == role, f"{role} scores {t + 0.3}, the rest {t - 0.01}: {R.role_label(scores)}"
+        # ... and also when every other role is above the threshold too (the strongest, not the first found)
+        scores = {r: t + 0.1 for r in R.LABEL_ROLES} | {role: t + 0.3}
+        assert R.role_label(scores) == role, f"{role} is strongest among roles all above {t}: {R.role_label(scores)}"
+    below = {r: t - 0.01 for r in R.LABEL_ROLES}
+    assert R.role_label(below) == "mixed", "every role just under the threshold: no label"
+    assert R.role_label(below | {"induction": t}) == "induction", "the threshold itself counts (>=)"
+    assert R.role_label(below, threshold=0.3) == "previous_token", "the threshold is a parameter"
+    tie = {"previous_token": 0.2, "duplicate_token": 0.7, "induction": 0.7, "first_token": 0.1, "self": 0.0}
+    assert R.role_label(tie) == "duplicate_token", "a tie goes to the role listed first in ROLE_TABLE"
+    loud = {"entropy": 0.99, "induction_all_rows": 0.9, "ablation": 3.0, "previous_token": 0.5}
+    assert R.role_label(loud) == "previous_token", "only LABEL_ROLES may name a head"
+    assert R.role_label({"induction": float("nan"), "self": 0.45, "first_token": None}) == "self", "NaN/None unmeasured"
+    assert R.role_label({}) == "mixed" and R.role_label({"entropy": 1.0}) == "mixed", "nothing measured: mixed"
+    # a grid of heads, as the pages get it: nested lists with None where a head was not measured
+    grid = {"previous_token": [[0.9, 0.1], [None, 0.2]], "induction": [[0.1, 0.6], [0.5, 0.2]],
+            "first_token": [[0.0, 0.0], [0.0, 0.1]]}
+    assert R.role_labels(grid) == [["previous_token", "induction"], ["induction", "mixed"]], R.role_labels(grid)
+    assert R.role_labels({"entropy": [[1.0]]}) == [], "no labelling role measured: no labels"
+    # the summary table's label (heads.head_label) is the same rule on an (L, nh) array
+    arrays = {role: np.asarray(v, dtype=float) for role, v in grid.items() if role != "previous_token"}
+    arrays["previous_token"] = np.array([[0.9, 0.1], [np.nan, 0.2]])
+    assert [H.head_label(arrays, 0, h) for h in range(2)] == ["previous_token", "induction"]
+
+
 def test_patterns_are_causal_and_match_their_definitions():
     ids = np.array([5, 7, 5, 7, 9])
     dup = R.duplicate_token_pattern(ids)

@@ -250,6 +250,7 @@ def test_zeroing_a_head_changes_the_loss_by_its_ablation_effect(browser, lab):
     with torch.no_grad(), HeadAblation(model, 1, 2):
         probs = F.softmax(model(idx).logits[0, -1].float(), dim=-1)
     top = probs.topk(10)
+    browser.execute_script("window.lab.pointerAt(arguments[0])", len(lab.tok.encode(TEXT)) - 1)  # opens mid-text
     edited = browser.execute_script(
         "return [...document.querySelectorAll('#lab-next .lab-next-cols > div:nth-child(2) td.p')]"
         ".map(td => +td.title)")

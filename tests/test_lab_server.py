@@ -1296,7 +1296,8 @@ def test_the_panel_apart_is_the_analysis_own_and_its_qkv_float32_bytes(client):
         assert "inside" not in maps and maps["pending"] == ["inside", "ablation"], maps.get("pending")
         assert {k: v for k, v in maps.items() if k not in ("pending", "roles", "live")} == {
             k: v for k, v in full.items() if k not in ("pending", "roles", "live", "inside", "scores")} | {
-            "scores": [{"step": None, "roles": {k: v for k, v in full["scores"][0]["roles"].items() if k != "ablation"}}]}
+            "scores": [{"step": None, "roles": {k: v for k, v in full["scores"][0]["roles"].items() if k != "ablation"},
+                        "labels": full["scores"][0]["labels"]}]}
         for first in (True, False):  # right after its analysis, then after another text's (a pass of its own)
             if not first:
                 client.post("/api/analyze", json={"text": "ROMEO:", "inside": False, "ablation": False})

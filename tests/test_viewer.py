@@ -439,9 +439,46 @@ def test_sample_page_shows_every_layer_head_and_token(browser, sample_page, shot
     chips = css(browser, '.thumb[data-layer="2"][data-head="0"] .sc[data-role="previous_token"]')
     want = f"prev {scores['previous_token'][2, 0]:.2f}".replace(" 0.", " .")
     assert want == "prev 1.00", "fixture: a perfect previous-token head scores 1 on the stripe (rows 1..23)"
-    assert chips and chips[0].text == want, f"the head's score should be shown next to its map: {chips[0].text!r}"
+    assert chips and chips[0].get_attribute("textContent") == want, (
+        f"the head's score should be in its cell: {chips[0].get_attribute('textContent')!r}")
+    assert not chips[0].is_displayed(), "the numbers show on hover only: one label a head at a glance"
+    hover(browser, css(browser, '.thumb[data-layer="2"][data-head="0"]')[0])
+    assert chips[0].is_displayed() and chips[0].text == want, "hovering a head shows its numbers"
     screenshot(browser, shots, "sample.png", capsys)
     assert_quiet(browser, "loading")
+
+
+def test_the_model_view_labels_each_head_with_its_strongest_role(browser, sample_page):
+    """One label a head (roles.role_label: its strongest role >= the threshold, else "mixed"), the threshold and the
+    colour scale said in the legend, TransformerLens's all-rows copies hidden until the legend's toggle. The
+    fixture's head 0 is a perfect previous-token head and head 1 a first-token head in every layer; heads 2-3 are
+    random softmax. Planted bug: head_label_weakest_role."""
+    from attention_lab.interp.roles import LABEL_THRESHOLD, role_label
+
+    path, scores = sample_page
+    open_page(browser, path)
+    shown = browser.execute_script(
+        "return [...document.querySelectorAll('.thumb')].map(t => [+t.dataset.layer, +t.dataset.head, "
+        "t.querySelector('.role-label').dataset.role, t.querySelector('.role-label').textContent])")
+    assert len(shown) == 12, shown
+    for layer, head, role, text in shown:
+        want = role_label({r: v[layer, head] for r, v in scores.items()})
+        assert role == want, f"L{layer}H{head} is labelled {role!r}, its scores give {want!r}"
+        assert text == {"previous_token": "previous token", "first_token": "first token"}.get(role, role), text
+        assert {0: "previous_token", 1: "first_token"}.get(head, role) == role, (
+            f"fixture: L{layer}H{head} should be {'a previous-token' if head == 0 else 'a first-token'} head: {role}")
+    assert any(role == "mixed" for _, _, role, _ in shown), "fixture: a random head should be mixed"
+    legend = css(browser, "#legend")[0].text
+    assert f"\u2265 {LABEL_THRESHOLD}" in legend and '"mixed"' in legend, f"the legend states the rule: {legend!r}"
+    assert "\u221a(weight)" in legend and "white 0" in legend, f"the legend states the colour scale: {legend!r}"
+    tl = '.thumb[data-layer="0"][data-head="0"] .sc[data-role="previous_token_all_rows"]'
+    hover(browser, css(browser, '.thumb[data-layer="0"][data-head="0"]')[0])
+    assert not css(browser, tl)[0].is_displayed(), "the \u00b7TL copies sit behind the toggle"
+    css(browser, "#show-tl")[0].click()
+    hover(browser, css(browser, '.thumb[data-layer="0"][data-head="0"]')[0])
+    assert css(browser, tl)[0].is_displayed(), "the toggle shows the \u00b7TL copies"
+    css(browser, "#show-tl")[0].click()
+    assert_quiet(browser, "labelling heads")
 
 
 def test_hovering_a_token_changes_the_shown_weights(browser, sample_page):
@@ -559,13 +596,14 @@ def test_film_slider_moves_through_training(browser, film, shots, capsys):
     pixels = "return document.querySelector('.thumb[data-layer=\"0\"][data-head=\"0\"] canvas').toDataURL()"
     last = browser.execute_script(pixels)
     chip = '.thumb[data-layer="0"][data-head="0"] .sc[data-role="previous_token"]'
-    last_score = css(browser, chip)[0].text
+    last_score = css(browser, chip)[0].get_attribute("textContent")
     slider = css(browser, "#step-slider")[0]
     slider.send_keys(Keys.HOME)
     assert label.text.startswith("step 100"), label.text
     first = browser.execute_script(pixels)
     assert first != last, "moving the slider should redraw the heatmap (head 0 sharpens over training)"
-    assert css(browser, chip)[0].text != last_score, f"the scores next to the map follow the slider: {last_score}"
+    assert css(browser, chip)[0].get_attribute("textContent") != last_score, (
+        f"the scores next to the map follow the slider: {last_score}")
     slider.send_keys(Keys.ARROW_RIGHT)
     assert label.text.startswith("step 200"), label.text
     assert visible(browser, ".phase-mark") == 2, "one mark per phase change on the slider"
@@ -739,7 +777,8 @@ def _same(got: float, want: float, tol: float = STEP_INSIDE_TOL) -> bool:
 
 def _panel_rows(driver) -> list[dict]:
     """Every row of the step-inside table in one call: its key and, per number column, the text shown and the
-    full value (the cell's tooltip; None where the column is empty)."""
+    full value (the cell's tooltip; None where the column is empty); per vector column (v_j, w_j v_j) the text
+    shown, its first channels and its length, in full."""
     return driver.execute_script(
         "return [...document.querySelectorAll('#in-table tbody tr')].map(tr => {"
         "  const row = {key: tr.dataset.key};"
@@ -747,7 +786,27 @@ def _panel_rows(driver) -> list[dict]:
         "    const td = tr.querySelector('td.' + c);"
         "    row[c] = td ? [td.textContent, td.hasAttribute('title') ? td.getAttribute('title') : null] : null;"
         "  }"
+        "  for (const c of ['v', 'wv']) {"
+        "    const td = tr.querySelector('td.' + c);"
+        "    row[c] = td && td.dataset.norm != null ? [td.textContent, td.dataset.first.split(',').map(Number),"
+        "                                             +td.dataset.norm] : null;"
+        "  }"
         "  return row; })")
+
+
+def _panel_columns(driver) -> list[str]:
+    """The step-inside table's column names, as shown."""
+    return driver.execute_script("return [...document.querySelectorAll('#in-table thead th')].map(th => th.textContent)")
+
+
+def _check_vector_cell(cell, want: np.ndarray, at: str) -> None:
+    """A v_j or w_j v_j cell shows the vector's first channels and its length (full values in its data)."""
+    assert cell is not None, f"{at}: no such cell"
+    text, first, norm = cell
+    n = len(first)
+    assert n == min(3, len(want)), f"{at}: {n} channels written out of {len(want)}"
+    assert all(_same(g, float(w)) for g, w in zip(first, want[:n])), f"{at}: first channels {first}, want {want[:n]}"
+    assert _same(norm, float(np.linalg.norm(want))), f"{at}: length {norm}, want {np.linalg.norm(want)}"
 
 
 @pytest.mark.parametrize("variant", list(STEP_INSIDE_VARIANTS))
@@ -793,10 +852,20 @@ def test_step_inside_shows_the_computation_with_the_models_own_numbers(browser, 
         window = cfg.layer_window(layer)
         assert ("sees the last" in what) == (window is not None), f"{at}: window {window}, the panel says {what!r}"
         rows = {r["key"]: r for r in _panel_rows(browser)}
-        want_cols = {"dot": want.dots, "scaled": want.scaled, "bias": want.bias, "masked": want.masked,
-                     "weight": want.weights}
+        # "+ bias" only where the positions add one to the scores (ALiBi), never an always-zero column (RoPE)
+        has_bias = cfg.pos_encoding == "alibi" and not linear
+        assert ("+ bias" in _panel_columns(browser)) == has_bias, f"{at}: columns {_panel_columns(browser)}"
+        if not has_bias:
+            assert not np.any(want.bias), f"{at}: step_inside has a score bias the page does not show"
+        want_cols = {"dot": want.dots, "scaled": want.scaled, "masked": want.masked, "weight": want.weights}
+        want_cols |= {"bias": want.bias} if has_bias else {}
+        # the weights that multiply each v_j: linear attention without its denominator uses the raw dots
+        w_of_v = want.dots if linear and not cfg.linear_denominator else want.weights[: query + 1]
         for j in range(query + 1):
             assert str(j) in rows, f"{at}: the table has no row for key {j}"
+            assert rows[str(j)]["bias"] is None or has_bias, f"{at}, key {j}: a bias cell without a bias"
+            _check_vector_cell(rows[str(j)]["v"], want.v[j], f"{at}, key {j}: v_j")
+            _check_vector_cell(rows[str(j)]["wv"], w_of_v[j] * want.v[j], f"{at}, key {j}: w_j v_j")
             for col, values in want_cols.items():
                 shown, full = rows[str(j)][col]
                 if linear and col in ("scaled", "bias"):  # linear attention has no scaling and no bias
@@ -810,6 +879,13 @@ def test_step_inside_shows_the_computation_with_the_models_own_numbers(browser, 
                 else:
                     assert abs(float(shown.split()[0]) - got) <= 5.1e-5, (
                         f"{at}, key {j}: {col} shows {shown!r}, the value is {got}")
+        for j in range(query + 1, len(ids)):  # the future: every later key at -inf, weight 0, nothing added
+            assert str(j) in rows, f"{at}: the table has no row for the future key {j}"
+            masked, weight = rows[str(j)]["masked"], rows[str(j)]["weight"]
+            assert masked[1] == "-Infinity" and "\u221e" in masked[0] and "future" in masked[0], (
+                f"{at}, future key {j}: masked shows {masked!r}")
+            assert float(weight[1]) == 0.0 and weight[0].strip() == "0", f"{at}, future key {j}: weight {weight!r}"
+            assert rows[str(j)]["wv"][2] == 0.0, f"{at}, future key {j}: w_j v_j should be 0: {rows[str(j)]['wv']}"
         sink = getattr(model.transformer.h[layer].attn, "sink", None)
         if sink is None:
             assert "sink" not in rows, f"{at}: a sink row in a model without sinks"
@@ -855,6 +931,43 @@ def test_the_film_size_the_docs_state_is_what_the_default_run_builds(tmp_path):
     assert len(stated) == 1, "docs/heads.md should state the default film's size once (the README points there)"
     for n in stated:
         assert abs(n - kb) <= 0.1 * kb, f"the docs say {n} kB for the default film; it builds to {kb:.0f} kB: update them"
+
+
+def test_step_inside_opens_on_a_middle_query_with_its_future_masked_and_shows_the_values(browser, sampled_page):
+    """A learner who opens the page meets the mask before touching anything: the head view and step inside start
+    at the middle token, whose later keys are -inf with weight 0 in the panel, and the panel says why in one
+    sentence. The values: the island carries every head's v (the panel's data), and each row shows its v_j (first
+    channels and length) and w_j v_j, equal to that data. Planted bugs: inside_opens_on_the_last_query,
+    inside_value_column_dropped."""
+    import base64
+
+    path, weights = sampled_page
+    t = weights.shape[2]
+    open_page(browser, path)
+    mid = (t - 1) // 2
+    what = css(browser, "#in-what")[0].text
+    assert f"query #{mid} " in what, f"step inside should open on the middle query #{mid} of {t}: {what!r}"
+    classes = [tok.get_attribute("class") for tok in css(browser, "#tokens .tok")]
+    assert "query" in classes[mid] and all("future" in c for c in classes[mid + 1:]), (
+        f"the head view should open on query #{mid}, later tokens greyed as the future")
+    rows = {r["key"]: r for r in _panel_rows(browser)}
+    future = [j for j in range(t) if j > mid]
+    assert future and all(rows[str(j)]["masked"][1] == "-Infinity" and float(rows[str(j)]["weight"][1]) == 0.0
+                          for j in future), f"keys {future[0]}..{t - 1} should be -inf with weight 0"
+    assert "The mask:" in css(browser, "#in-explain")[0].text, "the panel says why the future is -inf"
+    columns = _panel_columns(browser)
+    assert any(c.startswith("v_j") for c in columns) and any(c.startswith("w_j\u00b7v_j") for c in columns), columns
+    data = island(path)["inside"]
+    n_layer, n_head, hs = weights.shape[0], weights.shape[1], data["hs"]
+    v = np.frombuffer(base64.b64decode(data["v"]), dtype="<f4").reshape(n_layer, n_head, t, hs)
+    head = int(css(browser, "#in-head")[0].get_attribute("value"))
+    layer = int(css(browser, "#hv-layer")[0].get_attribute("value"))
+    w = [float(rows[str(j)]["weight"][1]) for j in range(t)]
+    assert abs(sum(w) - 1) < 1e-6, f"the weights of query #{mid} should sum to 1: {sum(w)}"
+    for j in range(t):
+        _check_vector_cell(rows[str(j)]["v"], v[layer, head, j].astype(np.float64), f"key {j}: v_j")
+        _check_vector_cell(rows[str(j)]["wv"], w[j] * v[layer, head, j].astype(np.float64), f"key {j}: w_j v_j")
+    assert_quiet(browser, "opening step inside")
 
 
 def test_the_step_inside_headers_stay_in_view_while_its_rows_scroll(browser, sampled_page):

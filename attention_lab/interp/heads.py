@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from attention_lab.interp.roles import MEASURES, ROLE_TABLE, ROLES, role_scores
+from attention_lab.interp.roles import LABEL_ROLES, LABEL_THRESHOLD, MEASURES, ROLES, role_label, role_scores
 
 # ------------------------------------------------------------------------------------------------------------
 # the built-in probe: random tokens, repeated
@@ -271,10 +271,9 @@ class PhaseChangeDetector:
         return found
 
 
-def head_label(scores: dict[str, np.ndarray], layer: int, head: int, threshold: float = 0.4) -> str:
-    """The head's strongest measured role if it reaches `threshold`, else "mixed"."""
-    best = max((r.name for r in ROLE_TABLE if r.names_heads), key=lambda r: scores[r][layer, head])
-    return best if scores[best][layer, head] >= threshold else "mixed"
+def head_label(scores: dict[str, np.ndarray], layer: int, head: int, threshold: float = LABEL_THRESHOLD) -> str:
+    """The head's strongest measured role if it reaches `threshold`, else "mixed" (roles.role_label)."""
+    return role_label({role: scores[role][layer, head] for role in LABEL_ROLES if role in scores}, threshold)
 
 
 def head_rows(scores: dict[str, np.ndarray], ablation: np.ndarray | None = None,

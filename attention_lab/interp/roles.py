@@ -41,7 +41,8 @@ i >= 1, and entropy scores 1.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -102,6 +103,34 @@ TRACKED_ROLES = tuple(r.name for r in ROLE_TABLE if r.tracked)
 ROLE_HELP = {r.name: r.help for r in ROLE_TABLE}
 DETECTION_ROLES = ("previous_token", "duplicate_token", "induction")  # each has a stripe and an all-rows form
 MEASURES = {r.name: r for r in ROLE_TABLE + ABLATION_TABLE}
+# A head's one-word label (the model view, sample.py's summary table, claims): its strongest role among these, if
+# that role's score reaches LABEL_THRESHOLD, else "mixed"
+LABEL_ROLES = tuple(r.name for r in ROLE_TABLE if r.names_heads)
+LABEL_THRESHOLD = 0.4
+MIXED = "mixed"
+
+
+def role_label(scores: Mapping[str, float | None], threshold: float = LABEL_THRESHOLD) -> str:
+    """One head's label from its scores {role: value}: the role of LABEL_ROLES with the highest score if that score
+    is >= threshold, else "mixed". Roles missing, None or NaN do not count (none measured: "mixed"); on a tie the
+    role listed first in ROLE_TABLE wins (previous token, duplicate token, induction, first token, self)."""
+    measured = [(role, float(scores[role])) for role in LABEL_ROLES
+                if scores.get(role) is not None and math.isfinite(float(scores[role]))]
+    if not measured:
+        return MIXED
+    role, value = max(measured, key=lambda rv: rv[1])  # max keeps the first of equal values: the table's order
+    return role if value >= threshold else MIXED
+
+
+def role_labels(scores: Mapping[str, Sequence], threshold: float = LABEL_THRESHOLD) -> list[list[str]]:
+    """role_label of every head: scores {role: (L, nh) array or nested lists, None where not measured} -> L x nh
+    labels ([] when no labelling role is given)."""
+    grids = {role: np.asarray(scores[role], dtype=object) for role in LABEL_ROLES if role in scores}
+    if not grids:
+        return []
+    n_layer, n_head = next(iter(grids.values())).shape
+    return [[role_label({role: g[layer, head] for role, g in grids.items()}, threshold) for head in range(n_head)]
+            for layer in range(n_layer)]
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ filled here. Nothing is fetched at view time, so it opens from disk, offline, in
 Shapes: L n_layer, nh n_head, T tokens. Attention travels as uint8 levels q = round(255 * sqrt(w)) of each head's
 lower triangle (the T (T + 1) / 2 weights a causal head can hold, row by row), base64-encoded: one byte instead of
 four, half the matrix, and the square root keeps small weights apart where the eye looks (the colours are
-sqrt-scaled, as in the PNGs of attention_maps.py). A weight comes back as (q / 255)^2, within 1/255 of itself.
+sqrt-scaled, as in the PNGs of attention_maps.py, on a white-to-blue scale: _colormap). A weight comes back as (q / 255)^2, within 1/255 of itself.
 
 The film reads what the trainer writes at every evaluation; every part may be missing (the page says which):
 
@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attention_lab.interp.roles import MEASURES, Role
+from attention_lab.interp.roles import LABEL_ROLES, LABEL_THRESHOLD, MEASURES, MIXED, Role, role_labels
 from attention_lab.runtime import cli
 from attention_lab.store.layout import RunLayout, SampleLayout
 from data.files import atomic_write, human_bytes
@@ -91,10 +91,12 @@ def _b64(a: np.ndarray) -> str:
 
 
 def _colormap() -> str:
-    """viridis at 256 levels (RGB uint8, base64): the PNGs' colours, indexed by the sqrt level directly."""
+    """The maps' colours at 256 levels (RGB uint8, base64), indexed by the sqrt level directly: matplotlib's
+    "Blues", white (weight 0) to dark blue (1). A light background keeps the many near-zero weights quiet and the
+    sqrt level lifts the small ones, so a thumbnail's stripes and columns show at a glance (the legend says so)."""
     from matplotlib import colormaps
 
-    rgb = colormaps["viridis"](np.linspace(0.0, 1.0, 256))[:, :3]
+    rgb = colormaps["Blues"](np.linspace(0.0, 1.0, 256))[:, :3]
     return _b64(np.rint(rgb * 255).astype(np.uint8))
 
 
@@ -179,6 +181,21 @@ def lab_page(limits: Mapping | None = None, *, title: str = "attention lab", tex
 # one sample
 
 
+def label_rule() -> dict:
+    """The model view's label rule, as the legend states it (roles.role_label): the roles that may name a head
+    (short names), the threshold and the word for none."""
+    names = {"previous_token": "previous token", "duplicate_token": "duplicate token", "induction": "induction",
+             "first_token": "first token", "self": "self", MIXED: MIXED}
+    return {"threshold": LABEL_THRESHOLD, "roles": [MEASURES[r].short for r in LABEL_ROLES], "none": MIXED,
+            "names": {r: names.get(r, r.replace("_", " ")) for r in (*LABEL_ROLES, MIXED)}}
+
+
+def score_record(step, roles: dict) -> dict:
+    """One evaluation's scores for the page: {"step", "roles": {role: L x nh}, "labels": L x nh role names (or
+    "mixed"), roles.role_label of each head; [] when no labelling role was measured}."""
+    return {"step": step, "roles": roles, "labels": role_labels(roles)}
+
+
 def _check_attention(attention, tokens: Sequence[str]) -> np.ndarray:
     a = np.asarray(attention, dtype=np.float32)
     if a.ndim != 4 or a.shape[2] != a.shape[3] or a.shape[2] == 0:
@@ -249,7 +266,8 @@ def sample_data(attention, tokens: Sequence[str], head_scores: Mapping | None = 
         "colormap": _colormap(),
         "roles": role_info(scores),
         "frames": [{"step": None, "label": "this text", "attn": _b64(quantise(a))}],
-        "scores": [{"step": None, "roles": scores}] if scores else [],
+        "scores": [score_record(None, scores)] if scores else [],
+        "label_rule": label_rule(),
     }
     if inside is not None and keep == t:
         data["inside"] = inside
@@ -406,7 +424,7 @@ def film_data(run_dir, *, max_bytes: int = FILM_MAX_BYTES) -> tuple[dict, str]:
         for role, values in roles.items():
             if np.asarray(values, dtype=object).shape == (n_layer, n_head):
                 kept[role] = _finite(values)
-        scores.append({"step": step, "roles": kept})
+        scores.append(score_record(step, kept))
     role_names = [role for s in scores for role in s["roles"]]
 
     total = len(frames)
@@ -436,6 +454,7 @@ def film_data(run_dir, *, max_bytes: int = FILM_MAX_BYTES) -> tuple[dict, str]:
         "frames": encoded,
         "frames_total": total,
         "scores": scores,
+        "label_rule": label_rule(),
         "curves": {k: [[s, _finite(v)] for s, v in sorted(d.items())] for k, d in curves.items() if d},
         "phase_changes": [json_safe(c) for c in changes],
     }

@@ -244,9 +244,10 @@ def lens_lines(lens, tokenizer: Tokenizer, labels: list[str]) -> str:
 
 def inside_data(model: GPT, qkv: np.ndarray, shares: np.ndarray, tokenizer: Tokenizer, lens, circuits: dict) -> dict:
     """What the page's "step inside" panel computes with: every head's q, k, v (T, hs) as the dot products and the
-    weighted sum see them (float32, from the analysis' cache), the kind of attention and its per-layer/per-head
-    constants, the norm of each head's share of the output projection at every query (the analysis' shares), the
-    logit lens and the circuits."""
+    weighted sum see them (float32, from the analysis' cache; the panel shows each v_j and w_j v_j), the kind of
+    attention and its per-layer/per-head constants (whether the positions add a score bias, QK-norm), the norm of
+    each head's share of the output projection at every query (the analysis' shares), the logit lens and the
+    circuits."""
     cfg = model.config
     n_layer, n_head, hs = cfg.n_layer, cfg.n_head, cfg.head_size
     qkv = qkv.astype(np.float32)
@@ -259,6 +260,9 @@ def inside_data(model: GPT, qkv: np.ndarray, shares: np.ndarray, tokenizer: Toke
     strings = dict(zip(vocab, tokenizer.token_strings(vocab)))
     return {
         "kind": cfg.attention, "hs": hs, "scale": cfg.score_scale, "alibi": slopes,
+        # what the panel names: a "+ bias" column only where the positions add one to the scores (ALiBi, not
+        # RoPE); QK-norm's sentence only where the model normalises q and k
+        "bias": bool(pe.has_score_bias), "qk_norm": bool(cfg.qk_norm), "positions": cfg.pos_encoding,
         "windows": [cfg.layer_window(i) for i in range(n_layer)], "sinks": sinks,
         "denominator": cfg.linear_denominator, "out_norm": cfg.linear_out_norm,
         "q": _b64(qkv[0]), "k": _b64(qkv[1]), "v": _b64(qkv[2]),

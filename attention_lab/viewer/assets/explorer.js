@@ -139,13 +139,20 @@ function roleScore(scores, role, l, h) {
   return v == null ? null : v;
 }
 
-// The model view's grid: every layer (rows) x head (columns) as a small heatmap, its role scores under it, in a
-// container of its own (the page's #grid; the live lab draws a second model's heads beside it, aligned row for
-// row). build() makes the cells once per shape; draw() paints one forward pass into them.
+// TransformerLens's all-rows copies of the stripe scores (prev·TL, ...): behind the legend's toggle
+function isTL(role) { return role.endsWith("_all_rows"); }
+
+// A head's label as the legend words it: rule = data.label_rule {threshold, roles, names: {role: text}, none}
+function labelText(role, rule) { return (rule && rule.names && rule.names[role]) || String(role).replace(/_/g, " "); }
+
+// The model view's grid: every layer (rows) x head (columns) as a small heatmap with one label under it (its
+// strongest role, or "mixed": roles.role_label, computed in Python), its scores on hover, in a container of its own
+// (the page's #grid; the live lab draws a second model's heads beside it, aligned row for row). build() makes the
+// cells once per shape; draw() paints one forward pass into them.
 class HeadGrid {
   constructor(container, onClick) {
     this.container = container; this.onClick = onClick; // onClick(l, h): a head was clicked (or Enter on it)
-    this.thumbs = []; this.L = this.H = -1; this.roles = {}; this.roleKeys = null;
+    this.thumbs = []; this.L = this.H = -1; this.roles = {}; this.roleKeys = null; this.rule = null;
   }
 
   // (re)builds the cells when the shape or the roles differ from the last build; true when it did
@@ -164,25 +171,33 @@ class HeadGrid {
       for (let h = 0; h < H; h++) {
         const canvas = el("canvas", { width: 1, height: 1 });
         const chips = Object.entries(this.roles).map(([role, info]) =>
-          el("span", { class: "sc", "data-role": role, title: "" }, `${info.short} `, el("b", { text: "\u2013" })));
+          el("span", { class: isTL(role) ? "sc tl" : "sc", "data-role": role, title: "" }, `${info.short} `,
+             el("b", { text: "\u2013" })));
+        const label = el("div", { class: "role-label" });
         const node = el("figure", { class: "thumb", "data-layer": l, "data-head": h, tabindex: 0,
                                     title: `layer ${l}, head ${h}: click to open it large` },
-          canvas, el("figcaption", { text: headName(l, h) }), el("div", { class: "scores" }, ...chips));
+          canvas, el("figcaption", { text: headName(l, h) }), label, el("div", { class: "scores" }, ...chips));
         node.addEventListener("click", () => this.onClick(l, h));
         node.addEventListener("keydown", (e) => { if (e.key === "Enter") this.onClick(l, h); });
         nodes.push(node);
-        this.thumbs.push({ l, h, node, canvas, chips });
+        this.thumbs.push({ l, h, node, canvas, chips, label });
       }
     }
     this.container.replaceChildren(...nodes);
     return true;
   }
 
-  // frame: a Frame of this grid's shape (or null: the cells stay empty); scores: {role: L x H}; cmap: RGB x 256
-  draw(frame, scores, cmap) {
+  // frame: a Frame of this grid's shape (or null: the cells stay empty); scores: {role: L x H}; cmap: RGB x 256;
+  // labels: L x H role names or "mixed" (the scores record's labels; none: no label); rule: data.label_rule
+  draw(frame, scores, cmap, labels = null, rule = null) {
+    this.rule = rule || this.rule;
     for (const t of this.thumbs) {
       if (frame) drawHeatmap(t.canvas, frame, t.l, t.h, 0, frame.T, 96, cmap);
       t.node.classList.toggle("empty", !frame);
+      const role = labels && labels[t.l] ? labels[t.l][t.h] : null;
+      t.label.textContent = role == null ? "" : labelText(role, this.rule);
+      t.label.dataset.role = role == null ? "" : role;
+      t.label.classList.toggle("mixed", role === (this.rule && this.rule.none));
       for (const chip of t.chips) {
         const role = chip.dataset.role, info = this.roles[role], v = roleScore(scores, role, t.l, t.h);
         chip.lastChild.textContent = fmtScore(v, info.unit);
@@ -229,12 +244,13 @@ class Explorer {
     const rolesChanged = roleKeys !== this.roleKeys;
     const oldTokens = this.tokens;
     this.tokens = data.tokens; this.L = data.L; this.H = data.H; this.T = data.T;
-    this.roles = roles; this.roleKeys = roleKeys;
+    this.roles = roles; this.roleKeys = roleKeys; this.rule = data.label_rule || null; this.labels = null;
     if (data.colormap !== this.cmapText) { this.cmap = decodeBase64(data.colormap); this.cmapText = data.colormap; }
     this.frame = null; this.scores = null;
     this.layer = Math.min(this.layer, Math.max(0, this.L - 1));
-    // a pinned query stays where it is while it exists; otherwise the last token (where a typed text grows)
-    if (!(this.pinned && this.query < this.T)) { this.query = Math.max(0, this.T - 1); this.pinned = false; }
+    // a pinned query stays where it is while it exists; otherwise a middle token, so that the page opens with
+    // later keys to mask: the head view greys them, step inside shows them at -inf with weight 0
+    if (!(this.pinned && this.query < this.T)) { this.query = Math.max(0, Math.floor((this.T - 1) / 2)); this.pinned = false; }
     if (shape) this.shownHeads = new Array(this.H).fill(true);
     if (rolesChanged) this.buildRoleOptions();
     if (shape) this.buildHeadChips();
@@ -477,13 +493,32 @@ class Explorer {
   }
 
   // --- model view: every layer x head as a small heatmap, its scores under it ------------------------------
+  // the legend: how to read a map's colours, what a head's label means, the scores behind it (hover) and the
+  // toggle that shows TransformerLens's all-rows copies (\u00b7TL)
   buildModelView() {
     this.grid.build(this.L, this.H, this.roles);
     this.thumbs = this.grid.thumbs;
-    const items = Object.values(this.roles).map((info) =>
-      el("span", { class: "legend-item", title: info.help || "" }, el("b", { text: info.short }), ` ${info.label}` +
+    const items = Object.entries(this.roles).map(([role, info]) =>
+      el("span", { class: isTL(role) ? "legend-item tl" : "legend-item", title: info.help || "" },
+         el("b", { text: info.short }), ` ${info.label}` +
          (info.unit === "nats" ? " (loss change in nats when the head is zeroed)" : "")));
-    document.getElementById("legend").replaceChildren(el("span", { text: "scores: " }), ...items);
+    const stops = [0, 64, 128, 192, 255].map((lv) => `rgb(${this.cmap[3 * lv]},${this.cmap[3 * lv + 1]},${this.cmap[3 * lv + 2]})`);
+    const parts = [el("p", { id: "legend-colour" }, el("span", { class: "ramp", style: `background:linear-gradient(90deg,${stops.join(",")})` }),
+      " colour = \u221a(weight): white 0, dark blue 1 (the square root lifts small weights, so a stripe of 0.05 " +
+      "still shows); ", el("span", { class: "ramp masked" }), " grey: the masked future (a query never sees later keys)")];
+    const rule = this.rule;
+    if (rule && Object.keys(this.roles).some((r) => (rule.roles || []).includes(this.roles[r].short))) {
+      parts.push(el("p", { id: "legend-label", text: `label: a head's strongest role (${rule.roles.join(", ")}) if ` +
+        `its score is \u2265 ${rule.threshold}, else "${rule.none}". Hover a head for its numbers.` }));
+    }
+    if (Object.keys(this.roles).some(isTL)) {
+      const box = el("input", { type: "checkbox", id: "show-tl" });
+      box.checked = document.body.classList.contains("show-tl");
+      box.addEventListener("change", () => document.body.classList.toggle("show-tl", box.checked));
+      parts.push(el("label", { class: "tl-toggle" }, box, " also show TransformerLens's all-rows copies (\u00b7TL)"));
+    }
+    if (items.length) parts.push(el("details", {}, el("summary", { text: "what each score means" }), ...items));
+    document.getElementById("legend").replaceChildren(...parts);
   }
 
   clickHead(l, h) {
@@ -498,7 +533,7 @@ class Explorer {
   }
 
   renderModelView() {
-    this.grid.draw(this.frame, this.scores, this.cmap);
+    this.grid.draw(this.frame, this.scores, this.cmap, this.labels, this.rule);
     this.setHeadMarks(this.headMarks);
   }
 
@@ -555,7 +590,7 @@ class Explorer {
     document.getElementById("big-range").textContent = count < this.T ? `tokens ${start}\u2013${start + count - 1} of ${this.T}` : "";
     const scores = document.getElementById("big-scores");
     scores.replaceChildren(...Object.entries(this.roles).map(([role, info]) =>
-      el("span", { class: "sc", title: info.help || "" }, `${info.label} `, el("b", { text: fmtScore(roleScore(src.scores, role, l, h), info.unit) }))));
+      el("span", { class: isTL(role) ? "sc tl" : "sc", title: info.help || "" }, `${info.label} `, el("b", { text: fmtScore(roleScore(src.scores, role, l, h), info.unit) }))));
     const maxPx = 560, cell = Math.max(1, Math.min(22, Math.floor(maxPx / count)));
     const size = Math.min(maxPx, cell * count);
     this.bigSize = size;
@@ -600,8 +635,9 @@ class Explorer {
   }
 
   // --- one forward pass ----------------------------------------------------------------------------------------
-  setFrame(frame, scores, label) {
-    this.frame = frame; this.scores = scores; this.label = label || "";
+  // labels: L x H, each head's role label (the scores record's `labels`), or null
+  setFrame(frame, scores, label, labels = null) {
+    this.frame = frame; this.scores = scores; this.label = label || ""; this.labels = labels;
     document.getElementById("head-view").classList.toggle("empty", !frame);
     this.renderHeadView();
     this.renderModelView();

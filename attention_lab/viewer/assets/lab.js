@@ -724,7 +724,7 @@ class Lab {
     const frame = new Frame(b.frames[0].attn, b.L, b.H, b.T);
     const scores = b.scores.length ? b.scores[0].roles : null;
     this.cmpGrid.build(b.L, b.H, b.roles || {});
-    this.cmpGrid.draw(frame, scores, this.cmpCmap);
+    this.cmpGrid.draw(frame, scores, this.cmpCmap, b.scores.length ? b.scores[0].labels : null, b.label_rule);
     this.cmp = { data: b, text, frame, scores, source: { other: true, frame, scores, label: `${name(other)} \u00b7 this text` } };
     const select = this.$("lab-cmp-role"), keep = select.value;
     if (select.options.length !== Object.keys(b.roles || {}).length) {

@@ -39,8 +39,9 @@ class SampleView {
       this.explorer.setData(data);
       this.panel.setData(data);
     }
-    this.explorer.setFrame(new Frame(data.frames[0].attn, data.L, data.H, data.T),
-                           data.scores.length ? data.scores[0].roles : null, data.frames[0].label || "this text");
+    const rec = data.scores.length ? data.scores[0] : null;
+    this.explorer.setFrame(new Frame(data.frames[0].attn, data.L, data.H, data.T), rec ? rec.roles : null,
+                           data.frames[0].label || "this text", rec ? rec.labels : null);
   }
 }
 
@@ -196,7 +197,7 @@ class Film {
     if (rec && rec.step !== step) text += ` \u00b7 head roles from step ${rec.step}`;
     if (this.records.length && !rec) text += " \u00b7 no head roles measured yet";
     document.getElementById("step-label").textContent = text;
-    if (this.explorer) this.explorer.setFrame(this.frame(i), rec ? rec.roles : null, label);
+    if (this.explorer) this.explorer.setFrame(this.frame(i), rec ? rec.roles : null, label, rec ? rec.labels : null);
     this.lossChart.setCursor(step);
     this.drawRoleChart();
   }
