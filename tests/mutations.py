@@ -922,8 +922,8 @@ MUTATIONS = (
              "for token, label in zip(new, lm.tokenizer.token_strings(new)[::-1]):",
              ("tests/test_lab_server.py",), "the lab files a token's remembered OV writes under another token"),
     Mutation("lab_second_grid_shows_the_first_model", "attention_lab/viewer/assets/lab.js",
-             "    this.cmpGrid.draw(frame, scores, this.cmpCmap);",
-             "    this.cmpGrid.draw(this.view.explorer.frame, scores, this.cmpCmap);",
+             "    this.cmpGrid.draw(frame, scores, this.cmpCmap, b.scores.length ? b.scores[0].labels : null, b.label_rule);",
+             "    this.cmpGrid.draw(this.view.explorer.frame, scores, this.cmpCmap, b.scores.length ? b.scores[0].labels : null, b.label_rule);",
              ("tests/test_lab_page.py::test_a_second_model_is_drawn_beside_the_first_head_for_head",),
              "the second model's grid draws the first model's maps under the second one's name", browser=True),
     # chosen from the code alone by a helper who had not read the tests (docs/testing.md): 11 of 13 caught before
