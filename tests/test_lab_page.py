@@ -586,7 +586,8 @@ def test_a_hidden_key_exactly_one_past_the_end_is_not_sent(browser, lab):
 
 def test_step_inside_follows_the_checkpoint_slider_at_the_same_length(browser, lab):
     """The same text at another checkpoint has as many tokens: the step-inside panel must compute with that
-    checkpoint's q, k, v, not keep the ones it decoded before."""
+    checkpoint's q, k, v, not keep the ones it decoded before. A typed text's panel opens on its middle token, the
+    later keys at -inf with weight 0 (planted bug: inside_opens_on_the_last_query)."""
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import Select
 
@@ -594,6 +595,13 @@ def test_step_inside_follows_the_checkpoint_slider_at_the_same_length(browser, l
     set_text(browser, TEXT)
     drawn(browser, lab, TEXT)
     ids = lab.tok.encode(TEXT)
+    mid = (len(ids) - 1) // 2
+    what = css(browser, "#in-what")[0].text
+    assert f"query #{mid} " in what, f"the lab's step inside should open on the middle query #{mid}: {what!r}"
+    opened = {r["key"]: r for r in _panel_rows(browser)}
+    for j in range(mid + 1, len(ids)):
+        assert opened[str(j)]["masked"][1] == "-Infinity" and float(opened[str(j)]["weight"][1]) == 0.0, (
+            f"the future key {j} of query #{mid} should be -inf with weight 0: {opened[str(j)]}")
     layer, head, query = 1, 2, len(ids) - 1
 
     def check(step: int) -> None:
