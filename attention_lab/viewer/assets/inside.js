@@ -246,7 +246,7 @@ class InsidePanel {
       (bias ? td("bias", fmt(r.bias), exact(r.bias)) : "") +
       td("masked", r.hidden ? "\u2212\u221e (outside the window)" : r.future ? "\u2212\u221e (the future)" : fmt(r.logit),
          exact(r.logit)) +
-      td("weight", `<span class="wbar" style="width:${(100 * r.weight).toFixed(1)}px;background:${colour}"></span>` +
+      td("weight", `<span class="wbar" style="width:${(60 * r.weight).toFixed(1)}px;background:${colour}"></span>` +
                    `<span> ${r.future || r.hidden ? "0" : fmt(r.weight)}</span>`, exact(r.weight)) +
       vec("v", this.vec(this.v, l, h, r.j)) + vec("wv", r.wv, r.future || r.hidden) + "</tr>");
     if (sink) {
