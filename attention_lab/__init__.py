@@ -18,6 +18,8 @@
       training/           the config schema, optimizers and schedules, the evaluation callbacks, TrainState, the
                           loop's parts, the whole-split evaluation
       claims.py           the tutorials' claims as experiments: arms trained by train.py, measured, reported
+      ideas/              each idea of the tutorials seen in a run you trained: `python -m attention_lab.ideas NAME`
+                          prints its numbers and draws one figure (measured in interp/ideas.py, drawn in viewer/)
       lab/                the live lab: a local web app over the rooms above (one forward pass, one cache per
                           text; interventions as hooks); `show(run, text)` puts one text's page in a notebook
     train.py, sample.py   entry points: short stories over the rooms above
@@ -46,6 +48,9 @@ ROOMS: dict[str, tuple[str, ...]] = {
     # experiments: the tutorials' claims as arms trained by train.py (subprocesses), measured and reported
     "attention_lab.claims": ("model", "data", "attention_lab.runtime", "attention_lab.store", "attention_lab.interp",
                              "attention_lab.training"),
+    # the tutorials' ideas on a trained run: one command per idea, numbers printed and one figure written
+    "attention_lab.ideas": ("model", "data", "attention_lab.runtime", "attention_lab.store", "attention_lab.interp",
+                            "attention_lab.viewer", "attention_lab.training"),
     # the live lab: a local server and page over the library's functions (nothing imports it but `show`)
     "attention_lab.lab": ("model", "data", "attention_lab.runtime", "attention_lab.store", "attention_lab.interp",
                           "attention_lab.viewer", "attention_lab.sampling", "attention_lab.interop"),

@@ -130,6 +130,11 @@ class RunLayout:
     def film(self) -> Path:
         return self.root / "attention.html"
 
+    # `python -m attention_lab.ideas NAME`'s figures: ideas/NAME.png
+    @property
+    def ideas(self) -> Path:
+        return self.root / "ideas"
+
     # sample.py's outputs
     @property
     def samples(self) -> Path:

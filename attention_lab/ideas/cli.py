@@ -1,0 +1,495 @@
+"""`python -m attention_lab.ideas NAME [RUN] [--text "..."] [--out DIR]`: one idea of the tutorials on a run you
+trained. Each idea opens the run (sample.py's choice when RUN is left out), measures with
+attention_lab/interp/ideas.py from one recorded forward pass, prints a few numbers in plain words, and writes one
+figure (attention_lab/viewer/ideas.py) to <run>/ideas/NAME.png, or DIR/NAME.png with --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from attention_lab.ideas import published
+from attention_lab.interp import ideas as measure
+from attention_lab.interp.measures import position_losses
+from attention_lab.runtime import cli
+from attention_lab.runtime.device import cpu_model
+from attention_lab.store.checkpoint import Checkpoint, CheckpointError, choose_run, load_checkpoint, run_summary
+from attention_lab.store.layout import RunLayout, run_of_checkpoint
+from attention_lab.training.config import OptimConfig
+from attention_lab.training.evaluate import data_dir_of, tiling_windows
+from attention_lab.training.loop import train_step
+from attention_lab.training.optim import configure_optimizer, lr_at, lr_multiplier
+from attention_lab.viewer import ideas as draw
+from data.batches import BatchSampler, windows
+from data.files import atomic_write
+from data.prepare import PreparedData
+from data.tokenizer import Tokenizer
+from model import GPTConfig, has_attention, lstm_matching, num_params
+from model.positions import RotaryPositions, sinusoidal_table
+from model.registry import build_model
+
+DEFAULT_TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?"
+MEANING_WORDS = ("will", "bear", "light", "mean", "state")
+
+
+@dataclass
+class Opened:
+    """A run's checkpoint, its model and tokenizer, and the folder its figures go to by default."""
+
+    ckpt: Checkpoint
+    model: torch.nn.Module
+    tokenizer: Tokenizer
+    run_dir: Path
+    label: str  # the run folder, for titles
+
+
+def open_run(run: Path | None, runs_root: Path, which: str = "best", say: Callable = print) -> Opened:
+    """The named run, or the one sample.py would open (choose_run: the latest run of the default preset)."""
+    choice = None
+    if run is None:
+        if not any(p.is_dir() for p in Path(runs_root).glob("**/checkpoints")):
+            raise CheckpointError(f"no trained run under {Path(runs_root).resolve()}: train one with `make train` "
+                                  "(the default run, about 8 minutes on a CPU), or name a run folder: "
+                                  "python -m attention_lab.ideas NAME runs/<preset>/<time>")
+        choice = choose_run(runs_root)
+    ckpt = load_checkpoint(run if run is not None else choice.path, which)
+    say(run_summary(ckpt, choice))
+    model = ckpt.build_model("cpu")
+    run_dir = run_of_checkpoint(ckpt.path)
+    return Opened(ckpt, model, ckpt.tokenizer(), run_dir, f"{run_dir.parent.name}/{run_dir.name}")
+
+
+def need_attention(opened: Opened, idea: str) -> None:
+    if not has_attention(opened.model.config):
+        raise ValueError(f"{opened.run_dir} is an LSTM (model.arch=lstm): it has no attention for `{idea}`; "
+                         "name a transformer run")
+
+
+def encode(opened: Opened, text: str) -> tuple[list[int], list[str]]:
+    ids = opened.tokenizer.encode(text)[-opened.model.config.block_size:]
+    if len(ids) < 2:
+        raise ValueError(f"--text must encode to 2 tokens or more, got {len(ids)}")
+    return ids, opened.tokenizer.token_strings(ids)
+
+
+def save(fig, path: Path) -> Path:
+    """The figure as a PNG, written atomically (a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    with atomic_write(path, "wb") as f:
+        f.write(buffer.getvalue())
+    return path
+
+
+def fmt(values, digits: int = 2) -> str:
+    return ", ".join(f"{v:.{digits}f}" for v in np.asarray(values).flatten())
+
+
+# --- the ideas ------------------------------------------------------------------------------------------------------
+
+
+def find_token(labels: Sequence[str], word: str, after: int = -1) -> int | None:
+    """The first position after `after` whose token, stripped, is `word` (or `word` is a position)."""
+    if word.lstrip("-").isdigit():
+        return int(word) % len(labels)
+    return next((i for i, s in enumerate(labels) if i > after and s.strip() == word), None)
+
+
+def pick_pair(labels: Sequence[str], words: Sequence[str] | None) -> tuple[int, int]:
+    wanted = list(words) if words else ["light", "break"]
+    a = find_token(labels, wanted[0])
+    b = find_token(labels, wanted[1], a if a is not None else -1)
+    if a is None or b is None:
+        if words:
+            raise ValueError(f"--pair {' '.join(words)}: each must be a token of the text or a position; the "
+                             f"tokens are {[s for s in labels]}")
+        a, b = len(labels) // 3, 2 * len(labels) // 3
+    return (a, b) if a < b else (b, a)
+
+
+def idea_lookup(args, opened: Opened, out: Path) -> None:
+    need_attention(opened, "lookup")
+    ids, labels = encode(opened, args.text)
+    a, b = pick_pair(labels, args.pair)
+    lk = measure.lookup(opened.model, ids, a, b)
+    n_layer, n_head = lk.ab.shape
+    print(f"tokens a = {labels[a]!r} (position {a}) and b = {labels[b]!r} (position {b}); scores q.k / "
+          f"sqrt(d_k), d_k = {opened.model.config.head_size}")
+    print("head     q_a.k_b   q_b.k_a   (a looks for b / b looks for a)" + ("   before RoPE: q_a.k_b  q_b.k_a"
+                                                                            if lk.rope else ""))
+    for layer in range(n_layer):
+        for h in range(n_head):
+            line = f"L{layer}H{h}   {lk.ab[layer, h]:+8.3f}  {lk.ba[layer, h]:+8.3f}"
+            if lk.rope:
+                line += f"                     {lk.ab_content[layer, h]:+8.3f} {lk.ba_content[layer, h]:+8.3f}"
+            print(line)
+    gap = np.abs(lk.ab - lk.ba)
+    print(f"the two differ in every head: mean |q_a.k_b - q_b.k_a| = {gap.mean():.3f} (largest {gap.max():.3f}); "
+          f"the model uses only q_b.k_a (b comes later and sees a, weight {fmt(lk.weight_ba.mean(1), 3)} per block, "
+          f"mean over heads); q_a.k_b is masked (-inf): a cannot see b")
+    layer = args.layer if args.layer is not None else 0
+    tied = tied_labels = None
+    tied_label = ""
+    if args.tied is not None:
+        other = open_run(args.tied, args.runs_root, args.which)
+        if not getattr(other.model.config, "qk_tied", False):
+            raise ValueError(f"--tied {args.tied} is not a qk_tied model: train one with model.qk_tied=true")
+        tied_ids, tied_labels = encode(other, args.text)
+        ta, tb = pick_pair(tied_labels, args.pair)
+        tied = measure.lookup(other.model, tied_ids, ta, tb)
+        tied_label = other.label
+        print(f"qk_tied model {other.label}: largest |q_a.k_b - q_b.k_a| over heads = "
+              f"{np.abs(tied.ab - tied.ba).max():.2e}, before RoPE {np.abs(tied.ab_content - tied.ba_content).max():.2e},"
+              f" over every pair of the text {np.abs(tied.asymmetry).max():.2e}")
+        print("with k = q the two scores are one number: positions do not change that (RoPE turns q and k of each "
+              "token by the same angle, so k stays q); what breaks the symmetry is the mask: only the later "
+              "token may look at the earlier one")
+    else:
+        print("pass --tied RUN (a run trained with model.qk_tied=true) to see the same table where k = q")
+    fig = draw.lookup_figure(lk, labels, layer, opened.label, tied, tied_labels, tied_label)
+    print(f"figure: {save(fig, out)}")
+
+
+def idea_scale(args, opened: Opened, out: Path) -> None:
+    need_attention(opened, "scale")
+    ids, _ = encode(opened, args.text)
+    st = measure.scale_stats(opened.model, ids)
+    print(f"d_k = {st.d_k}: the model multiplies q.k by {st.scale:.4f} (= 1/sqrt({st.d_k}))")
+    print(f"spread (std) of the scores per block: with the scale {fmt(st.std_scaled)}; without {fmt(st.std_raw)}")
+    print(f"softmax's largest weight in a row (mean): with {fmt(st.max_weight_scaled)}; without "
+          f"{fmt(st.max_weight_raw)}")
+    print(f"entropy of a row's weights (nats, mean): with {fmt(st.entropy_scaled)}; without {fmt(st.entropy_raw)}")
+    if st.qk_norm:
+        print(f"QK-norm: every q and k is rescaled to length sqrt(d_k) = {st.d_k ** 0.5:.2f} before the dot product "
+              f"(measured |q|: {fmt(st.q_norm)}); straight out of the projection |q| ranged "
+              + "; ".join(f"block {i}: {r[0]:.2f}..{r[2]:.2f}" for i, r in enumerate(st.q_norm_before)))
+        print(f"so |q.k| <= d_k and every score |q.k / sqrt(d_k)| <= {st.bound:g}: the largest here is "
+              f"{st.max_abs_scaled:.2f}. The scores cannot grow without limit, whatever the weights learn")
+    else:
+        print("this model has no QK-norm: the scores are bounded by nothing but the weights")
+    print(f"check: softmax of the scaled scores equals the model's own weights to {st.pattern_error:.1e}")
+    print(f"figure: {save(draw.scale_figure(st, opened.label), out)}")
+
+
+def context_text(tokenizer: Tokenizer, window: np.ndarray, last: int = 10) -> str:
+    return " ".join(tokenizer.decode(int(t) for t in window[-last:]).split())
+
+
+def idea_meaning(args, opened: Opened, out: Path) -> None:
+    need_attention(opened, "meaning")
+    tok = opened.tokenizer
+    data = PreparedData.open(data_dir_of(opened.run_dir, opened.ckpt.path))
+    tokens = np.asarray(data.tokens("val"))
+    width = min(args.width, opened.model.config.block_size)
+    continues = frozenset(i for i, s in enumerate(tok.token_strings(range(tok.vocab_size))) if s[:1].isalpha())
+    curves, sims, contexts = {}, {}, {}
+    for word in args.words.split(","):
+        word = word.strip()
+        ids = tok.encode(" " + word)
+        if len(ids) != 1:  # a character vocabulary: the word's own character(s)
+            ids = tok.encode(word)
+        if len(ids) != 1:
+            print(f"'{word}': not one token in this vocabulary ({len(ids)} tokens); left out")
+            continue
+        ends = measure.word_contexts(tokens, ids[0], width, args.contexts, tok.eot_id, continues)
+        if len(ends) < 3:
+            print(f"'{word}': {len(ends)} contexts in the held-out text; left out")
+            continue
+        wins = measure.windows_ending_at(tokens, ends, width)
+        vectors = measure.last_token_vectors(opened.model, wins)  # (L + 1, N, C)
+        curves[word] = measure.mean_pair_cosine(vectors)
+        sims[word] = measure.cosine_matrix(vectors[-1])
+        contexts[word] = wins
+    if not curves:
+        raise ValueError(f"none of {args.words} has 3 contexts in the held-out text; pass --words")
+    rng = np.random.default_rng(0)
+    starts = rng.choice(np.arange(width - 1, len(tokens) - 1), size=args.contexts * 4, replace=False)
+    floor_ends = np.array([e for e in starts if tok.eot_id not in tokens[e - width + 1: e + 1]][: args.contexts])
+    floor = measure.mean_pair_cosine(measure.last_token_vectors(opened.model,
+                                                                measure.windows_ending_at(tokens, floor_ends, width)))
+    layers = ["embedding"] + [f"block {i}" for i in range(len(floor) - 1)]
+    print(f"held-out plays ({', '.join(data.meta.get('val_docs', []))}); each context: the {width} tokens ending at "
+          f"the word; mean cosine between the word's vectors in different contexts, at {', '.join(layers)}:")
+    for word, c in curves.items():
+        print(f"  '{word}' ({len(contexts[word])} contexts): {fmt(c)}")
+    print(f"  two unrelated tokens (the floor): {fmt(floor)}")
+    for word, wins in contexts.items():
+        (i, j, c), *_ = measure.nearest_pairs(measure.last_token_vectors(opened.model, wins)[-1], 1)
+        far = np.unravel_index(np.argmin(sims[word]), sims[word].shape)
+        print(f"'{word}' after the last block, the nearest contexts (cosine {c:.2f}): c{i} \"...{context_text(tok, wins[i])}\""
+              f" and c{j} \"...{context_text(tok, wins[j])}\"; the farthest ({sims[word][far]:.2f}): "
+              f"c{far[0]} \"...{context_text(tok, wins[far[0]])}\" and c{far[1]} \"...{context_text(tok, wins[far[1]])}\"")
+    first = next(iter(curves))
+    for k, w in enumerate(contexts[first]):
+        print(f"  c{k}: ...{context_text(tok, w)}")
+    fig = draw.meaning_figure(curves, floor, sims[first], first, opened.label)
+    print(f"figure: {save(fig, out)}")
+
+
+def idea_positions(args, opened: Opened, out: Path) -> None:
+    cfg = opened.model.config
+    n = min(cfg.block_size, 128)
+    table = sinusoidal_table(n, getattr(cfg, "n_embd", 64)).numpy()
+    rope_cfg = cfg if isinstance(cfg, GPTConfig) else GPTConfig(n_embd=64, n_head=1)
+    pe = opened.model.transformer.wpe if hasattr(opened.model, "transformer") else None
+    inv_freq = (pe if isinstance(pe, RotaryPositions) else RotaryPositions(rope_cfg)).inv_freq
+    angles = (torch.arange(n, dtype=torch.float32)[:, None] * inv_freq[None, :]).numpy()  # (P, hs/2)
+    print(f"this run's positions: {getattr(cfg, 'pos_encoding', 'none (an LSTM reads in order)')}")
+    print(f"sinusoid table: {n} positions x {table.shape[1]} dimensions; each pair of columns turns at its own speed, "
+          f"from one turn every {2 * np.pi:.1f} positions (the first) to one every "
+          f"{2 * np.pi * 10000 ** ((table.shape[1] - 2) / table.shape[1]):,.0f} (the last)")
+    print(f"RoPE: each head's {len(inv_freq)} channel pairs turn by position x {float(inv_freq[0]):g} ... "
+          f"{float(inv_freq[-1]):.2g} radians; a query at p and a key at p' meet at angle (p - p') x rate: the "
+          "score sees their distance, not where they are")
+    page = published.read_page()
+    numbers = published.positions_by_length(page)
+    if numbers:
+        print("claim 'positions' (docs/claims.md, bits/byte on the test plays, mean of 5 seeds; 1x = the trained "
+              "length, 2x and 4x longer):")
+        for arm, v in numbers.items():
+            print(f"  {arm:<11} " + ", ".join(f"{k}: {x:.3f}" for k, x in v.items()))
+        print("no positions at all is the worst at the trained length (the model still learns some order: the "
+              "mask lets a token count how many came before it)")
+    fig = draw.positions_figure(table, angles, numbers, opened.label)
+    print(f"figure: {save(fig, out)}")
+
+
+def train_lstm(cfg: GPTConfig, tokens: np.ndarray, steps: int, lr: float, seed: int = 0,
+               batch_size: int = 4, say: Callable = print):
+    """The LSTM of the GPT's size (lstm_matching) trained for `steps` AdamW steps on `tokens` (warmup, cosine)."""
+    torch.manual_seed(seed)
+    lcfg = lstm_matching(cfg)
+    model = build_model(lcfg)
+    oc = OptimConfig(name="adamw", lr=lr, min_lr=lr / 10, warmup_steps=max(1, steps // 10), schedule="cosine")
+    opt = configure_optimizer(model, oc, torch.device("cpu"))
+    sampler = BatchSampler(tokens, lcfg.block_size, batch_size, seed)
+    model.train()
+    start = time.perf_counter()
+    for step in range(steps):
+        opt.set_lr_multiplier(lr_multiplier(step, oc, steps))
+        loss, _ = train_step(model, opt, sampler, 1, torch.device("cpu"), torch.float32, 1.0)
+        if (step + 1) % max(1, steps // 4) == 0:
+            say(f"  LSTM step {step + 1}/{steps}: train loss {loss:.3f} ({time.perf_counter() - start:.0f} s)")
+    return model.eval()
+
+
+def idea_rnn(args, opened: Opened, out: Path) -> None:
+    need_attention(opened, "rnn")
+    cfg = opened.model.config
+    data = PreparedData.open(data_dir_of(opened.run_dir, opened.ckpt.path))
+    if args.lstm is not None:
+        lstm = open_run(args.lstm, args.runs_root, args.which)
+        if has_attention(lstm.model.config):
+            raise ValueError(f"--lstm {args.lstm} is not an LSTM run (model.arch=lstm)")
+        lstm_model, lstm_label = lstm.model, lstm.label
+    else:
+        print(f"training an LSTM of the same size for {args.steps} steps on the same data (--steps; --lstm RUN "
+              "takes a trained one)")
+        lstm_model = train_lstm(cfg, data.tokens("train"), args.steps, args.lstm_lr)
+        lstm_label = f"LSTM, {args.steps} steps here"
+    t = min(cfg.block_size, lstm_model.config.block_size)
+    val = data.tokens("val")
+    starts, first = tiling_windows(len(val), t)
+    starts = starts[first == 0]
+    starts = starts[np.linspace(0, len(starts) - 1, min(args.windows, len(starts))).astype(np.int64)]
+    x, y = windows(val, starts, t)
+    curves = {f"transformer (step {opened.ckpt.step})": position_losses(opened.model, x, y, 4),
+              lstm_label: position_losses(lstm_model, x, y, 4)}
+    p_gpt, p_lstm = num_params(opened.model), num_params(lstm_model)
+    print(f"parameters: transformer {p_gpt:,}, LSTM {p_lstm:,}; loss (nats/token) on {len(starts)} held-out "
+          f"windows of {t} tokens, by position:")
+    marks = [p for p in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024) if p <= t]
+    for name, c in curves.items():
+        print(f"  {name:<28} " + ", ".join(f"{p}: {c[p - 1]:.2f}" for p in marks))
+    for name, c in curves.items():
+        early, late = c[: max(1, t // 16)].mean(), c[t // 2:].mean()
+        print(f"  {name}: first {max(1, t // 16)} positions {early:.2f}, second half {late:.2f} "
+              f"(context is worth {early - late:.2f} nats/token to it)")
+    recall = published.recall_by_distance(published.read_page())
+    if recall:
+        print("claim 'recall' (docs/claims.md): bits per copied letter at distance d (4 = chance, 0 = perfect):")
+        for arm, pts in recall.items():
+            print(f"  {arm:<11} " + ", ".join(f"d={d}: {v:.3f}" for d, v in sorted(pts.items())))
+    threads = torch.get_num_threads()
+    xb, yb = x[:4], y[:4]
+    speed = {"transformer": measure.tokens_per_second(opened.model, xb, yb, args.repeats),
+             "LSTM": measure.tokens_per_second(lstm_model, xb, yb, args.repeats)}
+    print(f"training speed here (forward + backward, {xb.shape[0]} x {t} tokens, {threads} thread(s) each, "
+          f"{cpu_model()}): transformer {speed['transformer']:,.0f} tokens/s, LSTM {speed['LSTM']:,.0f} tokens/s")
+    print("what 'parallel' means: the transformer computes all positions of a sequence in one matrix product per "
+          "layer; the LSTM must loop over time, step t waiting for step t - 1. On a CPU with a few cores both "
+          "keep the cores busy with the batch and the width, so the loop costs little and the smaller LSTM step "
+          "can be faster per token; on a GPU, with thousands of cores, the loop of small steps leaves most of them "
+          "idle while one big matrix product fills them, which is where attention trains much faster.")
+    fig = draw.rnn_figure(curves, recall, speed, threads, opened.label)
+    print(f"figure: {save(fig, out)}")
+
+
+def idea_mask(args, opened: Opened, out: Path) -> None:
+    need_attention(opened, "mask")
+    ids, labels = encode(opened, args.text)
+    row = measure.mask_row(opened.model, ids, args.layer or 0, args.head, args.query)
+    q = row.query
+    print(f"block {row.layer}, head {row.head}, query {q} {labels[q]!r} (of {len(ids)} tokens):")
+    for j, (s, w) in enumerate(zip(row.scores, row.weights)):
+        where = "future: hidden" if j > q else ("itself" if j == q else "")
+        print(f"  key {j:>2} {labels[j]!r:<14} score {s:>8.3f}   weight {w:.4f}   {where}")
+    future = row.weights[q + 1:]
+    print(f"the {len(future)} future keys: score -inf, weight exactly 0 ({int((future == 0).sum())} of "
+          f"{len(future)} are 0.0); the {q + 1} visible weights sum to {row.weights[: q + 1].sum():.6f}")
+    print("why it matters: with the future hidden, the prediction at every position reads only the tokens before "
+          "it, so one forward pass over a text trains all its next-token predictions at once, none of them "
+          "able to copy its answer")
+    print(f"figure: {save(draw.mask_figure(row, labels, opened.label), out)}")
+
+
+def idea_residual(args, opened: Opened, out: Path) -> None:
+    need_attention(opened, "residual")
+    ids, labels = encode(opened, args.text)
+    res = measure.residual(opened.model, ids, k=1)
+    n = len(res.attn_norm)
+    print(f"mean length of each vector per token: embedding {res.embed_norm:.2f}; "
+          + "; ".join(f"block {i}: attention adds {res.attn_norm[i]:.2f}, MLP adds {res.mlp_norm[i]:.2f}"
+                      for i in range(n)))
+    print(f"the stream itself grows {fmt(res.stream_norm)} (entering each block, then leaving the last); "
+          f"embedding + every addition = the last stream to {res.final_error:.1e}")
+    words = [opened.tokenizer.token_strings(res.lens.ids[layer, :, 0]) for layer in range(n + 1)]
+    last = len(ids) - 1
+    print(f"logit lens after {labels[last]!r} (the last token), top next token at each depth: "
+          + ", ".join(f"{'embedding' if d == 0 else f'block {d - 1}'}: {words[d][last]!r} "
+                      f"({res.lens.probs[d, last, 0]:.2f})" for d in range(n + 1)))
+    print(f"figure: {save(draw.residual_figure(res, words, labels, opened.label), out)}")
+
+
+def logged_rates(metrics: Path) -> tuple[np.ndarray, np.ndarray] | None:
+    """(steps, lr) from a run's metrics.jsonl; None when it has none."""
+    try:
+        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return None
+    pts = [(r["step"], r["lr"]) for r in rows if "lr" in r and "step" in r]
+    return (np.array([p[0] for p in pts]), np.array([p[1] for p in pts])) if pts else None
+
+
+def schedule(oc: OptimConfig, max_steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """(steps 0..max_steps - 1, the AdamW rate lr_at gives at each)."""
+    steps = np.arange(max_steps)
+    return steps, np.array([lr_at(int(s), oc, max_steps) for s in steps])
+
+
+def idea_warmup(args, opened: Opened, out: Path) -> None:
+    layout = RunLayout(opened.run_dir)
+    try:
+        config = json.loads(layout.config.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{layout.config} cannot be read ({e}): the schedule comes from the run's config") from None
+    oc = OptimConfig(**config.get("optim", {}))
+    max_steps = int(config.get("train", {}).get("max_steps", 0))
+    if max_steps < 1:
+        raise ValueError(f"{layout.config} names no train.max_steps")
+    steps, lr = schedule(oc, max_steps)
+    muon = lr / oc.lr * oc.muon_lr if oc.name == "muon" else None
+    logged = logged_rates(layout.metrics)
+    print(f"{oc.schedule} schedule over {max_steps} steps: warmup {oc.warmup_steps} steps from "
+          f"{lr[0]:.2e} to {oc.lr:g}, then " + ("constant until the last " f"{oc.decay_frac:.0%} of the run, then linear"
+                                               if oc.schedule == "wsd" else "cosine") + f" decay to {oc.min_lr:g}"
+          + (f"; Muon's rate follows the same shape from {oc.muon_lr:g}" if muon is not None else ""))
+    marks = sorted({0, oc.warmup_steps // 2, oc.warmup_steps, max_steps // 2, max_steps - 1} & set(steps.tolist()))
+    print("the rate at step " + ", ".join(f"{s}: {lr[s]:.2e}" for s in marks))
+    if logged is not None:
+        budget = config.get("train", {}).get("max_minutes")
+        print(f"the run logged {len(logged[0])} rates (dots in the figure)"
+              + (f"; with a time budget ({budget:g} min) the schedule runs on the clock when the machine is slower "
+                 "than the steps assume, so the logged dots can sit ahead of the curve" if budget else ""))
+    print("why warmup: at the start the weights are random and Adam's running estimate of each gradient's size "
+          "rests on a handful of steps, so full-size steps can throw the model into a region it never recovers "
+          "from (a loss spike); growing the rate over the first steps lets those estimates settle first")
+    fig = draw.warmup_figure(steps, lr, muon, logged, oc.warmup_steps, opened.label)
+    print(f"figure: {save(fig, out)}")
+
+
+IDEAS: dict[str, tuple[Callable, str]] = {
+    "lookup": (idea_lookup, "what a word looks for (q) differs from what it offers (k): q_a.k_b beside q_b.k_a"),
+    "scale": (idea_scale, "1/sqrt(d_k): the scores' spread and the softmax with and without it; QK-norm's bound"),
+    "meaning": (idea_meaning, "context changes a word's meaning: one word's vectors across contexts, by layer"),
+    "positions": (idea_positions, "the sinusoid table, RoPE's rotation, the positions claim's numbers"),
+    "rnn": (idea_rnn, "the transformer against an LSTM of equal size: loss by position, recall, tokens/s"),
+    "mask": (idea_mask, "a middle query's row: the future keys at -inf and weight exactly 0"),
+    "residual": (idea_residual, "the residual stream through the blocks and the logit lens at each depth"),
+    "warmup": (idea_warmup, "the run's learning-rate schedule (lr_at) and why it warms up"),
+}
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m attention_lab.ideas",
+                                description="One idea of the tutorials on a run you trained: numbers and a figure.")
+    p.add_argument("name", nargs="?", help=f"the idea: {', '.join(IDEAS)} (--list says what each shows)")
+    p.add_argument("run", nargs="?", type=Path,
+                   help="run folder (default: the latest run of the default preset, as sample.py opens)")
+    p.add_argument("--list", action="store_true", help="the ideas and what each shows")
+    p.add_argument("--text", default=None, help=f"the text to read (default: the run's probe prompt, "
+                                                  f"{DEFAULT_TEXT!r})")
+    p.add_argument("--out", type=Path, default=None, help="folder for the figure (default: <run>/ideas/)")
+    p.add_argument("--runs-root", type=Path, default=Path("runs"), help="where to look for the run (default: runs)")
+    p.add_argument("--which", choices=("best", "latest"), default="best", help="checkpoint (default: best)")
+    p.add_argument("--pair", nargs=2, metavar=("A", "B"), help="lookup: two tokens of the text (words or positions)")
+    p.add_argument("--tied", type=Path, help="lookup: a run trained with model.qk_tied=true, for the same table")
+    p.add_argument("--layer", type=int, default=None, help="lookup, mask: the block to draw (default 0)")
+    p.add_argument("--head", type=int, default=0, help="mask: the head (default 0)")
+    p.add_argument("--query", type=int, default=None, help="mask: the query position (default: the middle token)")
+    p.add_argument("--words", default=",".join(MEANING_WORDS), help="meaning: words, comma-separated")
+    p.add_argument("--contexts", type=int, default=12, help="meaning: contexts per word (default 12)")
+    p.add_argument("--width", type=int, default=32, help="meaning: tokens of context before the word (default 32)")
+    p.add_argument("--steps", type=int, default=40, help="rnn: LSTM training steps (default 40, about a minute "
+                                                          "on 2 cores)")
+    p.add_argument("--lstm-lr", type=float, default=0.01, help="rnn: the LSTM's AdamW rate (default 0.01)")
+    p.add_argument("--lstm", type=Path, help="rnn: a trained LSTM run (model.arch=lstm) instead of training one")
+    p.add_argument("--windows", type=int, default=16, help="rnn: held-out windows for loss by position (default 16)")
+    p.add_argument("--repeats", type=int, default=3, help="rnn: timed forward+backward passes per model (default 3)")
+    args = p.parse_args(argv)
+    if not args.list and args.name is None:
+        p.error(f"name an idea: {', '.join(IDEAS)} (or --list)")
+    if args.name is not None and args.name not in IDEAS:
+        p.error(f"unknown idea {args.name!r}; the ideas are {', '.join(IDEAS)}")
+    for flag in ("contexts", "width", "steps", "windows", "repeats"):
+        if getattr(args, flag) < 1:
+            p.error(f"--{flag} must be 1 or more, got {getattr(args, flag)}")
+    if args.contexts < 3:
+        p.error("--contexts must be 3 or more (a mean over pairs, and a nearest pair)")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = parse_args(argv)
+    except SystemExit as e:  # argparse printed the usage and its "error: ..." (or --help)
+        return e.code if isinstance(e.code, int) else 2
+    if args.list:
+        for name, (_, what) in IDEAS.items():
+            print(f"{name:<10} {what}")
+        return 0
+    try:
+        opened = open_run(args.run, args.runs_root, args.which)
+        if args.text is None:
+            try:
+                probe = json.loads(RunLayout(opened.run_dir).config.read_text())["train"]["probe_prompt"]
+            except (OSError, ValueError, KeyError, TypeError):
+                probe = None
+            args.text = probe or DEFAULT_TEXT
+        out = (args.out if args.out is not None else RunLayout(opened.run_dir).ideas) / f"{args.name}.png"
+        if out.parent.exists() and not out.parent.is_dir():
+            raise ValueError(f"--out {out.parent} is a file; give a folder")
+        IDEAS[args.name][0](args, opened, out)
+    except (CheckpointError, OSError, *cli.USER_ERRORS) as e:
+        return cli.fail(e)
+    return 0

@@ -1,0 +1,307 @@
+"""The pictures of `python -m attention_lab.ideas`: one matplotlib Figure per idea, from the numbers
+attention_lab/interp/ideas.py measured (and, for positions and the RNN, the claims' published numbers). Nothing
+here writes files or prints; figures live on their own Agg canvas (no pyplot registry), as interp/figures.py's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from attention_lab.interp.figures import token_label
+from attention_lab.interp.ideas import Lookup, MaskRow, Residual, ScaleStats
+
+
+def _figure(width: float, height: float) -> Figure:
+    fig = Figure(figsize=(width, height), dpi=90, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _pair_bars(ax, lk: Lookup, what: str) -> None:
+    n_layer, n_head = lk.ab.shape
+    x = np.arange(n_layer * n_head)
+    ax.bar(x - 0.2, lk.ab.flatten(), 0.4, label="q(a)·k(b): what a looks for, in what b offers")
+    ax.bar(x + 0.2, lk.ba.flatten(), 0.4, label="q(b)·k(a): what b looks for, in what a offers")
+    ax.axhline(0, color="grey", lw=0.7)
+    ax.set_xticks(x, [f"L{layer}H{h}" for layer in range(n_layer) for h in range(n_head)], fontsize=7)
+    ax.set_xlabel("head (block L, head H)")
+    ax.set_ylabel("score q·k / sqrt(d_k)")
+    ax.set_title(what, fontsize=9)
+    ax.legend(fontsize=7, loc="best")
+
+
+def _asymmetry_maps(fig, grid, lk: Lookup, labels: Sequence[str], layer: int, title: str) -> None:
+    maps = lk.asymmetry_content[layer]  # (nh, T, T)
+    top = max(float(np.abs(maps).max()), 1e-6)
+    axes = grid.subplots(1, maps.shape[0], squeeze=False)[0]
+    for h, ax in enumerate(axes):
+        im = ax.imshow(maps[h], cmap="RdBu_r", vmin=-top, vmax=top, interpolation="nearest")
+        ax.set_title(f"L{layer}H{h}", fontsize=8)
+        ticks = range(len(labels))
+        ax.set_xticks(ticks, [token_label(s, 8) for s in labels], rotation=90, fontsize=6)
+        ax.set_yticks(ticks, [token_label(s, 8) for s in labels] if h == 0 else [], fontsize=6)
+        ax.set_xlabel("key j (offers)", fontsize=7)
+        for i, j in ((lk.a, lk.b), (lk.b, lk.a)):
+            ax.add_patch(_box(j, i))
+    axes[0].set_ylabel("query i (looks for)", fontsize=7)
+    fig.colorbar(im, ax=list(axes), shrink=0.8, label="S[i, j] - S[j, i]")
+    grid.suptitle(title, fontsize=9)
+
+
+def _box(x: float, y: float):
+    from matplotlib.patches import Rectangle
+
+    return Rectangle((x - 0.5, y - 0.5), 1, 1, fill=False, edgecolor="black", lw=1.2)
+
+
+def lookup_figure(lk: Lookup, labels: Sequence[str], layer: int, run: str,
+                  tied: Lookup | None = None, tied_labels: Sequence[str] | None = None, tied_run: str = "") -> Figure:
+    """Bars: q_a·k_b beside q_b·k_a for every head; maps: S - S^T of one block's heads before positions (the
+    two tokens boxed); then the same for a qk_tied model when given."""
+    rows = 2 if tied is None else 4
+    fig = _figure(11, 3.6 * rows)
+    grids = fig.subfigures(rows, 1)
+    a, b = token_label(labels[lk.a]), token_label(labels[lk.b])
+    _pair_bars(grids[0].subplots(), lk, f"{run}: a = '{a}' (token {lk.a}), b = '{b}' (token {lk.b})")
+    _asymmetry_maps(fig, grids[1], lk, labels, layer,
+                    f"asymmetry before positions, block {layer}: red = i looks for j more than j looks for i")
+    if tied is not None:
+        _pair_bars(grids[2].subplots(), tied, f"qk_tied model {tied_run}: k = q, so both bars are equal")
+        _asymmetry_maps(fig, grids[3], tied, tied_labels, 0, "qk_tied, block 0: S - S^T is 0 everywhere")
+    fig.suptitle("What a word looks for (its query) differs from what it offers (its key)", fontsize=11)
+    return fig
+
+
+def scale_figure(st: ScaleStats, run: str) -> Figure:
+    """Left: the spread of the scores with and without 1/sqrt(d_k); right: the softmax's largest weight and
+    entropy both ways, per block."""
+    fig = _figure(11, 4.2)
+    left, mid, right = fig.subplots(1, 3)
+    bins = np.linspace(min(st.raw_sample.min(), -1), max(st.raw_sample.max(), 1), 80)
+    left.hist(st.raw_sample, bins=bins, alpha=0.6, label=f"q·k (std {st.std_raw.mean():.2f})")
+    left.hist(st.scaled_sample, bins=bins, alpha=0.6, label=f"q·k / sqrt({st.d_k}) (std {st.std_scaled.mean():.2f})")
+    if st.bound is not None:
+        for sign in (-1, 1):
+            left.axvline(sign * st.bound, color="crimson", ls="--", lw=1)
+        left.text(st.bound, left.get_ylim()[1] * 0.9, f" QK-norm's bound ±{st.bound:g}", color="crimson",
+                  fontsize=7)
+    left.set_xlabel("score of a query and a key it sees")
+    left.set_ylabel("how many (query, key) pairs")
+    left.set_title("the scores' spread", fontsize=9)
+    left.legend(fontsize=7)
+    layers = np.arange(len(st.std_raw))
+    mid.plot(layers, st.max_weight_raw, "o-", label="without the scale")
+    mid.plot(layers, st.max_weight_scaled, "o-", label="with 1/sqrt(d_k) (the model)")
+    mid.set_ylim(0, 1.05)
+    mid.set_xticks(layers, [f"block {i}" for i in layers])
+    mid.set_ylabel("largest weight in a query's row (mean)")
+    mid.set_title("softmax: near 1 = one key takes everything", fontsize=9)
+    mid.legend(fontsize=7)
+    right.plot(layers, st.entropy_raw, "o-", label="without the scale")
+    right.plot(layers, st.entropy_scaled, "o-", label="with 1/sqrt(d_k) (the model)")
+    right.set_xticks(layers, [f"block {i}" for i in layers])
+    right.set_ylabel("entropy of a query's weights (nats, mean)")
+    right.set_title("softmax: 0 = all on one key", fontsize=9)
+    right.legend(fontsize=7)
+    norm = " with QK-norm (|q| = |k| = sqrt(d_k))" if st.qk_norm else ""
+    fig.suptitle(f"{run}: d_k = {st.d_k}, the model multiplies q·k by {st.scale:.4g}{norm}", fontsize=10)
+    return fig
+
+
+def meaning_figure(curves: dict[str, np.ndarray], baseline: np.ndarray, similarity: np.ndarray, word: str,
+                   run: str) -> Figure:
+    """Left: each word's mean cosine across its contexts, layer by layer, and unrelated tokens' (the floor);
+    right: one word's context-by-context similarity after the last block."""
+    fig = _figure(11, 4.4)
+    left, right = fig.subplots(1, 2, width_ratios=(1.4, 1))
+    x = np.arange(len(baseline))
+    for name, c in curves.items():
+        left.plot(x, c, "o-", label=f"'{name}'")
+    left.plot(x, baseline, "k--", label="two unrelated tokens (the floor)")
+    left.set_xticks(x, ["embedding"] + [f"after block {i}" for i in range(len(x) - 1)], fontsize=8)
+    left.set_ylabel("mean cosine between one word's vectors\nin different contexts")
+    left.set_ylim(min(0.0, float(baseline.min()) - 0.05), 1.05)
+    left.set_title("1 = the same vector whatever the context", fontsize=9)
+    left.legend(fontsize=7)
+    n = len(similarity)
+    im = right.imshow(similarity, cmap="viridis", vmin=min(0.0, float(similarity.min())), vmax=1)
+    right.set_xticks(range(n), [f"c{i}" for i in range(n)], fontsize=7)
+    right.set_yticks(range(n), [f"c{i}" for i in range(n)], fontsize=7)
+    right.set_xlabel("context (printed by the command)")
+    right.set_ylabel("context")
+    right.set_title(f"'{word}' after the last block: cosine of each pair", fontsize=9)
+    fig.colorbar(im, ax=right, shrink=0.8, label="cosine")
+    fig.suptitle(f"{run}: context changes a word's vector, block by block", fontsize=10)
+    return fig
+
+
+def positions_figure(sinusoid: np.ndarray, angles: np.ndarray, published: dict[str, dict[str, float]] | None,
+                     run: str) -> Figure:
+    """The sinusoid table, RoPE's angles (as cos, by position and channel pair), and the positions claim's
+    bits/byte per encoding at 1x, 2x and 4x the trained length."""
+    fig = _figure(13, 4.4)
+    a, b, c = fig.subplots(1, 3)
+    half = sinusoid.shape[1] // 2  # the sines (even dimensions), then the cosines (odd): each a smooth sweep
+    im = a.imshow(np.concatenate([sinusoid[:, 0::2], sinusoid[:, 1::2]], axis=1), aspect="auto", cmap="RdBu_r",
+                  vmin=-1, vmax=1, interpolation="nearest")
+    a.axvline(half - 0.5, color="black", lw=0.8)
+    a.set_xlabel(f"pair i: sin(p·w_i) (left {half}), cos(p·w_i) (right {half})")
+    a.set_ylabel("position in the text")
+    a.set_title("the sinusoid table: PE[p, 2i] = sin(p / 10000^(2i/d))", fontsize=9)
+    fig.colorbar(im, ax=a, shrink=0.8)
+    im = b.imshow(np.cos(angles), aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest")
+    b.set_xlabel("channel pair i of a head (fast turning on the left)")
+    b.set_ylabel("position p")
+    b.set_title("RoPE turns pair i by p·base^(-2i/d_k): cos of the angle", fontsize=9)
+    fig.colorbar(im, ax=b, shrink=0.8)
+    if published:
+        lengths = ["1x", "2x", "4x"]
+        for arm, values in published.items():
+            xs = [i for i, n in enumerate(lengths) if n in values]
+            c.plot(xs, [values[lengths[i]] for i in xs], "o-", label=arm)
+        c.set_xticks(range(3), ["trained length", "2x", "4x"])
+        c.set_xlabel("length of the text scored")
+        c.set_ylabel("bits/byte on the test plays (lower is better)")
+        c.set_title("claim 'positions' (docs/claims.md), 5 seeds", fontsize=9)
+        c.legend(fontsize=7)
+    else:
+        c.text(0.5, 0.5, "docs/claims.md has no positions table", ha="center", transform=c.transAxes)
+        c.set_axis_off()
+    fig.suptitle(f"Positions: a set has no order until one is added ({run})", fontsize=10)
+    return fig
+
+
+def rnn_figure(curves: dict[str, np.ndarray], recall: dict[str, dict[int, float]] | None,
+               speed: dict[str, float], threads: int, run: str) -> Figure:
+    """Loss by position for the transformer and the LSTM, the recall claim's copy curve, tokens a second."""
+    fig = _figure(13, 4.4)
+    a, b, c = fig.subplots(1, 3)
+    for name, curve in curves.items():
+        pos = np.arange(1, len(curve) + 1)
+        a.plot(pos, curve, label=name, lw=1.2)
+    a.set_xscale("log")
+    a.set_xlabel("position in the context (tokens seen)")
+    a.set_ylabel("loss on held-out text (nats/token)")
+    a.set_title("loss by position: does more context help?", fontsize=9)
+    a.legend(fontsize=7)
+    if recall:
+        for arm, pts in recall.items():
+            d = sorted(pts)
+            b.plot(d, [pts[x] for x in d], "o-", label=arm)
+        b.axhline(4.0, color="grey", ls="--", lw=0.8)
+        b.text(min(min(p) for p in recall.values()), 3.85, "chance: 4 bits", fontsize=7, va="top")
+        b.set_xscale("log", base=2)
+        b.set_xlabel("distance d: letters to copy from d tokens back")
+        b.set_ylabel("bits per copied letter (0 = perfect)")
+        b.set_title("claim 'recall' (docs/claims.md), 5 seeds", fontsize=9)
+        b.legend(fontsize=7)
+    else:
+        b.text(0.5, 0.5, "docs/claims.md has no recall table", ha="center", transform=b.transAxes)
+        b.set_axis_off()
+    names = list(speed)
+    c.bar(names, [speed[n] for n in names], color=["C0", "C1"][: len(names)])
+    for i, n in enumerate(names):
+        c.text(i, speed[n], f"{speed[n]:,.0f}", ha="center", va="bottom", fontsize=8)
+    c.set_ylabel("tokens a second, forward + backward")
+    c.set_title(f"training speed here, {threads} thread(s) each", fontsize=9)
+    fig.suptitle(f"Attention against an LSTM of equal parameters ({run})", fontsize=10)
+    return fig
+
+
+def mask_figure(row: MaskRow, labels: Sequence[str], run: str) -> Figure:
+    """Left: the head's scores with the future grey (-inf), the query's row boxed; right: that row's scores and
+    weights, the future keys marked."""
+    fig = _figure(12, 4.6)
+    a, b = fig.subplots(1, 2, width_ratios=(1, 1.4))
+    s = np.where(np.isfinite(row.scores_all), row.scores_all, np.nan)
+    im = a.imshow(s, cmap="viridis", interpolation="nearest")
+    a.set_facecolor("#d9d9d9")
+    t = len(labels)
+    a.add_patch(_box_row(row.query, t))
+    ticks = range(t)
+    a.set_xticks(ticks, [token_label(s_, 8) for s_ in labels], rotation=90, fontsize=6)
+    a.set_yticks(ticks, [token_label(s_, 8) for s_ in labels], fontsize=6)
+    a.set_xlabel("key j (grey: the future, score -inf)")
+    a.set_ylabel("query i")
+    a.set_title(f"block {row.layer}, head {row.head}: every score", fontsize=9)
+    fig.colorbar(im, ax=a, shrink=0.8, label="score")
+    x = np.arange(t)
+    future = x > row.query
+    finite = np.where(future, 0.0, row.scores)
+    b.bar(x[~future] - 0.2, finite[~future], 0.4, label="score (softmax's input)")
+    b.bar(x + 0.2, row.weights, 0.4, label="weight after softmax")
+    for j in x[future]:
+        b.text(j - 0.2, 0, "-inf", rotation=90, fontsize=6, ha="center", va="bottom", color="crimson")
+    b.axvspan(row.query + 0.5, t - 0.5, color="#eeeeee", zorder=0)
+    b.axhline(0, color="grey", lw=0.7)
+    b.set_xticks(x, [token_label(s_, 8) for s_ in labels], rotation=90, fontsize=6)
+    b.set_xlabel("key (shaded: after the query, hidden by the mask)")
+    b.set_ylabel("score / weight")
+    b.set_title(f"the row of query {row.query} '{token_label(labels[row.query])}': future weights are exactly 0",
+                fontsize=9)
+    b.legend(fontsize=7)
+    fig.suptitle(f"The causal mask ({run})", fontsize=10)
+    return fig
+
+
+def _box_row(query: int, t: int):
+    from matplotlib.patches import Rectangle
+
+    return Rectangle((-0.5, query - 0.5), t, 1, fill=False, edgecolor="crimson", lw=1.5)
+
+
+def residual_figure(res: Residual, lens_words: Sequence[Sequence[str]], labels: Sequence[str], run: str) -> Figure:
+    """Left: the size of the embedding and of what each attention and MLP adds, and the stream's own size;
+    right: the logit lens's top next token after the embeddings and each block, at every position (colour: its
+    probability)."""
+    n = len(res.attn_norm)
+    fig = _figure(13, 4.8)
+    a, b = fig.subplots(1, 2, width_ratios=(1, 2))
+    names = ["embedding"] + [f"{kind} {i}" for i in range(n) for kind in ("attn", "MLP")]
+    values = [res.embed_norm] + [v for i in range(n) for v in (res.attn_norm[i], res.mlp_norm[i])]
+    colors = ["grey"] + ["C0", "C1"] * n
+    a.bar(range(len(values)), values, color=colors)
+    a.plot(np.arange(n + 1) * 2, res.stream_norm, "k.-", label="the stream itself (entering each block; last: leaving)")
+    a.set_xticks(range(len(values)), names, rotation=60, fontsize=7)
+    a.set_ylabel("mean length of the vector added (per token)")
+    a.set_title("what each sublayer adds to the residual stream", fontsize=9)
+    a.legend(fontsize=7)
+    probs = res.lens.probs[:, :, 0]  # (L + 1, T)
+    t = probs.shape[1]
+    im = b.imshow(probs, cmap="Blues", vmin=0, vmax=1, aspect="auto", interpolation="nearest")
+    for layer, words in enumerate(lens_words):
+        for i, w in enumerate(words):
+            b.text(i, layer, token_label(w, 7), ha="center", va="center", fontsize=6, rotation=90,
+                   color="white" if probs[layer, i] > 0.6 else "black")
+    b.set_yticks(range(n + 1), ["embedding"] + [f"after block {i}" for i in range(n)], fontsize=7)
+    b.set_xticks(range(t), [token_label(s, 8) for s in labels], rotation=90, fontsize=6)
+    b.set_xlabel("input token (the prediction is for the token after it)")
+    b.set_title("logit lens: the top next token read off the stream at each depth", fontsize=9)
+    fig.colorbar(im, ax=b, shrink=0.8, label="its probability")
+    fig.suptitle(f"The residual stream through the blocks ({run})", fontsize=10)
+    return fig
+
+
+def warmup_figure(steps: np.ndarray, lr: np.ndarray, muon: np.ndarray | None, logged: tuple | None,
+                  warmup_steps: int, run: str) -> Figure:
+    """The run's learning-rate schedule (lr_at at every step), Muon's beside it, the rates the run logged."""
+    fig = _figure(9, 4.2)
+    ax = fig.subplots()
+    ax.plot(steps, lr, label="AdamW's rate (lr_at)", lw=1.6)
+    if logged is not None:
+        ax.plot(logged[0], logged[1], ".", ms=3, color="black", label="the rate the run logged (metrics.jsonl)")
+    ax.axvspan(0, warmup_steps, color="#fde7c8", zorder=0, label=f"warmup: {warmup_steps} steps")
+    ax.set_xlabel("step")
+    ax.set_ylabel("AdamW learning rate")
+    if muon is not None:
+        right = ax.twinx()
+        right.plot(steps, muon, color="C2", lw=1, ls="--", label="Muon's rate (same shape)")
+        right.set_ylabel("Muon learning rate (the blocks' matrices)")
+        right.legend(fontsize=7, loc="upper right")
+    ax.legend(fontsize=7, loc="lower left")
+    ax.set_title(f"The learning-rate schedule of {run}", fontsize=10)
+    return fig

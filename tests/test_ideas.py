@@ -1,0 +1,294 @@
+"""`python -m attention_lab.ideas`: each idea's numbers checked by hand on tiny models (attention_lab/interp/ideas.py),
+the claims' numbers read back (attention_lab/ideas/published.py), and every idea run on a debug run trained in
+tmp_path, each writing its figure."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import train as train_mod
+from attention_lab.ideas import cli as ideas_cli
+from attention_lab.ideas import published
+from attention_lab.interp import ideas
+from attention_lab.training.config import OptimConfig, compose
+from attention_lab.training.optim import lr_at
+from model import GPT, GPTConfig
+from model.attention import qk_norm, split_qkv
+from model.hooks import run_with_cache
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def tiny(**changes) -> GPT:
+    """The default model's recipe (RoPE, QK-norm, no biases) at a size that runs in milliseconds, with weights
+    large enough that the heads differ."""
+    torch.manual_seed(0)
+    cfg = dict(vocab_size=40, block_size=24, n_layer=2, n_head=2, n_embd=32, pos_encoding="rope", qk_norm=True,
+               bias=False)
+    model = GPT(GPTConfig(**{**cfg, **changes}))
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.3)
+    return model.eval()
+
+
+IDS = torch.tensor([3, 17, 5, 9, 22, 5, 31, 8, 1, 14, 26, 2])
+
+
+def hand_qk(model: GPT, ids: torch.Tensor, rope: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block 0's q and k written out from the weights: embedding -> ln_1 -> c_attn -> heads -> QK-norm -> RoPE
+    (rope=False: stop before it)."""
+    x = model.transformer.wte(ids[None])  # (1, T, C); RoPE adds nothing to the stream
+    attn = model.transformer.h[0].attn
+    q, k, _ = split_qkv(attn.c_attn(model.transformer.h[0].ln_1(x)), model.config.n_head, model.config.kv_heads,
+                        model.config.qk_tied)
+    q, k = qk_norm(q), qk_norm(k)
+    if not rope:
+        return q[0], k[0]
+    return model.transformer.wpe.rotate(q, torch.arange(len(ids)))[0], model.transformer.wpe.rotate(
+        k, torch.arange(len(ids)))[0]  # (nh, T, hs)
+
+
+# --- lookup --------------------------------------------------------------------------------------------------------
+
+
+def test_lookup_equals_the_hand_computation_and_the_models_own_score():
+    model = tiny()
+    a, b = 2, 9
+    with torch.no_grad():
+        lk = ideas.lookup(model, IDS, a, b)
+        q, k = hand_qk(model, IDS)
+    scale = 1 / math.sqrt(model.config.head_size)
+    want_ab = (q[:, a] * k[:, b]).sum(-1) * scale  # (nh,)
+    want_ba = (q[:, b] * k[:, a]).sum(-1) * scale
+    np.testing.assert_allclose(lk.ab[0], want_ab.numpy(), atol=1e-5, err_msg="q_a.k_b is not a's query on b's key")
+    np.testing.assert_allclose(lk.ba[0], want_ba.numpy(), atol=1e-5, err_msg="q_b.k_a is not b's query on a's key")
+    assert np.abs(lk.ab - lk.ba).max() > 0.05, "an untied model's two directions came out equal: a control that failed"
+    _, cache = run_with_cache(model, IDS[None])
+    own = cache["scores", 1][0, :, b, a].numpy()  # what the model itself gave query b for key a, block 1
+    np.testing.assert_allclose(lk.ba[1], own, atol=1e-5, err_msg="q_b.k_a differs from the model's own score")
+    assert np.isneginf(lk.score_ab_masked).all(), "the model's score of query a for the later key b must be -inf"
+    np.testing.assert_allclose(lk.asymmetry[..., a, b], lk.ab - lk.ba, atol=1e-5)
+
+
+def test_tied_queries_and_keys_look_for_what_they_offer():
+    model = tiny(qk_tied=True)
+    lk = ideas.lookup(model, IDS, 1, 7)
+    assert np.abs(lk.ab - lk.ba).max() == 0.0, "with k = q, q_a.k_b and q_b.k_a must be one number"
+    assert np.abs(lk.asymmetry_content).max() == 0.0, "before positions S - S^T must be 0 in a tied model"
+    assert np.abs(lk.asymmetry).max() < 1e-5, "RoPE turns q and k of a token alike: still symmetric after it"
+    assert np.isneginf(lk.score_ab_masked).all(), "the mask is what breaks the symmetry: a cannot see b"
+
+
+def test_unrotated_turns_the_cached_queries_back_before_rope():
+    model = tiny()
+    _, cache = run_with_cache(model, IDS[None])
+    q = cache["q", 0][0]
+    back = ideas.unrotated(model, q)
+    again = model.transformer.wpe.rotate(back, torch.arange(len(IDS)))
+    torch.testing.assert_close(again, q, atol=1e-5, rtol=1e-5, msg="rotating back and forth must give q again")
+    assert (back - q).abs().max() > 1e-3, "unrotated changed nothing on a RoPE model"
+    with torch.no_grad():
+        hand, _ = hand_qk(model, IDS, rope=False)
+    torch.testing.assert_close(back, hand, atol=1e-4, rtol=1e-4, msg="turned back, q must be q before RoPE")
+
+
+def test_lookup_refuses_a_pair_out_of_order():
+    with pytest.raises(ValueError, match="0 <= a < b"):
+        ideas.lookup(tiny(), IDS, 5, 5)
+
+
+# --- scale ---------------------------------------------------------------------------------------------------------
+
+
+def test_scale_stats_compare_the_same_scores_with_and_without_the_scale():
+    model = tiny()
+    st = ideas.scale_stats(model, IDS)
+    d_k = model.config.head_size
+    np.testing.assert_allclose(st.std_raw / st.std_scaled, math.sqrt(d_k), rtol=1e-4,
+                               err_msg="without the scale the spread must be sqrt(d_k) times larger")
+    assert st.pattern_error < 1e-5, "softmax of the scaled scores must be the model's own weights"
+    np.testing.assert_allclose(st.q_norm, math.sqrt(d_k), rtol=1e-4, err_msg="QK-norm makes |q| = sqrt(d_k)")
+    assert st.bound == pytest.approx(math.sqrt(d_k)) and st.max_abs_scaled <= st.bound + 1e-4
+    # the entropy and the largest weight of the model's own rows (row 0 left out), by hand
+    _, cache = run_with_cache(model, IDS[None])
+    w = cache["pattern", 1][0, :, 1:]
+    ent = -(w * torch.log(w.clamp_min(1e-30))).sum(-1).mean()
+    assert st.entropy_scaled[1] == pytest.approx(float(ent), abs=1e-5)
+    assert st.max_weight_scaled[1] == pytest.approx(float(w.max(-1).values.mean()), abs=1e-6)
+    assert (st.max_weight_raw >= st.max_weight_scaled).all(), "8x larger scores must make the softmax peakier"
+
+
+# --- mask, residual --------------------------------------------------------------------------------------------------
+
+
+def test_the_middle_querys_future_keys_are_minus_infinity_and_weigh_exactly_zero():
+    row = ideas.mask_row(tiny(), IDS, 1, 1)
+    q = len(IDS) // 2
+    assert row.query == q, "the default query is the middle token"
+    assert np.isneginf(row.scores[q + 1:]).all() and np.isfinite(row.scores[: q + 1]).all()
+    assert (row.weights[q + 1:] == 0.0).all(), "a future key's weight must be exactly 0, not small"
+    assert (row.weights[: q + 1] > 0).all() and row.weights.sum() == pytest.approx(1.0, abs=1e-6)
+    np.testing.assert_allclose(row.weights[: q + 1], F.softmax(torch.from_numpy(row.scores[: q + 1]), -1).numpy(),
+                               atol=1e-6)
+
+
+def test_residual_contributions_add_up_to_the_stream_and_the_lens_ends_at_the_model():
+    model = tiny()
+    res = ideas.residual(model, IDS, k=1)
+    assert res.final_error < 1e-4, "embedding + every sublayer's addition must be the last stream"
+    _, cache = run_with_cache(model, IDS[None])
+    attn0 = (cache["resid_mid", 0] - cache["resid_pre", 0])[0].norm(dim=-1).mean()
+    assert res.attn_norm[0] == pytest.approx(float(attn0), rel=1e-5)
+    with torch.no_grad():
+        top = model(IDS[None]).logits[0].argmax(-1).numpy()
+    assert (res.lens.ids[-1, :, 0] == top).all(), "the lens's last row must be the model's own prediction"
+
+
+# --- meaning -------------------------------------------------------------------------------------------------------
+
+
+def test_word_contexts_keep_whole_windows_inside_one_document():
+    toks = np.array([7, 1, 2, 7, 3, 0, 4, 7, 5, 6, 2, 7, 9])  # 0 ends a document; 9 continues the word
+    ends = ideas.word_contexts(toks, 7, width=3, n=10, stop=0, continues={9})
+    assert ends.tolist() == [3], ("only position 3 has 3 tokens before it in its document and a next token that "
+                                  f"does not continue the word; got {ends.tolist()}")
+    assert ideas.windows_ending_at(toks, ends, 3).tolist() == [[1, 2, 7]]
+    many = ideas.word_contexts(np.tile([1, 7], 50), 7, 2, 5)
+    assert many.tolist() == [1, 25, 49, 73, 97], "n contexts spread over the text (the last token has no next one)"
+
+
+def test_mean_pair_cosine_on_hand_vectors():
+    same = np.ones((1, 4, 3))
+    axes = np.eye(3)[None]  # three orthogonal vectors
+    assert ideas.mean_pair_cosine(same)[0] == pytest.approx(1.0)
+    assert ideas.mean_pair_cosine(axes)[0] == pytest.approx(0.0)
+    pairs = ideas.nearest_pairs(np.array([[1.0, 0], [0.9, 0.1], [0, 1.0]]), 1)
+    assert pairs[0][:2] == (0, 1)
+
+
+def test_a_words_vector_starts_the_same_in_every_context_and_then_differs():
+    model = tiny()
+    wins = np.array([[3, 8, 5], [12, 30, 5], [9, 9, 5]])  # the word 5 after three contexts
+    v = ideas.last_token_vectors(model, wins)
+    c = ideas.mean_pair_cosine(v)
+    assert c[0] == pytest.approx(1.0, abs=1e-6), "the embedding has no context (RoPE adds nothing to it)"
+    assert c[-1] < 0.999, "after the blocks the contexts must have changed the vector"
+
+
+# --- the claims' numbers ------------------------------------------------------------------------------------------
+
+
+PAGE = """## `positions`
+
+### Arms
+
+| arm | rate | bpb_windows_1x | bpb_windows_2x | bpb_windows_4x |
+|---|---|---|---|---|
+| none | 0.003 | 2.7178 | 2.7373 | 2.7505 |
+| learned | 0.003 | 2.6755 | - | - |
+
+## `recall`
+
+### Arms
+
+| arm | copy_bits | params |
+|---|---|---|
+| transformer, distance=8 | 0.0041 | 99,776 |
+| lstm, distance=8 | 1.0118 | 99,996 |
+| lstm, distance=32 | 4.0010 | 99,996 |
+"""
+
+
+def test_published_numbers_are_read_from_the_claims_tables():
+    assert published.positions_by_length(PAGE) == {"none": {"1x": 2.7178, "2x": 2.7373, "4x": 2.7505},
+                                                    "learned": {"1x": 2.6755}}
+    assert published.recall_by_distance(PAGE) == {"transformer": {8: 0.0041}, "lstm": {8: 1.0118, 32: 4.001}}
+    assert published.arms_table(PAGE, "rnn") == []
+    real = published.read_page()
+    if real:  # the repository's own page: every arm of both claims is there
+        assert set(published.positions_by_length(real)) >= {"none", "rope", "sinusoidal", "alibi", "learned"}
+        assert set(published.recall_by_distance(real)) == {"transformer", "lstm"}
+
+
+# --- warmup --------------------------------------------------------------------------------------------------------
+
+
+def test_the_plotted_schedule_is_lr_at():
+    for oc in (OptimConfig(lr=2e-3, min_lr=1e-4, warmup_steps=10, schedule="wsd"),
+               OptimConfig(lr=1e-3, warmup_steps=5, schedule="cosine")):
+        steps, lr = ideas_cli.schedule(oc, 60)
+        assert steps.tolist() == list(range(60))
+        assert lr.tolist() == [lr_at(s, oc, 60) for s in range(60)], "the curve must be lr_at at every step"
+        assert np.allclose(np.diff(lr[: oc.warmup_steps]), oc.lr / oc.warmup_steps), "warmup rises linearly"
+
+
+# --- the command on a debug run -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def debug_run(tmp_path_factory, data_cache):
+    run_dir = tmp_path_factory.mktemp("ideas") / "runs" / "debug" / "r"
+    cfg = compose(["experiment=debug", f"data.cache_dir={data_cache}", "train.max_steps=6", "train.eval_interval=6",
+                   "train.head_roles=false", "train.film=false", "train.tensorboard=false",
+                   "train.head_ablation=false"])
+    train_mod.train(cfg, run_dir)
+    return run_dir
+
+
+ARGS = {
+    "lookup": ["--pair", "2", "9"],
+    "scale": [],
+    "meaning": ["--words", "e,t", "--contexts", "4", "--width", "8"],
+    "positions": [],
+    "rnn": ["--steps", "2", "--windows", "2", "--repeats", "1"],
+    "mask": ["--layer", "1", "--head", "1"],
+    "residual": [],
+    "warmup": [],
+}
+
+
+@pytest.mark.parametrize("name", list(ARGS))
+def test_each_idea_prints_its_numbers_and_writes_its_figure(name, debug_run, tmp_path, capsys):
+    rc = ideas_cli.main([name, str(debug_run), "--out", str(tmp_path), "--text", "ROMEO:\nBut soft, what light",
+                         *ARGS[name]])
+    out, err = capsys.readouterr()
+    assert rc == 0, f"{name} failed: {err}"
+    figure = tmp_path / f"{name}.png"
+    assert f"figure: {figure}" in out, out
+    assert figure.read_bytes()[:8] == PNG_MAGIC and figure.stat().st_size > 5000, f"{name}: no real PNG"
+    needles = {"lookup": "q_a.k_b", "scale": "QK-norm", "meaning": "mean cosine", "positions": "RoPE",
+               "rnn": "parallel", "mask": "weight exactly 0", "residual": "logit lens", "warmup": "why warmup"}
+    assert needles[name] in out, out
+
+
+def test_warmup_prints_the_runs_own_schedule(debug_run, tmp_path, capsys):
+    assert ideas_cli.main(["warmup", str(debug_run), "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    oc = OptimConfig(**json.loads((debug_run / "config.json").read_text())["optim"])
+    assert f"warmup {oc.warmup_steps} steps" in out and f"step 0: {lr_at(0, oc, 6):.2e}" in out, out
+
+
+def test_the_figure_goes_to_the_runs_ideas_folder_by_default(debug_run, capsys):
+    assert ideas_cli.main(["mask", str(debug_run)]) == 0
+    assert (debug_run / "ideas" / "mask.png").exists()
+
+
+def test_errors_are_one_line(tmp_path, debug_run, capsys):
+    assert ideas_cli.main(["mask", "--runs-root", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "make train" in err and "Traceback" not in err, err
+    assert ideas_cli.main(["nonsense"]) == 2
+    assert "unknown idea" in capsys.readouterr().err
+    assert ideas_cli.main(["lookup", str(debug_run), "--tied", str(debug_run), "--out", str(tmp_path)]) == 2
+    assert "not a qk_tied model" in capsys.readouterr().err
+    assert ideas_cli.main(["--list"]) == 0
+    listed = capsys.readouterr().out
+    assert all(name in listed for name in ARGS), listed
