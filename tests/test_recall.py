@@ -1,5 +1,6 @@
 """data/recall.py: the delayed-copy task is solved by attention that looks back d tokens and by nothing that sees
-only the last k < d (the claims' distance task, issue 35)."""
+only the last k < d (the claims' distance task, issue 35); the recall of one item holds the load constant across d
+(the claim's task since issue 43)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from data.recall import copy_task, main, write_text
+from data.recall import copy_task, item_task, load_bits, main, write_text
 
 
 def look_back(x: torch.Tensor, distance: int, symbols: int) -> torch.Tensor:
@@ -113,14 +114,14 @@ class HandSet(torch.nn.Module):
         return type("Output", (), {"logits": self.rule(x)})()
 
 
-def recall_part(tmp_path, distance: int, part: str = "test"):
+def recall_part(tmp_path, distance: int, part: str = "test", task: str = "copy"):
     """The held-out part of the prepared task at `distance`: its tokens, the separator, the letters' token ids and
     the vocabulary size."""
     from data.config import DataConfig
     from data.prepare import prepare_data
 
     cfg = DataConfig(source="recall", name="recall", tokenizer="char", distance=distance, train_tokens=4000,
-                     val_examples=64, cache_dir=str(tmp_path / "cache"))
+                     val_examples=64, cache_dir=str(tmp_path / "cache"), recall_task=task)
     data = prepare_data(cfg, log=lambda *_: None)
     letters = [data.tokenizer.encode(c)[0] for c in "abcdefghijklmnop"]
     return data.held_out(part).tokens, data.tokenizer.eot_id, letters, data.tokenizer.vocab_size
@@ -174,6 +175,48 @@ def test_the_recall_measure_gives_0_bits_to_a_look_back_of_d_and_log2_symbols_to
         assert bets["copy_bits"] > math.log2(16) - 0.05, \
             f"nothing in the last k={k} < d tokens tells the copied letter, so no bet beats 4 bits: {bets}"
         assert bets["copy_accuracy"] < 1 / 16 + 4 * math.sqrt(1 / 16 * 15 / 16 / n), (k, bets)
+
+
+@pytest.mark.parametrize("distance", [8, 32, 128, 512])
+def test_the_item_task_holds_one_item_at_every_distance_so_its_load_is_constant(distance):
+    """The recall of one item: exactly one item letter precedes the scored token, which repeats it from exactly d
+    back; everything between is filler and the marker. So what must be held is one letter (4 bits) at every d,
+    where the delayed copy asks for all d letters (4d bits)."""
+    symbols = 16
+    x, scored = item_task(300, distance, symbols, seed=distance)
+    assert x.shape == (300, distance + 1) and np.flatnonzero(scored).tolist() == [distance - 1], "one scored token"
+    before = x[:, :distance]
+    assert ((before < symbols).sum(axis=1) == 1).all() and (before[:, 0] < symbols).all(), "one item, at the start"
+    assert np.array_equal(x[:, distance], x[:, 0]), "the scored token is the item, exactly d back"
+    assert (x[:, distance - 1] == 25).all() and ((x[:, 1:distance - 1] >= symbols) & (x[:, 1:distance - 1] < 25)).all()
+    assert len(np.unique(x[:, 0])) == symbols, "every item letter occurs"
+    assert load_bits("item", distance, symbols) == 4.0 == load_bits("item", 8, symbols)
+    assert load_bits("copy", distance, symbols) == 4.0 * distance
+
+
+def test_the_recall_claim_trains_on_the_item_task_at_every_distance():
+    from attention_lab.claims import CLAIMS
+
+    settings = CLAIMS["recall"].variable.settings
+    assert all("data.recall_task=item" in overrides for _, overrides in settings), settings
+    assert CLAIMS["recall"].expect[0].metric == "recall_bits" and CLAIMS["recall"].expect[0].chance == 4.0
+
+
+@pytest.mark.parametrize("distance", [8, 32])
+def test_the_item_measure_gives_0_bits_to_a_look_back_of_d_and_4_to_a_window_of_k(tmp_path, distance):
+    from attention_lab.claims.measure import recall_scores
+
+    tokens, eot, letters, vocab = recall_part(tmp_path, distance, task="item")
+    assert (tokens == eot).sum() == 32 and len(tokens) == 32 * (distance + 2)
+    exact = recall_scores(look_back_model(distance, vocab, distance + 1), tokens, eot, "item")
+    assert exact["recall_bits"] < 1e-6 and exact["recall_accuracy"] == 1.0, exact
+    off = recall_scores(look_back_model(distance - 1, vocab, distance + 1), tokens, eot, "item")
+    assert off["recall_accuracy"] < 0.2, f"looking back d - 1 reads a filler letter, got {off}"
+    for k in (1, distance - 1):
+        bets = recall_scores(window_model(k, letters, vocab, distance + 1, cache=True), tokens, eot, "item")
+        assert bets["recall_bits"] == pytest.approx(4.0, abs=1e-4), f"no item letter in the last {k}: {bets}"
+    with pytest.raises(ValueError, match="the recall needs"):
+        recall_scores(look_back_model(distance, vocab, distance), tokens, eot, "item")
 
 
 def test_the_recall_measure_refuses_a_model_that_cannot_see_the_whole_example(tmp_path):
@@ -263,7 +306,7 @@ def test_the_recall_claim_runs_end_to_end_quick_along_the_distance(tmp_path, mon
                                     "train.peak_flops=1e11"))
     doc = json.loads((out / "results.json").read_text())
     assert doc["variable"] == "distance" and sorted(set(doc["at"])) == [8, 32], doc["at"]
-    assert [c["metric"] for c in doc["comparisons"]] == ["copy_bits", "copy_bits"], doc["comparisons"]
+    assert [c["metric"] for c in doc["comparisons"]] == ["recall_bits", "recall_bits"], doc["comparisons"]
     assert len(doc["trends"]) == 1 and doc["trends"][0]["values"] == [8, 32], doc["trends"]
     for arm, rows in doc["results"].items():
         d = int(arm.rsplit("=", 1)[1])
@@ -271,8 +314,9 @@ def test_the_recall_claim_runs_end_to_end_quick_along_the_distance(tmp_path, mon
         assert (cfg["data"]["source"], cfg["data"]["distance"], cfg["model"]["block_size"]) == ("recall", d, 2 * d), \
             (arm, cfg["data"], cfg["model"]["block_size"])
         assert cfg["model"]["arch"] == ("lstm" if arm.startswith("lstm") else "gpt"), (arm, cfg["model"])
-        assert scored[Path(rows[0]["run"]).name] == 2 * d, f"{arm} scored on examples of another distance: {scored}"
-        assert 0 <= rows[0]["copy_bits"] and 0 <= rows[0]["copy_accuracy"] <= 1, (arm, rows[0])
+        assert scored[Path(rows[0]["run"]).name] == d + 1, f"{arm} scored on examples of another distance: {scored}"
+        assert cfg["data"]["recall_task"] == "item", cfg["data"]
+        assert 0 <= rows[0]["recall_bits"] and 0 <= rows[0]["recall_accuracy"] <= 1, (arm, rows[0])
         assert rows[0]["step"] == 24, "--quick's steps beat the claim's own 1,000"
 
 
@@ -296,7 +340,10 @@ def test_the_recall_claims_arms_have_equal_parameters_steps_and_tokens_and_its_n
         assert cfg.train.batch_size * cfg.model.block_size == 4096 and "4,096 tokens a step" in notes
         assert f"the same {cfg.train.max_steps:,} steps" in notes and cfg.train.max_steps == 1000
         with torch.device("meta"):
-            params = sum(p.numel() for p in build_model(cfg.model.network(vocab_size=18)).parameters())
+            net = cfg.model.network(vocab_size=28)  # 26 letters (items, filler, marker), separator, unknown
+            params = sum(p.numel() for p in build_model(net).parameters())
+        if cfg.model.arch == "lstm":
+            assert f"the LSTM {net.n_layer} layers {net.n_embd} wide" in notes, (net, notes)
         by_distance.setdefault(d, {})[cfg.model.arch] = (params, cfg.train.max_steps, cfg.optim.lr)
     for d, arms in by_distance.items():
         (gpt, steps, lr), (lstm, lstm_steps, lstm_lr) = arms["gpt"], arms["lstm"]

@@ -16,10 +16,12 @@ The modules, in the order a claim runs:
     trained.py     what a finished run's files say (curve, speed, wall time, rate) and the divergence rule
     measure.py     one run's final checkpoint measured on one half of the held-out plays
     stats.py       paired seeds -> mean difference, p, Holm, the interval at Holm's level, equivalence, verdict;
-                   the trend along a variable; a log-log slope
+                   the trend along a variable (in the claim's Holm family); a seed far from its arm; a log-log slope
     experiment.py  one claim end to end: sweep (seeds of its own, diverged rates refused), choose each arm's rate,
                    the verdict seeds at it and at a common rate, measure on the test plays, decide, trends
-    report.py      report.md and results.json; docs/claims.md assembled from the reports
+    plain.py       the results in plain words: "What we found" and the README's one line per claim
+    report.py      report.md and results.json; docs/claims.md and the README's list assembled from the results
+                   (each real results.json kept as docs/claims/results_<name>.json, to regenerate without runs)
     cli.py         the command
 """
 

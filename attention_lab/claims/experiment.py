@@ -13,8 +13,12 @@ at one common rate, score them on the test plays, pair the seeds, decide, write 
     3. the seeds      every arm at its chosen rate on the verdict seeds (1..5), and every swept arm at the common
                       rate (the base rate) on the same seeds: the common-rate verdict, a sensitivity check
     4. after-arms     arms that need another's time (the equal-time LSTM), once that arm's seeds have run
-    5. the verdict    every seed's final checkpoint scored on the test plays; paired differences (stats.py); a seed
-                      whose run diverged in either arm is left out of that comparison and named, never averaged in
+    5. the rate check a claim at a fixed rate: every arm's verdict seeds again at Claim.second_rate x its rate (an
+                      arm's own rate scaled alike), after-arms on the budget of their arm at that rate
+    6. the verdict    every seed's final checkpoint scored on the test plays; paired differences (stats.py); a seed
+                      whose run diverged in either arm is left out of that comparison and named, never averaged in;
+                      the comparisons and every trend test of the claim one Holm family (stats.decide_all); a seed
+                      far from its arm (stats.outliers) kept, flagged, and the verdict decided once more without it
 """
 
 from __future__ import annotations
@@ -24,18 +28,24 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
 import attention_lab.claims.report as report
 import attention_lab.claims.stats as stats
-from attention_lab.claims.catalog import BASE, BASE_LR, BRACKET, QUICK, Claim, along
+from attention_lab.claims.catalog import BASE, BASE_LR, BRACKET, CHANCE_MARGIN, QUICK, Claim, along
 from attention_lab.claims.measure import LENGTHS, Held, measure
 from attention_lab.claims.runs import Runner, job, mean_minutes, minutes_or_seconds
-from attention_lab.claims.trained import DIVERGED_RULE, metrics_of
+from attention_lab.claims.trained import DIVERGED_RULE, HELD_OUT_RULE, metrics_of
 from attention_lab.store.checkpoint import load_checkpoint
 from attention_lab.training.evaluate import data_dir_of
 
 SCORE_THREADS = 1
+RULES = 43  # the issue whose rules a results.json was made under (none written: 35's); report.py names the changes
+OUTLIER_RULE = (f"a seed is flagged when its number lies more than {stats.OUTLIER_K:g} scaled MADs (1.4826 x the median "
+                "absolute deviation of its arm's seeds, at least "
+                f"{stats.MAD_FLOOR:g}) from its arm's median; a flagged seed is kept in the verdict and shown, and "
+                "the verdict is decided once more without it (the seed left out of every comparison of that arm)")
 
 
 def select(claim: Claim, seeds: tuple[int, ...] | None = None, arms: tuple[str, ...] | None = None,
@@ -70,23 +80,27 @@ def select(claim: Claim, seeds: tuple[int, ...] | None = None, arms: tuple[str, 
 
 
 def run_claim(claim: Claim, out: Path, quick: bool = False, overrides: tuple[str, ...] = (),
-              launcher: tuple[str, ...] = (), log=print, progress: bool = True, bracket: int | None = None) -> Path:
+              launcher: tuple[str, ...] = (), log=print, progress: bool = True, bracket: int | None = None,
+              rate_check: bool | None = None) -> Path:
     """_run_claim with this process's scoring on SCORE_THREADS threads (restored after): its numbers then do not
     depend on the machine's cores, and it does not fight the runs' own threads (beside two runs, a 512-token LSTM
-    was scored in 13.7 s on 2 threads and 0.5 s on 1)."""
+    was scored in 13.7 s on 2 threads and 0.5 s on 1). `rate_check`: train the second fixed rate (default: unless
+    --quick, a smoke run)."""
     before = torch.get_num_threads()
     torch.set_num_threads(SCORE_THREADS)
     try:
-        return _run_claim(claim, out, quick, overrides, launcher, log, progress, bracket)
+        return _run_claim(claim, out, quick, overrides, launcher, log, progress, bracket, rate_check)
     finally:
         torch.set_num_threads(before)
 
 
 def _run_claim(claim: Claim, out: Path, quick: bool = False, overrides: tuple[str, ...] = (),
-               launcher: tuple[str, ...] = (), log=print, progress: bool = True, bracket: int | None = None) -> Path:
+               launcher: tuple[str, ...] = (), log=print, progress: bool = True, bracket: int | None = None,
+               rate_check: bool | None = None) -> Path:
     """Train (or reuse) the claim's runs into out/runs/, measure, decide; -> out/report.md. `bracket`: how many
     rates beyond the grid an edge winner may add (default BRACKET; none with --quick, a smoke run)."""
     bracket = (0 if quick else BRACKET) if bracket is None else bracket
+    rate_check = (not quick) if rate_check is None else rate_check
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     if not claim.arms:
@@ -97,15 +111,20 @@ def _run_claim(claim: Claim, out: Path, quick: bool = False, overrides: tuple[st
                     timed=frozenset(a.after for a in claim.arms if a.after))
     sweeping = sweeps(claim, bracket)
     common = BASE_LR if sweeping else BASE_LR * claim.rates[0]  # the common rate: every swept arm at it
-    n_runs = report.runs_needed(claim, sweeping)
+    factor = claim.second_rate if rate_check and not sweeping and claim.second_rate else None  # x each arm's rate
+    n_runs = report.runs_needed(claim, sweeping, factor is not None)
     log(f"claim {claim.name}: {len(claim.arms)} arms, {n_runs} runs ("
         + (f"a sweep of {len(claim.rates)} rates on seeds {', '.join(map(str, claim.sweep_seeds))} per swept arm, "
            f"then seeds {', '.join(map(str, claim.seeds))} at the chosen rate and at the common rate {common:g}"
-           if sweeping else f"no sweep: the rate {common:g} fixed in advance; seeds {', '.join(map(str, claim.seeds))}")
+           if sweeping else f"no sweep: the rate {common:g} fixed in advance; seeds {', '.join(map(str, claim.seeds))}"
+           + (f", and again at {factor:g} x each arm's rate" if factor else ""))
         + f"); about {minutes_or_seconds(n_runs * runner.estimate())} at {runner.estimate():.0f} s a run before "
         "any is reused")
 
     held: dict[tuple, Held] = {}
+
+    def ran(run_dir: Path) -> dict:
+        return metrics_of(run_dir, held_out=claim.noise_floor)
 
     def part(name: str, run_dir: Path) -> Held:
         """The run's own held-out part: one per data and context, since a claim's variable may change either (the
@@ -131,7 +150,7 @@ def _run_claim(claim: Claim, out: Path, quick: bool = False, overrides: tuple[st
 
     def score(jobs: dict) -> None:
         for (arm, r, s), j in jobs.items():
-            m = metrics_of(dirs[j])
+            m = ran(dirs[j])
             if m["diverged"]:
                 diverged_sweep.setdefault(arm, {}).setdefault(_lr(r), {})[s] = m["diverged"]
             value = None if _stopped(m) else measure(replace(claim, measures=_choose_measures(claim)), dirs[j],
@@ -181,18 +200,31 @@ def _run_claim(claim: Claim, out: Path, quick: bool = False, overrides: tuple[st
     dirs |= runner.train(list(dict.fromkeys([*seed_jobs.values(), *common_jobs.values()])))
     # 4. arms that need another arm's wall time
     for a in (a for a in claim.arms if a.after):
-        minutes = mean_minutes([metrics_of(dirs[seed_jobs[(a.after, s)]])["seconds"] for s in claim.seeds])
+        minutes = mean_minutes([ran(dirs[seed_jobs[(a.after, s)]])["seconds"] for s in claim.seeds])
         log(f"{a.name}: {minutes:.2f} min a run, the mean of {a.after}'s")
         for s in claim.seeds:
             seed_jobs[(a.name, s)] = job(a, s, rate(a), minutes)
         dirs |= runner.train([seed_jobs[(a.name, s)] for s in claim.seeds])
+    # 5. the rate check: every arm again at `factor` x its rate (an arm's own rate scaled alike)
+    second_jobs: dict = {}
+    if factor:
+        log(f"the rate check: every arm at {factor:g} x its rate:")
+        for a in (a for a in claim.arms if not a.after):
+            arm, lr = at_rate(a, rate(a), factor)
+            second_jobs |= {(a.name, s): job(arm, s, lr) for s in claim.seeds}
+        dirs |= runner.train(list(second_jobs.values()))
+        for a in (a for a in claim.arms if a.after):
+            minutes = mean_minutes([ran(dirs[second_jobs[(a.after, s)]])["seconds"] for s in claim.seeds])
+            arm, lr = at_rate(a, rate(a), factor)
+            second_jobs |= {(a.name, s): job(arm, s, lr, minutes) for s in claim.seeds}
+            dirs |= runner.train([second_jobs[(a.name, s)] for s in claim.seeds])
 
-    # 5. every seed scored on the test plays
+    # 6. every seed scored on the test plays
     rows: dict = {}  # job -> its row, so a run that is both an arm's chosen-rate and common-rate seed is read once
 
     def row(a, s, j) -> dict:
         if j not in rows:
-            m = metrics_of(dirs[j])
+            m = ran(dirs[j])
             r = {"seed": s, "lr": j.lr if j.lr is not None else m["lr"], "run": str(dirs[j].relative_to(out))}
             r |= {k: m[k] for k in ("seconds", "train_loss", "tokens_per_s", "val_curve", "max_train_loss_late",
                                     "launch", "diverged")}
@@ -208,15 +240,14 @@ def _run_claim(claim: Claim, out: Path, quick: bool = False, overrides: tuple[st
     results = {a.name: [row(a, s, seed_jobs[(a.name, s)]) for s in claim.seeds] for a in claim.arms}
     results_common = {a.name: [row(a, s, common_jobs[(a.name, s)]) for s in claim.seeds]
                       for a in claim.arms if (a.name, claim.seeds[0]) in common_jobs}
-    comparisons = stats.decide([compare(e, results) for e in claim.expect])
+    results_second = {a.name: [row(a, s, second_jobs[(a.name, s)]) for s in claim.seeds]
+                      for a in claim.arms if (a.name, claim.seeds[0]) in second_jobs}
     comparisons_common = stats.decide([compare(e, results_common) for e in claim.expect
                                        if {e.better, e.worse} <= set(results_common)]) if sweeping else []
-    trends = trends_of(claim, comparisons)
-    axis = axis_trends(claim, results)
     doc = {"claim": claim.name, "quick": quick, "machine": report.machine(), "launcher": list(launcher),
            "launch": runner.launch, "seeds": list(claim.seeds), "rates": {a.name: rate(a) for a in claim.arms},
            "rate_rule": "swept" if sweeping else "fixed in advance", "common_rate": common,
-           "diverged_rule": DIVERGED_RULE, "sweep": sweep, "sweep_seeds": list(claim.sweep_seeds) if sweeping else [],
+           "diverged_rule": HELD_OUT_RULE if claim.noise_floor else DIVERGED_RULE, "sweep": sweep, "sweep_seeds": list(claim.sweep_seeds) if sweeping else [],
            "sweep_per_seed": {arm: {lr: {str(k): v for k, v in by.items()} for lr, by in rates.items()}
                               for arm, rates in per_seed.items()},
            "sweep_diverged": {arm: {lr: {str(k): v for k, v in by.items()} for lr, by in rates.items()}
@@ -227,13 +258,35 @@ def _run_claim(claim: Claim, out: Path, quick: bool = False, overrides: tuple[st
                      "test": part("test", first_dir(dirs)).part.documents},
            "runs_trained": len(runner.seconds), "run_seconds": runner.seconds,
            "all_runs": {str(d.relative_to(out)): runner.seconds_of(d) for d in dict.fromkeys(dirs.values())},
-           "minutes": (time.time() - t0) / 60, "results": results, "results_common": results_common if sweeping else {},
-           "comparisons": [c.as_dict() for c in comparisons],
-           "comparisons_common": [c.as_dict() for c in comparisons_common],
-           "variable": claim.variable.name if claim.variable else None,
-           "at": [e.at for e in claim.expect], "of": [list(e.of) if e.of else None for e in claim.expect],
-           "trends": [t.as_dict() for t in trends], "axis": axis}
+           "minutes": (time.time() - t0) / 60, "results_common": results_common if sweeping else {},
+           "comparisons_common": [c.as_dict() for c in comparisons_common], "noise_floor": claim.noise_floor}
+    doc |= decided(claim, results, results_second, factor)
     return report.write(claim, doc, out)
+
+
+def decided(claim: Claim, results: dict, results_second: dict | None = None, factor: float | None = None) -> dict:
+    """The verdict part of a claim's results.json, from its arms' rows alone (claim: along its variable): the
+    comparisons and trends as one Holm family, the measured axis, the rate check's verdicts, the flagged seeds and
+    the verdicts without them."""
+    axis = axis_trends(claim, results)
+    comparisons, trends, axis_judged = family(claim, results, axis=[stats.Trend(**t) for t in axis["trends"]]
+                                              if axis else [])
+    if axis:
+        axis["trends"] = [t.as_dict() for t in axis_judged]
+    comparisons_second, trends_second, _ = family(claim, results_second) if results_second else ([], [], [])
+    flagged = flag_outliers(claim, results)
+    robust, trends_robust, _ = family(claim, results, drop=flagged) if flagged else ([], [], [])
+    return {"results": results, "comparisons": [c.as_dict() for c in comparisons],
+            "variable": claim.variable.name if claim.variable else None,
+            "at": [e.at for e in claim.expect], "of": [list(e.of) if e.of else None for e in claim.expect],
+            "trends": [t.as_dict() for t in trends], "axis": axis, "rules": RULES,
+            "second_rate": ({"factor": factor, "rates": {a.name: r[0]["lr"] for a in claim.arms
+                                                         if (r := (results_second or {}).get(a.name))}}
+                            if factor and results_second else None),
+            "results_second": results_second or {}, "comparisons_second": [c.as_dict() for c in comparisons_second],
+            "trends_second": [t.as_dict() for t in trends_second],
+            "outlier_rule": OUTLIER_RULE, "outliers": flagged,
+            "comparisons_robust": [c.as_dict() for c in robust], "trends_robust": [t.as_dict() for t in trends_robust]}
 
 
 def pickable(means: dict[str, float], diverged: dict[str, dict]) -> dict[str, float]:
@@ -288,8 +341,45 @@ def axis_trends(claim: Claim, results: dict) -> dict | None:
     return out
 
 
-def trends_of(claim: Claim, comparisons: list[stats.Comparison]) -> list[stats.Trend]:
-    """Along the claim's variable: one trend test per expectation, from its paired differences at every value."""
+def family(claim: Claim, results: dict, drop: list[dict] = (), axis: list[stats.Trend] = ()):
+    """One claim's verdicts from its results: every expectation compared, every trend along its variable (values
+    at chance left out), and the trends along its measured axis, decided as one Holm family (stats.decide_all);
+    `drop`: flagged seeds (flag_outliers) left out. -> (comparisons, trends, axis trends)."""
+    raw = [compare(e, results, drop=drop) for e in claim.expect]
+    trends = trends_of(claim, raw, results)
+    comparisons, judged = stats.decide_all(raw, [*trends, *axis])
+    return comparisons, judged[:len(trends)], judged[len(trends):]
+
+
+def flag_outliers(claim: Claim, results: dict) -> list[dict]:
+    """Every seed far from its arm (stats.outliers) in a number an expectation reads, diverged runs aside (they
+    are left out already): arm, metric, seed, value, the arm's median and the distance in scaled MADs."""
+    out = []
+    for arm, metric in dict.fromkeys(pair for e in claim.expect
+                                     for pair in ((e.better, e.metric), (e.worse, e.worse_metric or e.metric))):
+        values = {r["seed"]: r[metric] for r in results.get(arm, []) if r.get(metric) is not None
+                  and not r.get("diverged")}
+        for seed, mads in stats.outliers(values).items():
+            out.append({"arm": arm, "metric": metric, "seed": seed, "value": values[seed],
+                        "median": float(np.median(list(values.values()))), "mads": mads})
+    return out
+
+
+def at_rate(arm, lr: float | None, factor: float):
+    """The arm and the rate it trains at for the rate check: `factor` x its rate; an arm that names its own rate
+    in its overrides (lr None) has that rate scaled and passed as the job's, so its runs are named apart."""
+    if lr is not None:
+        return arm, lr * factor
+    own = [o for o in arm.overrides if o.startswith("optim.lr=")]
+    if not own:
+        raise ValueError(f"arm {arm.name!r} trains at no rate the rate check can scale")
+    return replace(arm, overrides=tuple(o for o in arm.overrides if o not in own)), float(own[-1].split("=")[1]) * factor
+
+
+def trends_of(claim: Claim, comparisons: list[stats.Comparison], results: dict | None = None) -> list[stats.Trend]:
+    """Along the claim's variable: one trend test per expectation, from its paired differences at every value;
+    a value where the worse arm's mean is at the expectation's chance level (Expect.chance, within CHANCE_MARGIN)
+    is left out, since a curve flat at chance has no slope to find (`results`: the arms' rows, for their means)."""
     if claim.variable is None:
         return []
     groups: dict[tuple, dict[int, dict[float, float]]] = {}
@@ -297,8 +387,13 @@ def trends_of(claim: Claim, comparisons: list[stats.Comparison]) -> list[stats.T
     for e, c in zip(claim.expect, comparisons):
         key = (*e.of, e.metric)
         regions[key] = e.region
+        groups.setdefault(key, {})
+        if e.chance is not None and results is not None:
+            worse = [r[e.metric] for r in results.get(e.worse, []) if r.get(e.metric) is not None]
+            if worse and float(np.mean(worse)) >= (1 - CHANCE_MARGIN) * e.chance:
+                continue
         for s, d in zip(c.seeds, c.diffs):
-            groups.setdefault(key, {}).setdefault(s, {})[e.at] = d
+            groups[key].setdefault(s, {})[e.at] = d
     return [stats.trend(diffs, better=b, worse=w, metric=m, variable=claim.variable.name, region=regions[(b, w, m)])
             for (b, w, m), diffs in groups.items()]
 
@@ -355,13 +450,18 @@ def _choose_measures(claim: Claim) -> tuple[str, ...]:
     return ("honest",) if claim.choose_by == "honest_bpb" else ()
 
 
-def compare(e, results: dict) -> stats.Comparison:
+def compare(e, results: dict, drop: list[dict] = ()) -> stats.Comparison:
     """The paired comparison of one expectation: per seed, the worse arm's number minus the better arm's. A seed
-    whose run diverged in either arm is left out (and named in `left_out`), never averaged in."""
+    whose run diverged in either arm is left out (and named in `left_out`), never averaged in; so is a seed
+    `drop` flags in either arm (flag_outliers), when the verdict is decided without them."""
     rows = {arm: {r["seed"]: r for r in results.get(arm, [])} for arm in (e.better, e.worse)}
     left_out = tuple(f"{arm} seed {s} ({r['diverged']})" for arm in dict.fromkeys((e.better, e.worse))
                      for s, r in rows[arm].items() if r.get("diverged"))
     gone = {s for arm in rows for s, r in rows[arm].items() if r.get("diverged")}
+    far = [f for f in drop if f["arm"] in rows and f["seed"] not in gone]
+    left_out += tuple(dict.fromkeys(f"{f['arm']} seed {f['seed']} (flagged: {f['mads']:.0f} MADs from its arm)"
+                                    for f in far))
+    gone |= {f["seed"] for f in far}
 
     def by_seed(arm: str, metric: str) -> dict[int, float]:
         return {s: r[metric] for s, r in rows[arm].items() if r.get(metric) is not None and s not in gone}

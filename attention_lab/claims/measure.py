@@ -120,8 +120,9 @@ def measure(claim, run_dir: Path, held: Held, quick: bool) -> dict:
         out |= score_gradients(model, run_dir, x[few], y[few])
     if "similarity" in claim.measures and attention:
         out |= context_measures(model, x, quick)
-    if "recall" in claim.measures:  # the delayed copy's held-out examples, whole and aligned
-        out |= recall_scores(model, held.part.tokens, ckpt.tokenizer().eot_id)
+    if "recall" in claim.measures:  # the task's held-out examples, whole and aligned
+        task = json.loads((run_dir / "config.json").read_text())["data"].get("recall_task", "copy")
+        out |= recall_scores(model, held.part.tokens, ckpt.tokenizer().eot_id, task)
     return out
 
 
@@ -208,7 +209,7 @@ def _sample(model, ckpt, held: Held, n_tokens: int) -> str:
 
 
 @torch.no_grad()
-def recall_scores(model, tokens: np.ndarray, eot: int, batch_size: int = 16) -> dict:
+def recall_scores(model, tokens: np.ndarray, eot: int, task: str = "copy", batch_size: int = 16) -> dict:
     """The delayed-copy task (data/recall.py) scored on its held-out examples, each read whole and aligned: the
     separator before it, then its 2d letters (a block and the same block again). Only the copy is scored, the d
     predictions whose target is the token exactly d back; the first block is noise to every model.
@@ -217,7 +218,11 @@ def recall_scores(model, tokens: np.ndarray, eot: int, batch_size: int = 16) -> 
                        log2(symbols) (4 for 16) for the best model that sees only the last k < d tokens
         copy_accuracy  the share of copied letters that are the model's most likely token (1 / symbols: chance)
 
-    tokens: a held-out part (examples separated by `eot`), every example 2d long; the model must see all 2d."""
+    tokens: a held-out part (examples separated by `eot`), every example 2d long; the model must see all 2d.
+    task "item" (data/recall.py item_task): examples d + 1 long, the one scored prediction the last, the item
+    recalled from d back: recall_bits and recall_accuracy, the same numbers over that one token an example."""
+    if task == "item":
+        return _item_scores(model, tokens, eot, batch_size)
     ends = np.flatnonzero(np.asarray(tokens) == eot)
     starts = np.concatenate([[0], ends[:-1] + 1])
     docs = [np.asarray(tokens[a:b], dtype=np.int64) for a, b in zip(starts, ends)]
@@ -240,3 +245,30 @@ def recall_scores(model, tokens: np.ndarray, eot: int, batch_size: int = 16) -> 
             hits.append(logits.argmax(-1) == yb[:, d:])
     return {"copy_bits": float(torch.cat(nats).mean() / np.log(2)),
             "copy_accuracy": float(torch.cat(hits).float().mean())}
+
+
+@torch.no_grad()
+def _item_scores(model, tokens: np.ndarray, eot: int, batch_size: int) -> dict:
+    """recall_scores for the item task: each held-out example (d + 1 letters) read whole from its separator; only
+    its last letter, the item from d back, is scored."""
+    ends = np.flatnonzero(np.asarray(tokens) == eot)
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    docs = [np.asarray(tokens[a:b], dtype=np.int64) for a, b in zip(starts, ends)]
+    lengths = {len(d) for d in docs}
+    if not docs or len(lengths) != 1 or min(lengths) < 3:
+        raise ValueError(f"recall_scores (item) needs examples of one length d + 1 >= 3, separated by token {eot}; got "
+                         f"{len(docs)} examples of lengths {sorted(lengths)[:5]}")
+    t = lengths.pop()
+    if model.config.block_size < t:
+        raise ValueError(f"the model sees {model.config.block_size} tokens, the recall needs {t} (distance {t - 1} "
+                         f"and the item): train it with model.block_size >= {t}")
+    y = torch.from_numpy(np.stack(docs))  # (n, d + 1)
+    x = torch.cat([torch.full((len(y), 1), eot), y[:, :-1]], dim=1)  # the separator, then all but the last
+    nats, hits = [], []
+    with eval_mode(model), torch.no_grad():
+        for xb, yb in zip(x.split(batch_size), y.split(batch_size)):
+            logits = model(xb).logits[:, -1].float()  # (b, V): the prediction of the recalled item
+            nats.append(torch.nn.functional.cross_entropy(logits, yb[:, -1], reduction="none"))
+            hits.append(logits.argmax(-1) == yb[:, -1])
+    return {"recall_bits": float(torch.cat(nats).mean() / np.log(2)),
+            "recall_accuracy": float(torch.cat(hits).float().mean())}

@@ -1,8 +1,13 @@
 """A claim's report, every number and every verdict word read from its results.json (written here too), and
-docs/claims.md assembled from the reports by one command.
+docs/claims.md and the README's claims list assembled from the results by one command.
 
-    report.md    the statement; machine, seeds, split, rates; the sweep table; the arm table; one sentence per
-                 expectation (difference, interval, p, Holm, region, verdict); the published result; the plot
+    report.md    the statement; "What we found" (claims/plain.py: the finding in words); the key figure; then
+                 "The fine print": machine, seeds, split, rates; one sentence per expectation (difference,
+                 interval, p, Holm, region, verdict); trends; flagged seeds; the rate check; the arm table; the
+                 sweep table; the published result
+    docs         docs/claims.md (every claim's report, its figure redrawn from its results) and the README's one
+                 line per claim; each real (not --quick) results.json read is kept as docs/claims/results_<name>.json,
+                 so a later session regenerates the docs from them without re-running anything
 """
 
 from __future__ import annotations
@@ -20,8 +25,10 @@ import numpy as np
 import torch
 from scipy import stats
 
+from attention_lab.claims import plain
 from attention_lab.claims.catalog import BRACKET, CLAIMS, Claim, along
 from attention_lab.claims.runs import REPO
+from attention_lab.claims.stats import OUTLIER_K
 from attention_lab.runtime.device import cpu_model
 from data.files import atomic_write, write_json_atomic
 
@@ -133,6 +140,9 @@ def sentence(c: dict, n_compared: int) -> str:
                      ": the difference is too small against the seed noise for any practical number of seeds"))
     elif c["verdict"] == "equivalent":
         text += ": the whole interval lies inside the region, no difference that matters"
+    elif c.get("within_region"):
+        text += (": significant, but the whole interval lies inside the region, a difference too small to matter "
+                 "(the word is read before the region, so a difference on the wrong side always reads reversed)")
     return text
 
 
@@ -176,11 +186,16 @@ def trend_sentence(doc: dict, t: dict, per_value: list | None = None) -> str:
     text = f"**{t['verdict']}**: {t['worse']} minus {t['better']} ({unit})"
     if math.isnan(t["slope"]):
         return text + ": too few values or seeds for a slope"
-    interval = (f"95% interval {t['low']:+.4f} to {t['high']:+.4f} over {n} seeds" if not math.isnan(t["low"])
+    level = f"{100 * t.get('confidence', 0.95):.3g}%"
+    interval = (f"{level} interval {t['low']:+.4f} to {t['high']:+.4f} over {n} seeds" if not math.isnan(t["low"])
                 else f"{n} seed: no interval")
+    holm = (f", {_p(t['p_holm'])} after Holm's correction with the claim's other tests" if "p_holm" in t
+            and not math.isnan(t["p_holm"]) else "")
     text += (f" changes by {t['slope']:+.4f} per doubling of {var} ({interval}, each seed's least-squares slope on "
-             f"log2 {var}; p = {_p(t['p'])}; flat: inside ±{t['region']:g} per doubling). Mean difference at {var} = "
-             + ", ".join(f"{v:g}: {m:+.4f}" for v, m in zip(t["values"], t["means"])))
+             f"log2 {var}; p = {_p(t['p'])}{holm}; flat: not significant and inside ±{t['region']:g} per doubling)"
+             + (", by less than the region: the whole interval lies inside it" if t.get("within_region")
+                and t["verdict"] in ("grows", "shrinks") else "")
+             + f". Mean difference at {var} = " + ", ".join(f"{v:g}: {m:+.4f}" for v, m in zip(t["values"], t["means"])))
     words: dict[str, list[str]] = {}
     for at, c in (per_value if per_value is not None else _per_value(doc, t)):
         words.setdefault(c["verdict"], []).append(f"{at:g}")
@@ -193,9 +208,10 @@ def trend_section(doc: dict) -> list[str]:
     if not doc.get("trends"):
         return []
     var = doc["variable"]
-    lines = [f"## Along {var}", "", f"Every expectation is decided at each value of {var} (the verdicts above), and one "
-             f"trend test per expectation answers the sentence: does the difference grow or shrink as {var} doubles? "
-             "(stats.trend: a one-sample t-test over the seeds' slopes; 5% of flat series are called a trend.)", ""]
+    lines = [f"## Along {var}", "", f"Every expectation is decided at each value of {var} (the verdicts above, which "
+             f"lead), and one trend test per expectation asks second whether the difference grows or shrinks as {var} "
+             "doubles (stats.trend: a one-sample t-test over the seeds' slopes, in the claim's Holm family with the "
+             "comparisons; a value where the worse arm is at chance is left out of it).", ""]
     return lines + [f"- {trend_sentence(doc, t)}" for t in doc["trends"]] + ["", "The plot at the end: the difference "
                     f"at each {var} with the interval its verdict was read from, and each seed's.", ""]
 
@@ -324,8 +340,9 @@ def verdict_summary(doc: dict) -> str:
             metric = "" if t["metric"] == "bpb" else f" ({t['metric']})"
             slope = "" if math.isnan(t["slope"]) else f" {t['slope']:+.3f}/doubling [{t['low']:+.3f}, {t['high']:+.3f}]"
             each = "/".join(c["verdict"] for _, c in _per_value(doc, t))
-            parts.append(f"{t['worse']} vs {t['better']}{metric} along {t['variable']}: **{t['verdict']}**{slope}; "
-                         f"at {t['variable']} = {'/'.join(f'{v:g}' for v in t['values'])}: {each}")
+            at = "/".join(f"{v:g}" for v, _ in _per_value(doc, t))
+            parts.append(f"{t['worse']} vs {t['better']}{metric} at {t['variable']} = {at}: {each}; along "
+                         f"{t['variable']}: **{t['verdict']}**{slope}")
         return "; ".join(parts)
     parts = []
     for c in doc.get("comparisons", []):
@@ -347,21 +364,43 @@ def verdict_summary(doc: dict) -> str:
 
 def write(claim: Claim, doc: dict, out: Path) -> Path:
     write_json_atomic(out / "results.json", doc)
-    if doc.get("trends"):
-        plot_trends(claim, doc, out / "plot.png")
-    else:
-        plot(claim, doc["results"], out / "plot.png")
+    figure(claim, doc, out / "plot.png")
     return render(claim, out)
+
+
+def figure(claim: Claim, doc: dict, path: Path) -> None:
+    """The claim's key figure, from its results alone."""
+    if doc.get("trends"):
+        plot_trends(claim, doc, path)
+    else:
+        plot(claim, doc["results"], path)
 
 
 def render(claim: Claim, out: Path) -> Path:
     """report.md from results.json alone."""
     doc = json.loads((out / "results.json").read_text())
+    return _done(out, report_lines(claim, doc))
+
+
+WORDS_SAID = ("**holds**: the difference is significant after Holm's correction and on the side the claim predicts; "
+              "**reversed**: significant and on the other side, the reverse of the claim; **equivalent**: not "
+              "significant, and the whole interval lies inside the region of practical equivalence (too small to "
+              "matter); **undecided**: these seeds cannot tell. bits/byte: the bits a model needs on average to "
+              "encode each byte of unseen text (lower is better; 8 would be knowing nothing about the next byte)")
+
+
+def report_lines(claim: Claim, doc: dict, figure_path: str = "plot.png") -> list[str]:
+    """The report from a results doc: What we found, the figure, then the fine print."""
     quick = " (--quick: a smoke run, not a measurement)" if doc["quick"] else ""
-    lines = [f"# Claim `{claim.name}`{quick}", "", f"> {claim.statement}", ""]
+    lines = [f"# Claim `{claim.name}`{quick}", "", f"> {claim.statement}", "",
+             f"**What we found.** {plain.found(claim, doc)}", ""]
     if not claim.arms:
-        lines += [f"Machine: {doc['machine']}.", "", doc["body"], "", "## Published", "", claim.published]
-        return _done(out, lines)
+        lines += ["## The fine print", "", f"Machine: {doc['machine']}.", "", doc["body"], "", "### Published", "",
+                  claim.published]
+        return lines
+    lines += [f"![{claim.name}: {claim.statement}]({figure_path})", "", "## The fine print", ""]
+    if doc.get("rules") != RULES:
+        lines += [EARLIER_RULES, ""]
     n_runs = len(doc["run_seconds"])
     own = f" with {' '.join(claim.overrides)}" if claim.overrides else ""
     lines += [f"Machine: {doc['machine']}. Base preset: configs/experiment/claims.yaml{own}"
@@ -374,27 +413,73 @@ def render(claim: Claim, out: Path) -> Path:
               f"This run trained {n_runs} run{'s' * (n_runs != 1)} and reused the rest; it took "
               f"{doc['minutes']:.1f} min in all." + _cost(doc), ""]
     lines += [f"- {n}" for n in claim.notes] + ([""] if claim.notes else [])
-    lines += ["## Verdict", ""]
-    n = len(doc["comparisons"])
-    lines += [f"- {sentence(c, n)}" for c in doc["comparisons"]] + [""]
-    lines += trend_section(doc)
-    lines += axis_section(doc)
-    lines += diverged_section(claim, doc)
-    lines += common_section(claim, doc)
-    lines += ["## Arms", "", arm_table(claim, doc), "",
+    lines += [f"The words: {WORDS_SAID}.", ""]
+    sub: list[str] = ["## Verdict", ""]
+    n = len(doc["comparisons"]) + len(doc.get("trends", [])) + len((doc.get("axis") or {}).get("trends", []))
+    sub += [f"- {sentence(c, n)}" for c in doc["comparisons"]] + [""]
+    sub += trend_section(doc)
+    sub += axis_section(doc)
+    sub += outlier_section(doc)
+    sub += diverged_section(claim, doc)
+    sub += common_section(claim, doc)
+    sub += second_section(claim, doc)
+    sub += ["## Arms", "", arm_table(claim, doc), "",
               "bits/byte: every token of the test plays scored once, float32; step scored: the final checkpoint's; "
               "seconds: one run's wall clock (start-up included; runs that were reused keep the time they took).",
               ""]
     columns = column_lines(claim, {k for rs in doc["results"].values() for r in rs for k in r})
-    lines += columns + ([""] if columns else [])
+    sub += columns + ([""] if columns else [])
     if doc["sweep"]:
-        lines += ["## Learning rates", "", sweep_table(claim, doc), ""]
+        sub += ["## Learning rates", "", sweep_table(claim, doc), ""]
     samples = [(arm, rs[0]["sample"]) for arm, rs in doc["results"].items() if rs and rs[0].get("sample")]
     if samples:
-        lines += ["## Samples (temperature 0.8, the same test-play prompt, seed 1)", ""]
-        lines += [f"- **{arm}**: {text.replace(chr(10), ' / ')[:400]}" for arm, text in samples] + [""]
-    lines += ["## Published", "", claim.published, "", "![plot](plot.png)"]
-    return _done(out, lines)
+        sub += ["## Samples (temperature 0.8, the same test-play prompt, seed 1)", ""]
+        sub += [f"- **{arm}**: {text.replace(chr(10), ' / ')[:400]}" for arm, text in samples] + [""]
+    sub += ["## Published", "", claim.published]
+    return lines + [("#" + x) if x.startswith("## ") else x for x in sub]
+
+
+RULES = 43  # the rules this generator states (experiment.RULES writes it into results.json)
+EARLIER_RULES = ("> **Numbers from earlier rules (issue 35).** These runs were decided before issue 43's rules: the "
+                 "recall task's divergence read the last training batch, no seed was flagged far from its arm, the "
+                 "trend tests stood outside the claim's Holm family, the region was read before significance, and "
+                 "there was no second fixed rate. `python -m attention_lab.claims NAME` re-runs it under them.")
+
+
+def outlier_section(doc: dict) -> list[str]:
+    """The seeds flagged far from their arm, and the verdicts without them."""
+    if "outliers" not in doc:
+        return []
+    lines = ["## Seeds far from their arm", "", f"The rule: {doc.get('outlier_rule', '')}.", ""]
+    if not doc["outliers"]:
+        return lines + ["No seed was flagged.", ""]
+    lines += ["| arm | number | seed | value | the arm's median | scaled MADs away |", "|---|---|---|--:|--:|--:|"]
+    lines += [f"| {f['arm']} | {f['metric']} | {f['seed']} | {f['value']:.4f} | {f['median']:.4f} | {f['mads']:.0f} |"
+              for f in doc["outliers"]]
+    robust = doc.get("comparisons_robust", [])
+    n = len(robust) + len(doc.get("trends_robust", []))
+    lines += ["", "The verdicts without the flagged seeds (each left out of every comparison of its arm):", ""]
+    lines += [f"- {sentence(c, n)}" for c in robust]
+    lines += [f"- {trend_sentence({'comparisons': robust, 'at': doc.get('at'), 'of': doc.get('of')}, t)}"
+              for t in doc.get("trends_robust", [])]
+    return lines + [""]
+
+
+def second_section(claim: Claim, doc: dict) -> list[str]:
+    """The rate check: every arm's verdict seeds at a second fixed rate."""
+    second = doc.get("second_rate")
+    if not second:
+        return []
+    cs = doc.get("comparisons_second", [])
+    n = len(cs) + len(doc.get("trends_second", []))
+    rates = ", ".join(f"{arm} at {lr:g}" for arm, lr in second["rates"].items())
+    lines = ["## The rate check: a second fixed rate", "",
+             f"The same verdict seeds with every arm at {second['factor']:.3g} x its rate ({rates}): a verdict "
+             "word that differs from the one above depends on the rate, and the plain sentence says so.", ""]
+    lines += [f"- {sentence(c, n)}" for c in cs]
+    sdoc = {"comparisons": cs, "at": doc.get("at"), "of": doc.get("of")}
+    lines += [f"- {trend_sentence(sdoc, t)}" for t in doc.get("trends_second", [])]
+    return lines + ["", arm_table(claim, doc, "results_second"), ""]
 
 
 def _launch(doc: dict) -> str:
@@ -510,11 +595,24 @@ def plot(claim: Claim, results: dict, path: Path) -> None:
                 ax.plot(steps, losses, marker="o", label=arm)
                 ax.set_xlabel("step")
                 ax.set_ylabel("trainer's validation loss (nats/token), seed 1")
-    ax.set_title(f"claim '{claim.name}': {claim.statement[:70]}", fontsize=9)
-    ax.legend(fontsize=8)
+    ax.set_title(_title(claim), fontsize=9)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+VARIABLE_WORDS = {"d_k": "d_k: the size of each head's queries and keys (channels)",
+                  "n_embd": "n_embd: the model's width (channels)",
+                  "distance": "d: how far back the token to recall is (tokens)"}
+
+
+def _title(claim: Claim) -> str:
+    """A figure's title: the claim's whole sentence, wrapped."""
+    import textwrap
+
+    return textwrap.fill(f"Claim '{claim.name}': {claim.statement}", 95)
 
 
 def arm_series(doc: dict, t: dict) -> dict[str, list[tuple[float, float, float]]]:
@@ -548,8 +646,8 @@ def plot_trends(claim: Claim, doc: dict, path: Path) -> None:
                 ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o",
                             capsize=3, label=arm)
         ax.set_xscale("log", base=2)
-        ax.set_xlabel(t["variable"])
-        ax.set_ylabel(t["metric"], fontsize=8)
+        ax.set_xlabel(VARIABLE_WORDS.get(t["variable"], t["variable"]), fontsize=8)
+        ax.set_ylabel(UNITS.get(t["metric"], t["metric"]).removeprefix("in ")[:60], fontsize=7)
         ax.set_title("each arm (mean ± sd over seeds)", fontsize=9)
         ax.legend(fontsize=7)
     for ax, t in zip(axes.flat[0::2], trends):
@@ -563,11 +661,12 @@ def plot_trends(claim: Claim, doc: dict, path: Path) -> None:
             ax.plot([at] * len(c["diffs"]), c["diffs"], "k.", ms=3)
         ax.axhline(0, color="grey", lw=0.8)
         ax.set_xscale("log", base=2)
-        ax.set_xlabel(t["variable"])
-        ax.set_ylabel(f"{t['worse']} - {t['better']}: {t['metric']}", fontsize=8)
+        ax.set_xlabel(VARIABLE_WORDS.get(t["variable"], t["variable"]), fontsize=8)
+        ax.set_ylabel(f"{t['worse']} minus {t['better']}\n({UNITS.get(t['metric'], t['metric'])})"[:120], fontsize=7)
         slope = "" if math.isnan(t["slope"]) else f" {t['slope']:+.3g}/doubling"
         ax.set_title(f"{t['verdict']}{slope}", fontsize=9)
-    fig.suptitle(f"claim '{claim.name}': difference (dots: seeds; bars: the verdict's interval)", fontsize=9)
+    fig.suptitle(_title(claim) + "\nleft of each pair: the paired difference (dots: seeds; bars: the interval its "
+                 "verdict was read from); right: each arm's own number", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -578,72 +677,85 @@ def plot_trends(claim: Claim, doc: dict, path: Path) -> None:
 
 DOCS_INTRO = """# The tutorials' claims, tested
 
-<!-- generated by `python -m attention_lab.claims docs` from claims/*/results.json and report.md: edit
-attention_lab/claims/ (catalog.py for the claims, report.py for this text), not this file -->
+<!-- generated by `python -m attention_lab.claims docs` from claims/*/results.json (or the copies in
+docs/claims/results_*.json): edit attention_lab/claims/ (catalog.py for the claims, plain.py and report.py for this
+text), not this file -->
 
 The texts this project teaches from explain *why* attention is built the way it is. Each "why" is a claim, and
 each claim is an experiment you run on a CPU with one command:
 
 ```
 .venv/bin/python -m attention_lab.claims --list            # the claims, their statements and arms
-.venv/bin/python -m attention_lab.claims qk                # sweep, seeds, verdict -> claims/qk/report.md
+.venv/bin/python -m attention_lab.claims qk                # seeds at two fixed rates, verdict -> claims/qk/report.md
 .venv/bin/python -m attention_lab.claims qk --quick        # a tiny version in seconds (a smoke run, not a measurement)
 .venv/bin/python -m attention_lab.claims heads --launcher joblib --jobs 8   # the runs side by side on 8 cores
 .venv/bin/python -m attention_lab.claims heads --launcher submitit_slurm -- hydra.launcher.partition=gpu
-.venv/bin/python -m attention_lab.claims docs              # this page, from the reports
+.venv/bin/python -m attention_lab.claims docs              # this page and the README's list, from the results
 ```
+
+**How to read a claim.** Each section opens with **What we found**: the tutorial's sentence, then what the models
+trained here show, in words, with the size of each difference. Sizes are mostly in **bits/byte**: the number of
+bits a model needs, on average, to encode each byte of unseen text (its loss, in base 2, spread over the bytes the
+tokens stand for). Lower is better; 8 would be knowing nothing about the next byte (all 256 values equally
+likely). A difference is said beside the **spread between seeds**: how much the same arm moves when only
+its random seed changes; a difference several times that spread is one the seeds agree on. Then comes the claim's
+figure, and then **the fine print**: every statistic behind the words. The words themselves: {words}.
 
 **How a claim is judged.** Its arms are config overrides on one base preset (`configs/experiment/claims.yaml`: 2
 layers, 4 heads, 128 wide, a context of 128 BPE tokens, vocabulary 512, RoPE, QK-norm off, AdamW, batch 16, 600
-steps; a claim may change these for all its arms, and its report names the change). A claim either sweeps each
-arm's learning rate or fixes one rate in advance, and says which. Swept ({swept}): each arm over three rates (1e-3,
-3e-3, 9e-3) on three *sweep* seeds (101-103; a best rate at the edge of what was tried brings the next rate beyond
-it, up to {bracket} more), a rate at which any sweep run diverged is never chosen, and the arm's five *verdict* seeds
-(1-5, none of them a sweep seed) train at the rate whose mean scored best on the *choose* plays (two of the four
-held-out plays), and once more at one common rate (3e-3) for a sensitivity verdict. Fixed ({fixed}): every arm at
-3e-3, the base preset's rate, so the common-rate verdict is the verdict: a sweep costs 9 or more runs an arm, more
-than its 5 verdict seeds, and would bring these claims past an hour on 2 cores (`--rates 0.333,1,3` sweeps them). A
-run is **diverged** when its training loss became non-finite or ended above its first evaluation's validation
-loss. Every seed's final checkpoint (chosen by nothing) is scored on the *test* plays (the other two), which no
-choice read. Arms are paired by seed: arm A and arm B with seed s start from the same random stream and read the
-same batches; how much that pairing removes is measured, not assumed (each verdict prints the correlation of the
-two arms' seeds and the paired sd over the unpaired one: near 1, the pairing bought little). For each expectation
-the report gives the mean paired difference, the paired t-test's p-value with Holm's correction across the claim's
-expectations, the t interval at the level Holm's step tested it at (so an interval excludes 0 exactly when the word
-is holds or reversed), a region of practical equivalence (±0.01 bits/byte unless stated) with the smallest region
-those seeds could call equivalent, and a word computed from them: **holds** (significant after Holm, in the claimed
-direction), **reversed** (significant, against it), **equivalent** (that interval inside the region: interval
-inclusion, the two one-sided tests of Schuirmann 1987) or **undecided** (with the number of paired seeds a
-difference of that size would need, unless it lies inside the region). A verdict seed whose run diverged is left out
-of its comparisons and named; every report counts the diverged runs per arm. The runs of a claim are one Hydra
-multirun (`train.py -m`), so any Hydra launcher runs them (by default joblib, one run per core with one thread each,
-where it is installed); finished runs are reused, and a run another claim already trained is copied only if it was
-launched the same way (launcher, threads a run, torch version: each run records them), since a run's numbers move
-with its thread count. Statistics: scipy.stats (Bouthillier et al. 2021 on the sources of variance; Dror et al. 2018
-on significance testing; Holm 1979; Schuirmann 1987 on equivalence).
+steps; a claim may change these for all its arms, and its report names the change). No claim here sweeps its
+rates: {fixed} train every arm at one rate fixed in advance (3e-3, the base preset's; the `rnn` claim's arms at
+rates of their own, named in its notes), since a sweep costs 9 or more runs an arm, more than its 5 verdict seeds,
+and would bring a claim past an hour on 2 cores. Instead every verdict is checked at a **second fixed rate** (a
+third of each arm's first), and a verdict word that differs there reads "depends on the rate" in the plain
+sentence. (`--rates 0.333,1,3` sweeps a claim instead: each arm over three rates on three *sweep* seeds, 101-103,
+a best rate at the edge bringing the next one beyond it, up to {bracket} more; swept in the results below:
+{swept}.) Each arm trains five *verdict* seeds (1-5); every seed's final checkpoint (chosen by nothing) is scored
+on the *test* plays, two held-out plays no choice read. Arms are paired by seed: arm A and arm B with seed s start
+from the same random stream and read the same batches; how much that pairing removes is measured, not assumed
+(each verdict prints the correlation of the two arms' seeds and the paired sd over the unpaired one). For each
+expectation the fine print gives the mean paired difference, the paired t-test's p-value with Holm's correction
+across the claim's tests (its comparisons and its trend tests together), the t interval at the level Holm's step
+tested it at (so an interval excludes 0 exactly when the word is holds or reversed), a region of practical
+equivalence (±0.01 bits/byte unless stated) with the smallest region those seeds could call equivalent, and the
+word. Significance is read first: a significant difference on the wrong side reads **reversed** wherever it lies,
+and one inside the region says so ("by less than the region"). Along a variable (d_k, width, distance) the word
+at each value leads and one trend test per expectation comes second; a value where an arm sits at chance is left
+out of the trend. A run is **diverged** when its training loss became non-finite, when its final validation loss
+is more than 10% above the lowest it reached, or (on tasks without a noise floor) when its final training loss is
+above its first evaluation's validation loss; a diverged seed is left out of its comparisons and named. A seed
+more than {outlier_k:g} scaled MADs from its arm's median is **flagged**: kept in the verdict, shown, and the
+verdict decided once more without it. The runs of a claim are one Hydra multirun (`train.py -m`), so any Hydra
+launcher runs them (by default joblib, one run per core with one thread each, where it is installed); finished
+runs are reused, and a run another claim already trained is copied only if it was launched the same way
+(launcher, threads a run, torch version), since a run's numbers move with its thread count. Statistics:
+scipy.stats (Bouthillier et al. 2021 on the sources of variance; Dror et al. 2018 on significance testing; Holm
+1979; Schuirmann 1987 on equivalence).
 
-Nothing below is written by hand: each section is its claim's report.md, and the table is built from the
-results.json files; a claim the table says was not run has no section below.
+Nothing below is written by hand: each section is generated from its claim's results; a claim the list says was
+not run has no section below.
+
 """
 
 
-def runs_needed(claim: Claim, sweeping: bool = True) -> int:
+def runs_needed(claim: Claim, sweeping: bool = True, rate_check: bool = True) -> int:
     """Runs a claim trains at most when nothing can be reused and no rate is bracketed: each swept arm's sweep (its
     rates on the sweep seeds), its verdict seeds at the chosen rate and at the common rate (one set when the two
-    rates are one); the seeds of the arms that keep a rate or need another's time. Without a sweep, seeds only.
-    `claim`: as it runs, along its variable (catalog.along)."""
+    rates are one); the seeds of the arms that keep a rate or need another's time. Without a sweep, seeds only,
+    twice with the rate check (a second fixed rate). `claim`: as it runs, along its variable (catalog.along)."""
     seeds = len(claim.seeds)
     if not sweeping or claim.fixed_rate:
-        return seeds * len(claim.arms)
+        return seeds * len(claim.arms) * (2 if rate_check and claim.second_rate else 1)
     return sum(len(claim.rates) * len(claim.sweep_seeds) + 2 * seeds if a.sweep else
                2 * seeds if a.rate_of and not a.after else seeds for a in claim.arms)
 
 
-EARLIER = ("earlier rules, not re-run yet: 95% intervals not adjusted for Holm, rates chosen on verdict seeds 1-2, "
-           "no divergence rule, twins reused across launchers")
-EARLIER_BENCH = "earlier rules, not re-run yet: the median of three ratios, no fit"
+EARLIER = ("earlier rules (issue 35), not re-run yet: trend tests outside the claim's Holm family, the region read "
+           "before significance, no seed flagged far from its arm, no second fixed rate, the recall task's divergence "
+           "read on its last training batch")
+EARLIER_BENCH = "earlier rules (issue 35: log-log slopes fitted, which issue 43 does not change), kept as published"
 EARLIER_NOTE = ("> **Numbers from the {earlier}.** This section is kept from the docs generated before those rules "
-                "changed (issue 35) and is not a verdict under the rules described above; `python -m "
+                "changed (issue 43) and is not a verdict under the rules described above; `python -m "
                 "attention_lab.claims {name}` re-runs it under them.")
 
 
@@ -666,11 +778,28 @@ def earlier_sections(docs_md: Path) -> tuple[dict[str, tuple[str, str]], dict[st
     return rows, sections
 
 
-def summary_rows(root: Path, earlier: dict[str, tuple[str, str]] | None = None) -> list[tuple[str, str, str]]:
+def results_of(name: str, root: Path, docs: Path | None = None) -> dict | None:
+    """A claim's results: claims/<name>/results.json when it is a real run (kept as docs/claims/results_<name>.json,
+    so later sessions regenerate the docs from it), else the copy docs/claims/ keeps; None when neither exists.
+    Only a run's own results.json is ever copied: nothing here makes a number."""
+    path = root / name / "results.json"
+    doc = json.loads(path.read_text()) if path.exists() else None
+    kept = docs / "claims" / f"results_{name}.json" if docs is not None else None
+    if doc is not None and not doc.get("quick"):
+        if kept is not None:
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(kept, doc)
+        return doc
+    if kept is not None and kept.exists():
+        return json.loads(kept.read_text())
+    return None
+
+
+def summary_rows(root: Path, earlier: dict[str, tuple[str, str]] | None = None,
+                 docs: Path | None = None) -> list[tuple[str, str, str]]:
     rows = []
     for name, claim in CLAIMS.items():
-        path = root / name / "results.json"
-        doc = json.loads(path.read_text()) if path.exists() else {"quick": True}
+        doc = results_of(name, root, docs) or {"quick": True}
         if not doc.get("quick"):
             rows.append((name, verdict_summary(doc), _runs_cell(doc) if claim.arms else "-"))
         elif earlier and name in earlier and not earlier[name][0].startswith("not run"):
@@ -689,38 +818,68 @@ def _runs_cell(doc: dict) -> str:
     return f"{doc.get('minutes', float('nan')):.0f} min, {len(doc['run_seconds'])} runs trained"
 
 
-def summary_table(root: Path, earlier: dict[str, tuple[str, str]] | None = None) -> str:
-    rows = summary_rows(root, earlier)
-    lines = ["| claim | verdicts (mean paired difference, bits/byte unless named; [interval at the level of its verdict: Holm's step]) | runs (wall clocks summed) |",
+def summary_table(root: Path, earlier: dict[str, tuple[str, str]] | None = None, docs: Path | None = None) -> str:
+    rows = summary_rows(root, earlier, docs)
+    lines = ["| claim | verdicts (the word at each value first; mean paired difference in bits/byte unless a number is "
+             "named; [interval at the level of its verdict: Holm's step]) | runs (wall clocks summed) |",
              "|---|---|---|"]
     lines += [f"| `{n}` | {v} | {t} |" for n, v, t in rows]
     return "\n".join(lines)
 
 
+def one_line(name: str, doc: dict | None, earlier: bool, link: str) -> str:
+    """A claim in one line: the tutorial's sentence, the finding in words (plain.headline), a link."""
+    claim = CLAIMS[name]
+    if doc is not None:
+        found = plain.headline(claim, doc)
+        if doc.get("rules") != RULES and claim.arms:
+            found += " (numbers from earlier rules)"
+    elif earlier:
+        found = "not re-run under the current rules yet: the earlier numbers are in the details"
+    else:
+        found = "not run yet"
+    found = found[0].lower() + found[1:] if found[1:2].islower() else found
+    return (f"- *{claim.statement[0].upper() + claim.statement[1:]}*: {found.rstrip('.')} "
+            f"([`{name}`]({link}#{_anchor(name)})).")
+
+
+def _anchor(name: str) -> str:
+    return re.sub(r"[^a-z0-9 -]", "", name.lower()).replace(" ", "-")
+
+
+README_LEAD = ("Each line: the tutorial's sentence, what the models trained here show (sizes in "
+               "[bits/byte](docs/glossary.md#bitsbyte), lower is better, beside the spread between seeds), and a "
+               "link to the claim's figure and fine print.")
+
+
 def write_docs(root: Path = Path("claims"), docs: Path = REPO / "docs", readme: Path = REPO / "README.md") -> Path:
-    """docs/claims.md from claims/<name>/report.md (plots copied to docs/claims/), and the README's table."""
+    """docs/claims.md from each claim's results (claims/<name>/results.json, else the copy docs/claims/ keeps):
+    one line per claim, the verdict table, then each claim's report with its figure redrawn into docs/claims/;
+    and the README's block between its markers: one line per claim (the method is the README's own paragraph)."""
     (docs / "claims").mkdir(parents=True, exist_ok=True)
     earlier_rows, sections = earlier_sections(docs / "claims.md")
-    table = summary_table(root, earlier_rows)
-    swept = [f"`{c.name}`" for c in CLAIMS.values() if c.arms and not c.fixed_rate]
-    fixed = [f"`{c.name}`" for c in CLAIMS.values() if c.arms and c.fixed_rate]
-    parts = [DOCS_INTRO.format(bracket=BRACKET, swept=", ".join(swept) or "none", fixed=", ".join(fixed) or "none"),
-             table, ""]
-    for name in CLAIMS:
-        rep = root / name / "report.md"
-        res = root / name / "results.json"
-        if not rep.exists() or not res.exists() or json.loads(res.read_text()).get("quick"):
+    table = summary_table(root, earlier_rows, docs)
+    found = {name: results_of(name, root, docs) for name in CLAIMS}
+    swept = [f"`{c.name}`" for c in CLAIMS.values() if any(a.sweep for a in c.arms) and not c.fixed_rate]
+    fixed = [f"`{c.name}`" for c in CLAIMS.values() if c.arms and (c.fixed_rate or not any(a.sweep for a in c.arms))]
+    lines = [one_line(name, found[name], name in sections, "") for name in CLAIMS]
+    parts = [DOCS_INTRO.format(bracket=BRACKET, swept=", ".join(swept) or "none", fixed=", ".join(fixed) or "none",
+                               words=WORDS_SAID, outlier_k=OUTLIER_K),
+             "## Each claim in one line", "", *lines, "", "## The verdicts at a glance", "", table, ""]
+    for name, claim in CLAIMS.items():
+        doc = found[name]
+        if doc is None:
             if name in sections:  # published under earlier rules: kept, and said to be
                 note = EARLIER_NOTE.format(earlier=_earlier(name), name=name)
                 body = sections[name] if note in sections[name] else f"\n{note}\n" + sections[name]
                 parts += [f"## `{name}`" + body.rstrip("\n"), ""]
             continue
-        body = re.sub(r"^## ", "### ", rep.read_text().split("\n", 1)[1], flags=re.M)  # below its own heading
-        if (root / name / "plot.png").exists():
-            shutil.copyfile(root / name / "plot.png", docs / "claims" / f"{name}.png")
-            body = body.replace("](plot.png)", f"](claims/{name}.png)")
-        body = body.replace("](bench", f"]({root}/{name}/bench")
-        parts += [f"## `{name}`", "", f"`.venv/bin/python -m attention_lab.claims {name}`", body]
+        if claim.arms:
+            figure(claim, doc, docs / "claims" / f"{name}.png")
+        body = report_lines(claim, doc, f"claims/{name}.png")[1:]  # below its own heading, one level down
+        body = [("#" + x) if x.startswith("#") else x for x in body]
+        body = [x.replace("](bench", f"]({root}/{name}/bench") for x in body]
+        parts += [f"## `{name}`", "", f"`.venv/bin/python -m attention_lab.claims {name}`", *body, ""]
     write_text(docs / "claims.md", "\n".join(parts))
     if readme.exists():
         start, end = "<!-- claims table: python -m attention_lab.claims docs -->", "<!-- end claims table -->"
@@ -728,5 +887,7 @@ def write_docs(root: Path = Path("claims"), docs: Path = REPO / "docs", readme: 
         if start in text and end in text:
             head, rest = text.split(start, 1)
             _, tail = rest.split(end, 1)
-            write_text(readme, head + start + "\n" + table + "\n" + end + tail)
+            block = [README_LEAD, ""] + [one_line(name, found[name], name in sections, "docs/claims.md")
+                                           for name in CLAIMS]
+            write_text(readme, head + start + "\n" + "\n".join(block) + "\n" + end + tail)
     return docs / "claims.md"

@@ -18,24 +18,34 @@ same numbers would have (1: pairing bought nothing). Over n seeds:
               bits/byte unless the expectation says otherwise); `smallest_region`: the narrowest region this
               interval lies inside, i.e. the smallest region these seeds could call equivalent
 
-and the verdict word:
+and the verdict word, significance first (so a difference on the wrong side is never hidden by the region):
 
-    equivalent  that same interval lies inside the region: interval inclusion, the two one-sided tests of Schuirmann
-                1987 (conservative here: the interval is the (1 - alpha)-level one, not 1 - 2 alpha)
     holds       p_holm < 0.05 and the mean in the claimed direction
-    reversed    p_holm < 0.05 and the mean against it
-    undecided   neither: these seeds cannot tell. Where the observed mean lies outside the region, `seeds_needed`
+    reversed    p_holm < 0.05 and the mean against it, wherever it lies relative to the region
+    equivalent  not significant, and that same interval lies inside the region: interval inclusion, the two one-sided
+                tests of Schuirmann 1987 (conservative here: the interval is the (1 - alpha)-level one, not 1 - 2 alpha)
+    undecided   none of these: these seeds cannot tell. Where the observed mean lies outside the region, `seeds_needed`
                 says how many paired seeds would detect a difference of this size (the observed mean and spread) at
                 the level this comparison was tested at, with 80% power; a mean inside the region gets none (more
                 seeds would be spent to show equivalence, and `smallest_region` says how far that is)
 
-One seed gives no interval: always undecided.
+`within_region` says separately whether the interval lies inside the region, so "holds" or "reversed" with it
+reads "by less than the region" (significant, but too small to matter). One seed gives no interval: always
+undecided.
+
+A claim's Holm family is every comparison and every trend test of the claim (`decide_all`): a trend is one more
+test of the same seeds, so it is corrected with them, and its slope's interval is read at its Holm step's level.
+
+A seed far from its arm (`outliers`): more than OUTLIER_K scaled MADs (1.4826 x the median absolute deviation of
+the arm's seeds, floored at MAD_FLOOR) from the arm's median. A flagged seed is kept in the verdict and shown,
+and the verdict is computed once more without it (claims/experiment.py): never averaged in silently, never
+dropped silently.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy import stats
@@ -65,6 +75,7 @@ class Comparison:
     correlation: float = float("nan")  # between the two arms' seeds: what pairing can remove
     paired_over_unpaired: float = float("nan")  # sd of the paired mean / sd of an unpaired one (1: no gain)
     left_out: tuple[str, ...] = ()  # runs left out by the divergence rule, e.g. "tied seed 3 (diverged: ...)"
+    within_region: bool = False  # the interval lies inside +-region (said beside the word, whatever the word)
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -153,36 +164,83 @@ def seeds_needed(diffs: tuple[float, ...], power: float = POWER, alpha: float = 
     return int(n[np.argmax(reached)]) if reached.any() else None
 
 
+def _inside(low: float, high: float, region: float) -> bool:
+    return not math.isnan(low) and -region <= low and high <= region
+
+
+def _word(p_holm: float, mean: float, low: float, high: float, region: float, n: int,
+          words=("holds", "reversed", "equivalent", "undecided")) -> str:
+    """Significance first: a significant difference reads holds or reversed wherever it lies relative to the
+    region; only a non-significant one can read equivalent (its interval inside the region)."""
+    if not math.isnan(p_holm) and p_holm < ALPHA:
+        return words[0] if mean > 0 else words[1]
+    if n > 1 and _inside(low, high, region):
+        return words[2]
+    return words[3]
+
+
 def decide(comparisons: list[Comparison]) -> list[Comparison]:
-    """Holm-correct the p-values of one claim's comparisons; each interval at the level its Holm step used; the
-    equivalence rule, `seeds_needed` and `smallest_region` on that same interval; each verdict word."""
-    adjusted = holm([c.p for c in comparisons])
-    levels = holm_levels([c.p for c in comparisons])
+    """Holm-correct the p-values of one claim's comparisons (no trends: decide_all for both); each interval at the
+    level its Holm step used; the word, `seeds_needed` and `smallest_region` on that same interval."""
+    return decide_all(comparisons, [])[0]
+
+
+def decide_all(comparisons: list[Comparison], trends: list["Trend"]) -> tuple[list[Comparison], list["Trend"]]:
+    """One claim's Holm family: its comparisons and its trend tests corrected together; each interval (a
+    difference's, a slope's) at the level its Holm step used; each word from them, significance first."""
+    ps = [c.p for c in comparisons] + [t.p for t in trends]
+    adjusted = holm(ps)
+    levels = holm_levels(ps)
     out = []
     for c, ph, level in zip(comparisons, adjusted, levels):
         low, high = t_interval(c.diffs, 1 - level)
-        if len(c.seeds) > 1 and -c.region <= low and high <= c.region:
-            word = "equivalent"
-        elif not math.isnan(ph) and ph < ALPHA:
-            word = "holds" if c.mean > 0 else "reversed"
-        else:
-            word = "undecided"
+        word = _word(ph, c.mean, low, high, c.region, len(c.seeds))
         needed = seeds_needed(c.diffs, alpha=level) if word == "undecided" and abs(c.mean) > c.region else None
         smallest = max(abs(low), abs(high)) if len(c.seeds) > 1 else float("nan")
         out.append(Comparison(**(c.as_dict() | {"p_holm": ph, "verdict": word, "seeds_needed": needed, "low": low,
-                                                "high": high, "confidence": 1 - level,
-                                                "smallest_region": smallest})))
-    return out
+                                                "high": high, "confidence": 1 - level, "smallest_region": smallest,
+                                                "within_region": len(c.seeds) > 1 and _inside(low, high, c.region)})))
+    judged = []
+    for t, ph, level in zip(trends, adjusted[len(comparisons):], levels[len(comparisons):]):
+        if not t.slopes:
+            judged.append(replace(t, p_holm=ph))
+            continue
+        low, high = t_interval(t.slopes, 1 - level)
+        word = _word(ph, t.slope, low, high, t.region, len(t.seeds), TREND_WORDS)
+        judged.append(replace(t, p_holm=ph, low=low, high=high, confidence=1 - level, verdict=word,
+                              within_region=len(t.seeds) > 1 and _inside(low, high, t.region)))
+    return out, judged
 
 
-TREND_WORDS = ("grows", "shrinks", "flat", "no trend detected")
+OUTLIER_K = 10.0  # a seed more than this many scaled MADs from its arm's median is flagged: with 5 seeds the MAD
+# is itself noisy, so that 5 normal seeds have one beyond 5 MADs in 11% of arms, beyond 10 in 3% (simulated)
+MAD_SCALE = 1.4826  # the MAD times this estimates the sd of a normal sample
+MAD_FLOOR = 1e-3  # in the metric's unit: seeds that agree to the last digits do not make every other seed "far"
+
+
+def outliers(values: dict[int, float], k: float = OUTLIER_K, floor: float = MAD_FLOOR) -> dict[int, float]:
+    """The seeds of one arm that lie far from the others: seed -> its distance from the arm's median in scaled
+    MADs, for every seed beyond `k` of them (max(MAD_SCALE x MAD, floor) is the unit). Fewer than 3 seeds: none
+    (with two, each is as far from the median as the other)."""
+    seeds = [s for s, v in values.items() if v is not None and math.isfinite(v)]
+    if len(seeds) < 3:
+        return {}
+    x = np.array([values[s] for s in seeds], dtype=np.float64)
+    median = float(np.median(x))
+    unit = max(MAD_SCALE * float(np.median(np.abs(x - median))), floor)
+    return {s: float(abs(values[s] - median) / unit) for s in seeds if abs(values[s] - median) / unit > k}
+
+
+TREND_WORDS = ("grows", "shrinks", "flat", "no trend detected")  # in _word's order: up, down, inside, neither
 
 
 @dataclass(frozen=True)
 class Trend:
     """How one expectation's paired difference moves along the claim's variable: each seed's least-squares slope
-    of its difference on log2(value) (per doubling of the variable), the slopes' mean, its 95% t interval over
-    seeds, and a word (region: a slope whose interval lies inside +-region per doubling is flat)."""
+    of its difference on log2(value) (per doubling of the variable), the slopes' mean, its t interval over seeds
+    (95% alone; at its Holm step's level once decide_all has read it with the claim's comparisons), and a word,
+    significance first: grows or shrinks when p_holm < 0.05 (`within_region`: and by less than the region, said
+    so), else flat when the interval lies inside +-region per doubling, else no trend detected."""
 
     better: str
     worse: str
@@ -197,6 +255,10 @@ class Trend:
     region: float
     verdict: str
     means: tuple[float, ...]  # the mean difference at each value
+    slopes: tuple[float, ...] = ()  # each seed's slope, in `seeds` order
+    p_holm: float = float("nan")
+    confidence: float = 1 - ALPHA
+    within_region: bool = False
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -208,8 +270,8 @@ def trend(diffs: dict[int, dict[float, float]], *, better: str, worse: str, metr
     - better) at that value. Only seeds with a difference at every value count (a seed left out at one value, by
     the divergence rule, is left out of the trend). Each seed's slope on log2(value) is one number, so the test is
     a one-sample t-test over seeds (the seeds are independent; the values of one seed are not): grows (p < 0.05,
-    slope > 0), shrinks (p < 0.05, slope < 0), flat (the interval inside +-region per doubling), or no trend
-    detected."""
+    slope > 0), shrinks (p < 0.05, slope < 0), flat (not significant, the interval inside +-region per doubling),
+    or no trend detected. Alone, at 95%; decide_all puts it in the claim's Holm family."""
     values = tuple(sorted({v for by in diffs.values() for v in by}))
     seeds = tuple(s for s in sorted(diffs) if set(diffs[s]) == set(values))
     nan = float("nan")
@@ -223,17 +285,14 @@ def trend(diffs: dict[int, dict[float, float]], *, better: str, worse: str, metr
     low, high = t_interval(slopes, 1 - ALPHA)
     if len(seeds) < 2:
         p = nan
-    elif np.all(slopes == slopes[0]):
-        p = 1.0 if slope == 0 else 0.0
+    elif np.all(slopes == slopes[0]):  # no spread: the slope is exact (0 up to rounding: no trend)
+        p = 1.0 if math.isclose(slope, 0.0, abs_tol=1e-12) else 0.0
     else:
         p = float(stats.ttest_1samp(slopes, 0.0).pvalue)
-    if len(seeds) > 1 and -region <= low and high <= region:
-        word = "flat"
-    elif not math.isnan(p) and p < ALPHA:
-        word = "grows" if slope > 0 else "shrinks"
-    else:
-        word = "no trend detected"
-    return Trend(better, worse, metric, variable, values, seeds, slope, low, high, p, region, word, means)
+    word = _word(p, slope, low, high, region, len(seeds), TREND_WORDS)
+    return Trend(better, worse, metric, variable, values, seeds, slope, low, high, p, region, word, means,
+                 slopes=tuple(float(x) for x in slopes), p_holm=p,
+                 within_region=len(seeds) > 1 and _inside(low, high, region))
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,13 @@
 model is loaded).
 
 A run is **diverged** (the rule every report states, DIVERGED_RULE) when its training loss became non-finite (the
-trainer stops it; runs.py records the trainer's message in claims_done.json) or when its final training loss is
-above its first evaluation's validation loss: it ended worse than it was a third of the way in.
+trainer stops it; runs.py records the trainer's message in claims_done.json), when its final validation loss is
+more than BLOWUP above the lowest it reached (a blow-up, even one the training batches recover from), or, on a
+task without a noise floor, when its final training loss is above its first evaluation's validation loss (it
+ended worse than it was a third of the way in). On a task with a noise floor (the recall claim: most tokens are
+random, so a run that has learned everything it can sits at the floor, and its last training batch lies above or
+below it by chance) that last rule would drop working runs: there the held-out rules alone judge
+(HELD_OUT_RULE).
 """
 
 from __future__ import annotations
@@ -17,28 +22,42 @@ import numpy as np
 from attention_lab.claims.runs import DONE
 from attention_lab.store.layout import RunLayout
 
-DIVERGED_RULE = ("a run is diverged when its training loss became non-finite, or when its final training loss is "
-                 "above its first evaluation's validation loss")
+BLOWUP = 0.10  # a final validation loss this fraction above the run's lowest is a blow-up
+DIVERGED_RULE = ("a run is diverged when its training loss became non-finite, when its final validation loss is more "
+                 f"than {BLOWUP:.0%} above the lowest it reached, or when its final training loss is above its first "
+                 "evaluation's validation loss")
+HELD_OUT_RULE = ("a run is diverged when its training loss became non-finite or when its final validation loss is "
+                 f"more than {BLOWUP:.0%} above the lowest it reached; the last training batch is not read, since on "
+                 "this task most tokens are random and a run that has learned all it can sits at that noise floor, "
+                 "its last batch above or below it by chance")
 
 
-def divergence(train_losses: list[float], val_curve: list[tuple[int, float]], stopped: str | None = None) -> str | None:
-    """Why a run counts as diverged under DIVERGED_RULE, or None. `stopped`: the trainer's message when it
-    stopped the run on a non-finite loss."""
+def divergence(train_losses: list[float], val_curve: list[tuple[int, float]], stopped: str | None = None,
+               held_out: bool = False) -> str | None:
+    """Why a run counts as diverged under DIVERGED_RULE (HELD_OUT_RULE with `held_out`: a task with a noise
+    floor), or None. `stopped`: the trainer's message when it stopped the run on a non-finite loss."""
     if stopped:
         return f"non-finite loss ({stopped.split(';')[0]})"
     bad = next((x for x in train_losses if not math.isfinite(x)), None)
     if bad is not None:
         return f"non-finite loss ({bad})"
+    if val_curve:
+        low = min(val_curve, key=lambda sv: sv[1])
+        if val_curve[-1][1] > (1 + BLOWUP) * low[1]:
+            return (f"final validation loss {val_curve[-1][1]:.4f} (step {val_curve[-1][0]}) more than "
+                    f"{BLOWUP:.0%} above its lowest, {low[1]:.4f} (step {low[0]})")
+    if held_out:
+        return None
     if train_losses and val_curve and train_losses[-1] > val_curve[0][1]:
         return (f"final training loss {train_losses[-1]:.4f} above the first evaluation's {val_curve[0][1]:.4f} "
                 f"(step {val_curve[0][0]})")
     return None
 
 
-def metrics_of(run_dir: Path) -> dict:
+def metrics_of(run_dir: Path, held_out: bool = False) -> dict:
     """From metrics.jsonl, config.json and claims_done.json: the validation curve, the last training loss, the
     largest one after the first quarter, the median tokens/s, the rate, the run's wall seconds, how it was
-    launched, and `diverged` (None, or why: see DIVERGED_RULE)."""
+    launched, and `diverged` (None, or why: see DIVERGED_RULE; HELD_OUT_RULE with `held_out`)."""
     layout = RunLayout(run_dir)
     text = layout.metrics.read_text() if layout.metrics.exists() else ""
     lines = [json.loads(x) for x in text.splitlines() if x.strip()]
@@ -54,4 +73,4 @@ def metrics_of(run_dir: Path) -> dict:
             "lr": json.loads(layout.config.read_text())["optim"]["lr"],
             "seconds": done.get("seconds", float("nan")),
             "launch": done.get("launch"),
-            "diverged": divergence([r["loss"] for r in train], val, done.get("stopped"))}
+            "diverged": divergence([r["loss"] for r in train], val, done.get("stopped"), held_out)}
