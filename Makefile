@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # torch first, pinned: the CPU wheel on this machine. On a GPU box: make TORCH="torch==2.13.0" with your CUDA index.
 TORCH ?= torch==2.13.0
 
-.PHONY: install train test bench gpu-check mutate clean
+.PHONY: install train test bench gpu-check mutate notebooks clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,21 @@ gpu-check: install
 # plant each bug of tests/mutations.py in a temporary copy and check the tests catch it (a few minutes)
 mutate: install
 	$(PY) tests/mutations.py $(ARGS)
+
+# the notebooks (notebooks/*.py, jupytext percent format) as .ipynb for Jupyter, into notebooks/ipynb/ (not committed)
+NOTEBOOKS_OUT ?= notebooks/ipynb
+notebooks: install
+	@mkdir -p $(NOTEBOOKS_OUT)
+	@for f in notebooks/[0-9][0-9]_*.py; do \
+		$(PY) -m jupytext --quiet --to ipynb --output $(NOTEBOOKS_OUT)/$$(basename $$f .py).ipynb $$f || exit 1; \
+		echo "wrote $(NOTEBOOKS_OUT)/$$(basename $$f .py).ipynb"; \
+	done
+	@if $(PY) -c "import jupyterlab" 2>/dev/null; then \
+		echo "open them: $(VENV)/bin/jupyter lab $(NOTEBOOKS_OUT)"; \
+	else \
+		echo "open them: $(PY) -m pip install jupyterlab, then $(VENV)/bin/jupyter lab $(NOTEBOOKS_OUT)"; \
+		echo "(the kernel they need, ipykernel, comes with the test extras; VS Code opens .ipynb files as they are)"; \
+	fi
 
 clean:
 	rm -rf $(VENV) cache runs outputs multirun .pytest_cache

@@ -1295,22 +1295,42 @@ MUTATIONS = (
              "    kind, _, text, run = failures[0]\n", "    kind, _, text, run = failures[-1]\n",
              ("tests/test_exercises_messages.py::test_every_kind_of_failure_is_reported_from_its_first_case",),
              "the message leads with the last failing case: a NaN on the first case comes after a later exception"),
-    # the notebooks (issue 37)
+    # the notebooks (issue 37; solved and unsolved runs, figures, stubs: issue 42)
     Mutation("notebook_show_call_broken", "notebooks/04_train_your_attention.py",
              'page = attention_lab.show(run, "ROMEO:\\nBut soft, what light", height=700)',
              'page = attention_lab.show(run_dir=run, text="ROMEO:\\nBut soft, what light", height=700)',
-             ("tests/test_notebooks.py::test_the_notebook_runs_top_to_bottom",),
+             ("tests/test_notebooks.py::test_the_notebook_runs_solved_with_its_figures[04_train_your_attention]",),
              "a notebook calls attention_lab.show with a keyword it does not take: the notebook breaks for learners"),
-    Mutation("notebook_mask_one_off", "notebooks/04_train_your_attention.py",
-             "dtype=torch.bool, device=q.device).triu(1)", "dtype=torch.bool, device=q.device).triu(2)",
-             ("tests/test_notebooks.py::test_the_notebook_runs_top_to_bottom[04_train_your_attention]",),
-             "notebook 04's attention, the one it calls correct and trains, lets each token see the next"),
+    Mutation("notebook_mask_one_off", "attention_lab/exercises/answers.py",
+             "future = torch.ones(t, t, dtype=torch.bool, device=q.device).triu(diagonal=1)",
+             "future = torch.ones(t, t, dtype=torch.bool, device=q.device).triu(diagonal=2)",
+             ("tests/test_notebooks.py::test_the_notebook_runs_solved_with_its_figures[04_train_your_attention]",),
+             "the project's attention answer, the one notebook 04 trains when SOLVED, lets each token see the next"),
     Mutation("notebook_leaky_example_not_leaky", "notebooks/04_train_your_attention.py",
-             "    'return torch.softmax(s.masked_fill(future, float(\"-inf\")), dim=-1) @ v',",
-             "    'return torch.softmax(s.masked_fill(future, float(\"-inf\")), -1) @ v',",
-             ("tests/test_notebooks.py::test_the_notebook_runs_top_to_bottom[04_train_your_attention]",),
-             "notebook 04's leaky example edits nothing (its target text is not in the file): the 'leaky' run trains "
-             "the correct attention and the notebook blames too few steps"),
+             "    return weights.masked_fill(future, 0.0) @ v\n",
+             "    return torch.softmax((q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))).masked_fill(future, "
+             "float('-inf')), dim=-1) @ v\n",
+             ("tests/test_notebooks.py::test_the_notebook_runs_solved_with_its_figures[04_train_your_attention]",),
+             "notebook 04's leaky example masks before the softmax after all: the 'leaky' run trains a correct "
+             "attention and the notebook blames too few steps"),
+    Mutation("notebook_stub_passes_unwritten", "notebooks/01_soft_lookup_and_scale.py",
+             '    raise NotImplementedError("write scores = (every q against every k) / sqrt(d_k) in this cell, then '
+             'rerun it")',
+             "    return q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))",
+             ("tests/test_notebooks.py::test_the_notebook_unsolved_stops_at_each_stub_with_its_message"
+              "[01_soft_lookup_and_scale]",),
+             "notebook 01's 'your turn' comes written: its answer printed under the stub, the check passes unwritten"),
+    Mutation("notebook_figure_never_drawn", "notebooks/03_context_lstm_quadratic.py",
+             'title=f"loss by position, {WINDOWS} validation windows")\nax.legend()\nplt.show()',
+             'title=f"loss by position, {WINDOWS} validation windows")\nax.legend()\nplt.close(fig)',
+             ("tests/test_notebooks.py::test_the_notebook_runs_solved_with_its_figures[03_context_lstm_quadratic]",),
+             "notebook 03's loss by position for the transformer and the LSTM is built and closed, never drawn"),
+    Mutation("answer_calls_sdpa", "attention_lab/exercises/answers.py",
+             "    return weights @ v  # (B, nh, T, hs): each query's weighted average of the values",
+             "    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)",
+             ("tests/test_notebooks.py::test_no_stub_or_answer_hides_attention_in_a_fused_call",),
+             "the project's attention answer (the one `solution attention` prints and SOLVED runs) calls the fused "
+             "kernel that hides the scores, the mask and the softmax"),
     # the two plants of issue 38's code-only round that passed the whole suite (tests/test_slipped_plants.py)
     Mutation("exercise_cache_keeps_the_padded_rows", "model/attention.py",
              "        return fn(q, k, v)[:, :, s - t:], None", "        return fn(q, k, v)[:, :, :t], None",
