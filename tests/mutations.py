@@ -1600,6 +1600,41 @@ MUTATIONS = (
              ("tests/test_decoding_dtype.py",),
              "sampling's dtype auto measures float32 against bf16 and then decodes in training's choice (bf16 on a "
              "CPU with native bf16), at half float32's speed on the AMX Xeon of issue 44"),
+    Mutation("schedule_stops_at_the_step_cap", "attention_lab/training/loop.py",
+             '    return (stop == "budget" and max_minutes is not None) or step < max_steps',
+             "    return step < max_steps",
+             ("tests/test_train_budget.py::test_budget_mode_never_stops_at_max_steps_and_its_schedule_follows_the_clock",
+              "tests/test_train_budget.py::test_a_run_on_its_budget_goes_past_max_steps_until_the_time_is_spent"),
+             "the default run stops at max_steps: a CPU faster than the 8-minute budget assumed leaves the rest of "
+             "its minutes unused (issue 44)"),
+    Mutation("budget_schedule_by_steps", "attention_lab/training/loop.py",
+             '    return by_time if stop == "budget" else max(step, by_time)', "    return max(step, by_time)",
+             ("tests/test_train_budget.py::test_budget_mode_never_stops_at_max_steps_and_its_schedule_follows_the_clock",
+              "tests/test_train_budget.py::test_a_run_on_its_budget_goes_past_max_steps_until_the_time_is_spent"),
+             "on its budget a fast machine's schedule runs by steps: it decays by max_steps and trains the rest of "
+             "the budget at the floor learning rate"),
+    Mutation("budget_clock_restarts_on_resume", "train.py",
+             "    run.run_start = session_t0 - state.seconds", "    run.run_start = session_t0",
+             ("tests/test_train_budget.py::test_a_resume_on_a_budget_goes_on_from_the_time_already_spent",),
+             "a resumed run on a time budget starts its clock again: a fresh budget and the schedule back at its "
+             "start"),
+    # issue 42: `python -m attention_lab.ideas`, each idea on the learner's run
+    Mutation("ideas_lookup_one_direction", "attention_lab/interp/ideas.py",
+             "np_(s[..., a, b]), np_(s[..., b, a])", "np_(s[..., b, a]), np_(s[..., b, a])",
+             ("tests/test_ideas.py::test_lookup_equals_the_hand_computation_and_the_models_own_score",),
+             "the lookup idea prints q_b.k_a in both columns: what a word looks for and what it offers look the same "
+             "in every head, the opposite of what it is there to show"),
+    Mutation("ideas_scale_raw_already_scaled", "attention_lab/interp/ideas.py",
+             "    raw = q @ k.transpose(-2, -1)  # (L, nh, T, T)",
+             "    raw = (q @ k.transpose(-2, -1)) * cfg.score_scale  # (L, nh, T, T)",
+             ("tests/test_ideas.py::test_scale_stats_compare_the_same_scores_with_and_without_the_scale",),
+             "the scale idea's 'without 1/sqrt(d_k)' scores are the scaled ones: both columns equal, so the learner "
+             "sees the scale change nothing"),
+    Mutation("ideas_meaning_reads_the_first_token", "attention_lab/interp/ideas.py",
+             "return cache.residual_stream()[:, :, -1].cpu().numpy()",
+             "return cache.residual_stream()[:, :, 0].cpu().numpy()",
+             ("tests/test_ideas.py::test_a_words_vector_starts_the_same_in_every_context_and_then_differs",),
+             "the meaning idea compares each context's first token instead of the word that ends it"),
 )
 
 
