@@ -285,6 +285,12 @@ CLAIMS = {c.name: c for c in (
           "arithmetic tasks (not language modelling), a decoder without positions generalises to longer inputs "
           "better than with RoPE or ALiBi; the scored-length trend here asks the same of language modelling",
           plot="position", axis="length", rates=(1.0,), fixed_rate=True, headline=(1, 0),
+          caveats=(Caveat("learned", "none", ("equivalent",), "so this causal model without positions is "
+                          "competitive with learned ones, the answer Haviv et al. 2022 found at 125M parameters"),
+                   Caveat("learned", "none", ("holds",), "so at this size and region a causal model without "
+                          "positions is not competitive with learned ones, where Haviv et al. 2022 found it was at "
+                          "125M parameters (their explanation of how it can: under the causal mask a model can still "
+                          "count how many tokens it sees)")),
           notes=(FIXED, f"learned vs none is judged at a region of ±{HAVIV_REGION:g} bits/byte (about 2% of these "
                  "models' loss), the question Haviv et al. ask: is a causal model without positions competitive? "
                  "Equivalent there means it is; the other expectations keep ±0.01",

@@ -804,7 +804,7 @@ def summary_rows(root: Path, earlier: dict[str, tuple[str, str]] | None = None,
             rows.append((name, verdict_summary(doc), _runs_cell(doc) if claim.arms else "-"))
         elif earlier and name in earlier and not earlier[name][0].startswith("not run"):
             verdicts, cost = earlier[name]
-            mark = f"({_earlier(name)}) "
+            mark = "(earlier rules: issue 35's, not re-run yet) "
             rows.append((name, verdicts if verdicts.startswith(mark) else mark + verdicts, cost))
         else:
             rows.append((name, f"not run under these rules yet ({runs_needed(along(claim))} runs when none can be reused)"
