@@ -296,3 +296,49 @@ def test_the_recall_trend_leaves_out_the_distances_where_the_lstm_is_at_chance()
     assert doc["trends"][0]["values"] == (8, 32), "fitted where the LSTM is not at chance (3.8 bits or more of 4)"
     text = plain.found(CLAIMS["recall"], json.loads(json.dumps(doc)))
     assert "fitted at distance = 8 and 32 only: elsewhere the worse arm is at chance" in text, text
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the rate check, end to end (--quick: a real `train.py -m`)
+
+def test_the_rate_check_trains_every_arm_again_at_a_third_of_its_rate_with_the_equal_time_arm_on_its_budget(
+        tmp_path, data_cache):
+    """The rnn claim (arms at rates of their own, one on another's time budget) with the rate check on: every arm's
+    seed again at a third of its own rate, the equal-time LSTM on the transformer's time at that rate; the report
+    gives the check's verdicts and the plain sentence compares them."""
+    from attention_lab.claims import select
+    from attention_lab.claims.catalog import RNN_RATES
+    from attention_lab.claims.trained import metrics_of
+
+    claim = select(CLAIMS["rnn"], (1,), ("transformer", "lstm equal time"))
+    out = tmp_path / "rnn"
+    rep = experiment.run_claim(claim, out, quick=True, rate_check=True, log=lambda *a: None, progress=False,
+                               overrides=(f"data.cache_dir={data_cache}", "train.peak_flops=1e11"))
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["second_rate"]["factor"] == pytest.approx(1 / 3)
+    assert doc["second_rate"]["rates"] == pytest.approx({"transformer": RNN_RATES["transformer"] / 3,
+                                                        "lstm equal time": RNN_RATES["lstm"] / 3}), doc["second_rate"]
+    second = {arm: rows[0] for arm, rows in doc["results_second"].items()}
+    first = {arm: rows[0] for arm, rows in doc["results"].items()}
+    assert all(second[a]["run"] != first[a]["run"] and second[a]["step"] >= 1 for a in second), (first, second)
+    budget = metrics_of(out / second["transformer"]["run"])["seconds"] / 60
+    cfg = json.loads((out / second["lstm equal time"]["run"] / "config.json").read_text())
+    assert cfg["train"]["max_minutes"] == pytest.approx(max(budget, 0.05), abs=1e-3), "the budget at this rate"
+    assert len(doc["comparisons_second"]) == 1 and doc["comparisons_second"][0]["worse"] == "lstm equal time"
+    text = rep.read_text()
+    assert "### The rate check: a second fixed rate" in text and "**What we found.**" in text
+
+
+def test_the_parallel_bench_runs_the_rnn_claims_two_models_at_each_thread_count(capsys):
+    """bench/rnn_parallel.py, --quick (tiny models: it runs, it measures nothing): a row per thread count with
+    both models' tokens/s and their ratio, the CPU named; a bad --threads is one error line."""
+    from bench import rnn_parallel
+
+    assert rnn_parallel.main(["--quick", "--reps", "1", "--threads", "1,2"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| cpu |")]
+    assert [r.split("|")[2].strip() for r in rows] == ["1", "2"], out
+    assert "CPU " in out and "transformer / LSTM" in out and "From 1 to 2 threads" in out
+    assert rnn_parallel.main(["--threads", "0"]) == 2 and capsys.readouterr().err.startswith("error: --threads")
+    model, shape = rnn_parallel.build("lstm", quick=False)
+    assert shape == (4, 512) and type(model).__name__.lower().startswith("lstm"), "the rnn claim's own arm"

@@ -314,7 +314,8 @@ CLAIMS = {c.name: c for c in (
                                           "\"trains in parallel\" is not what this arm measures: every run here has "
                                           "one thread, where the LSTM processes more tokens a second than the "
                                           "transformer; the parallel advantage needs tokens/s at equal threads "
-                                          "(1 and 2) and on a GPU, which this claim does not measure"),),
+                                          "(1 and 2) and on a GPU, which this claim's runs do not "
+                                          "measure: `python -m bench.rnn_parallel` does"),),
           notes=("every arm reads a context of 512 tokens, 4 sequences a step: the same 2,048 tokens a step as the "
                  "base preset's 16 x 128, over a context of 512 BPE tokens (about 480 words of Shakespeare), past "
                  "the ~200 words Khandelwal et al. found an LSTM uses",
@@ -368,7 +369,9 @@ CLAIMS = {c.name: c for c in (
                  "batch lies above or below it by chance; the trend along d is fitted only where the LSTM is not "
                  "at chance")),
     Claim("context", "attention turns a word's context-free embedding into a context-dependent one",
-          (Arm("base"), Arm("uniform", ("model.attention=uniform",))), ("similarity",),
+          (Arm("base", said="the trained model"),
+           Arm("uniform", ("model.attention=uniform",), said="a model trained with uniform attention")),
+          ("similarity",),
           (Expect("base", "base", "context_left", worse_metric="context_left_uniform", region=0.01),
            Expect("base", "uniform", "context_left", region=0.01), Expect("base", "uniform")),
           "Ethayarajh 2019: in all layers of ELMo, BERT and GPT-2, on average less than 5% of the variance in a "
