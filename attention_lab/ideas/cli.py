@@ -123,7 +123,7 @@ def idea_lookup(args, opened: Opened, out: Path) -> None:
     a, b = pick_pair(labels, args.pair)
     lk = measure.lookup(opened.model, ids, a, b)
     n_layer, n_head = lk.ab.shape
-    print(f"tokens a = {labels[a]!r} (position {a}) and b = {labels[b]!r} (position {b}); scores q.k / "
+    print(f"tokens a = '{labels[a]}' (position {a}) and b = '{labels[b]}' (position {b}); scores q.k / "
           f"sqrt(d_k), d_k = {opened.model.config.head_size}")
     print("head     q_a.k_b   q_b.k_a   (a looks for b / b looks for a)" + ("   before RoPE: q_a.k_b  q_b.k_a"
                                                                             if lk.rope else ""))
@@ -134,8 +134,9 @@ def idea_lookup(args, opened: Opened, out: Path) -> None:
                 line += f"                     {lk.ab_content[layer, h]:+8.3f} {lk.ba_content[layer, h]:+8.3f}"
             print(line)
     gap = np.abs(lk.ab - lk.ba)
-    print(f"the two differ in every head: mean |q_a.k_b - q_b.k_a| = {gap.mean():.3f} (largest {gap.max():.3f}); "
-          f"the model uses only q_b.k_a (b comes later and sees a, weight {fmt(lk.weight_ba.mean(1), 3)} per block, "
+    print(f"the two directions differ by {gap.mean():.3f} on average over the heads (from {gap.min():.3f} to "
+          f"{gap.max():.3f}): a query and a key are two projections of a token, so what it looks for is not what it "
+          f"offers. The model uses only q_b.k_a (b comes later and sees a, weight {fmt(lk.weight_ba.mean(1), 3)} per block, "
           f"mean over heads); q_a.k_b is masked (-inf): a cannot see b")
     layer = args.layer if args.layer is not None else 0
     tied = tied_labels = None
@@ -258,8 +259,13 @@ def idea_positions(args, opened: Opened, out: Path) -> None:
               "length, 2x and 4x longer):")
         for arm, v in numbers.items():
             print(f"  {arm:<11} " + ", ".join(f"{k}: {x:.3f}" for k, x in v.items()))
-        print("no positions at all is the worst at the trained length (the model still learns some order: the "
-              "mask lets a token count how many came before it)")
+        worst = max(numbers, key=lambda arm: numbers[arm].get("1x", -1.0))
+        best = min(numbers, key=lambda arm: numbers[arm].get("1x", float("inf")))
+        print(f"at the trained length the worst is '{worst}' and the best '{best}' "
+              f"({numbers[worst]['1x'] - numbers[best]['1x']:.3f} bits/byte apart); from 1x to 4x "
+              + ", ".join(f"{arm} {v['4x'] - v['1x']:+.3f}" for arm, v in numbers.items() if "4x" in v)
+              + ". Without positions a causal model still gets some order: the mask lets a token see how many "
+                "tokens came before it")
     fig = draw.positions_figure(table, angles, numbers, opened.label)
     print(f"figure: {save(fig, out)}")
 
@@ -340,10 +346,11 @@ def idea_mask(args, opened: Opened, out: Path) -> None:
     ids, labels = encode(opened, args.text)
     row = measure.mask_row(opened.model, ids, args.layer or 0, args.head, args.query)
     q = row.query
-    print(f"block {row.layer}, head {row.head}, query {q} {labels[q]!r} (of {len(ids)} tokens):")
+    print(f"block {row.layer}, head {row.head}, query {q} '{labels[q]}' (of {len(ids)} tokens):")
     for j, (s, w) in enumerate(zip(row.scores, row.weights)):
         where = "future: hidden" if j > q else ("itself" if j == q else "")
-        print(f"  key {j:>2} {labels[j]!r:<14} score {s:>8.3f}   weight {w:.4f}   {where}")
+        quoted = f"'{labels[j]}'"
+        print(f"  key {j:>2} {quoted:<14} score {s:>8.3f}   weight {w:.4f}   {where}".rstrip())
     future = row.weights[q + 1:]
     print(f"the {len(future)} future keys: score -inf, weight exactly 0 ({int((future == 0).sum())} of "
           f"{len(future)} are 0.0); the {q + 1} visible weights sum to {row.weights[: q + 1].sum():.6f}")
@@ -365,9 +372,17 @@ def idea_residual(args, opened: Opened, out: Path) -> None:
           f"embedding + every addition = the last stream to {res.final_error:.1e}")
     words = [opened.tokenizer.token_strings(res.lens.ids[layer, :, 0]) for layer in range(n + 1)]
     last = len(ids) - 1
-    print(f"logit lens after {labels[last]!r} (the last token), top next token at each depth: "
-          + ", ".join(f"{'embedding' if d == 0 else f'block {d - 1}'}: {words[d][last]!r} "
+    print(f"logit lens after '{labels[last]}' (the last token), top next token at each depth: "
+          + ", ".join(f"{'embedding' if d == 0 else f'block {d - 1}'}: '{words[d][last]}' "
                       f"({res.lens.probs[d, last, 0]:.2f})" for d in range(n + 1)))
+    itself = float((res.lens.ids[0, :, 0] == np.asarray(ids)).mean())
+    agree = [float((res.lens.ids[d, :, 0] == res.lens.ids[n, :, 0]).mean()) for d in range(n + 1)]
+    print(f"read off the embedding, the lens names the input token itself at {itself:.0%} of the positions"
+          + (" (the output matrix is the embedding matrix, tied)" if getattr(opened.model.config, "tie_embeddings",
+                                                                           False) else "")
+          + "; the top token agrees with the model's final one at " + ", ".join(
+              f"{'embedding' if d == 0 else f'block {d - 1}'}: {a:.0%}" for d, a in enumerate(agree))
+          + " of the positions")
     print(f"figure: {save(draw.residual_figure(res, words, labels, opened.label), out)}")
 
 
@@ -408,9 +423,10 @@ def idea_warmup(args, opened: Opened, out: Path) -> None:
     print("the rate at step " + ", ".join(f"{s}: {lr[s]:.2e}" for s in marks))
     if logged is not None:
         budget = config.get("train", {}).get("max_minutes")
-        print(f"the run logged {len(logged[0])} rates (dots in the figure)"
-              + (f"; with a time budget ({budget:g} min) the schedule runs on the clock when the machine is slower "
-                 "than the steps assume, so the logged dots can sit ahead of the curve" if budget else ""))
+        print(f"the run logged {len(logged[0])} rates (dots in the figure), the last at step {int(logged[0][-1])}: "
+              f"{logged[1][-1]:.2e}"
+              + (f"; on a time budget ({budget:g} min) the schedule follows the clock when the machine is slower "
+                 "than the steps assume, so the dots can run ahead of the curve" if budget else ""))
     print("why warmup: at the start the weights are random and Adam's running estimate of each gradient's size "
           "rests on a handful of steps, so full-size steps can throw the model into a region it never recovers "
           "from (a loss spike); growing the rate over the first steps lets those estimates settle first")

@@ -11,7 +11,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from attention_lab.interp.figures import token_label
+from attention_lab.interp.figures import label_step, token_label
 from attention_lab.interp.ideas import Lookup, MaskRow, Residual, ScaleStats
 
 
@@ -41,9 +41,9 @@ def _asymmetry_maps(fig, grid, lk: Lookup, labels: Sequence[str], layer: int, ti
     for h, ax in enumerate(axes):
         im = ax.imshow(maps[h], cmap="RdBu_r", vmin=-top, vmax=top, interpolation="nearest")
         ax.set_title(f"L{layer}H{h}", fontsize=8)
-        ticks = range(len(labels))
-        ax.set_xticks(ticks, [token_label(s, 8) for s in labels], rotation=90, fontsize=6)
-        ax.set_yticks(ticks, [token_label(s, 8) for s in labels] if h == 0 else [], fontsize=6)
+        ticks = range(0, len(labels), label_step(len(labels), 24))
+        ax.set_xticks(ticks, [token_label(labels[i], 8) for i in ticks], rotation=90, fontsize=6)
+        ax.set_yticks(ticks, [token_label(labels[i], 8) for i in ticks] if h == 0 else [], fontsize=6)
         ax.set_xlabel("key j (offers)", fontsize=7)
         for i, j in ((lk.a, lk.b), (lk.b, lk.a)):
             ax.add_patch(_box(j, i))
@@ -70,7 +70,9 @@ def lookup_figure(lk: Lookup, labels: Sequence[str], layer: int, run: str,
     _asymmetry_maps(fig, grids[1], lk, labels, layer,
                     f"asymmetry before positions, block {layer}: red = i looks for j more than j looks for i")
     if tied is not None:
-        _pair_bars(grids[2].subplots(), tied, f"qk_tied model {tied_run}: k = q, so both bars are equal")
+        ta, tb = token_label(tied_labels[tied.a]), token_label(tied_labels[tied.b])
+        _pair_bars(grids[2].subplots(), tied, f"qk_tied model {tied_run}, a = '{ta}', b = '{tb}': k = q, so both "
+                                              "bars are equal")
         _asymmetry_maps(fig, grids[3], tied, tied_labels, 0, "qk_tied, block 0: S - S^T is 0 everywhere")
     fig.suptitle("What a word looks for (its query) differs from what it offers (its key)", fontsize=11)
     return fig
