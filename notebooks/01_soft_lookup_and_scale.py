@@ -45,6 +45,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import torch
+from matplotlib.colors import PowerNorm
 
 import attention_lab
 import train as trainer
@@ -151,11 +152,11 @@ print(f"query {i} ({chars[i]!r}), head 0: its top keys",
 labels = [c.replace("\n", "\\n").replace(" ", "␣") for c in chars]
 fig, axes = plt.subplots(1, mine.size(0), figsize=(5 * mine.size(0), 4.6))
 for h, ax in enumerate(axes):
-    ax.imshow(mine[h].numpy(), cmap="viridis", vmin=0, vmax=1)
+    im = ax.imshow(mine[h].numpy(), cmap="viridis", norm=PowerNorm(0.5, vmin=0, vmax=1))  # sqrt: small weights show
     ax.set(title=f"layer 0, head {h}: softmax of your scores", xlabel="key (what is looked at)", ylabel="query")
     ax.set_xticks(range(len(labels)), labels, fontsize=7)
     ax.set_yticks(range(len(labels)), labels, fontsize=7)
-fig.tight_layout()
+fig.colorbar(im, ax=axes, label="weight (square-root colour scale)")
 plt.show()
 
 # %% [markdown]

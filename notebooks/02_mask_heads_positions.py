@@ -84,8 +84,10 @@ s = torch.randn(1, 1, 6, 6)
 masked = mask(s)[0, 0]
 w = torch.softmax(masked, dim=-1)
 fig, ax = plt.subplots(1, 2, figsize=(8, 3.4))
-ax[0].imshow(masked.clamp(min=-4).numpy(), cmap="coolwarm")
-ax[0].set(title="your mask(scores) (-inf drawn darkest)", xlabel="key j", ylabel="query i")
+cmap = plt.get_cmap("coolwarm").copy()
+cmap.set_bad("lightgray")  # -inf is not a number to colour: drawn gray
+ax[0].imshow(masked.masked_fill(masked == float("-inf"), float("nan")).numpy(), cmap=cmap)
+ax[0].set(title="your mask(scores): -inf in gray", xlabel="key j", ylabel="query i")
 ax[1].imshow(w.numpy(), cmap="viridis", vmin=0, vmax=1)
 ax[1].set(title="softmax per row: 0 above the diagonal", xlabel="key j", ylabel="query i")
 for i in range(6):
@@ -120,12 +122,10 @@ for arm in ("before_softmax", "after_softmax"):
     print(f"mask {arm:15s}: loss {leak[arm][0]:.3f} nats/token with the future in view, {leak[arm][1]:.3f} without")
 
 fig, ax = plt.subplots(figsize=(6, 3))
-for n, (arm, (seen, honest)) in enumerate(leak.items()):
-    ax.bar([3 * n, 3 * n + 1], [seen, honest], color=["tab:orange", "tab:blue"],
-           label=["scored as trained (future in view)", "scored honestly (future cut off)"] if n == 0 else None)
-ax.set_xticks([0.5, 3.5], ["mask before the softmax", "mask after the softmax"])
-ax.set(ylabel="validation loss (nats/token)", title="the leak: only the mask after the softmax gets worse")
-ax.legend(fontsize=8)
+gaps = [honest - seen for seen, honest in leak.values()]
+ax.bar(["mask before the softmax", "mask after the softmax"], gaps, color=["tab:blue", "tab:orange"])
+ax.axhline(0, color="k", lw=0.8)
+ax.set(ylabel="honest loss - loss as trained\n(nats/token)", title="the leak: what hiding the future costs each model")
 plt.show()
 
 # %% [markdown]
@@ -205,7 +205,7 @@ fig, ax = plt.subplots(1, 2, figsize=(11, 3.6), gridspec_kw={"width_ratios": [2,
 im = ax[0].imshow(table.T.numpy(), cmap="RdBu", aspect="auto", vmin=-1, vmax=1)
 ax[0].set(title="your sinusoid table (128 positions, 64 channels)", xlabel="position p", ylabel="channel")
 fig.colorbar(im, ax=ax[0])
-for c in (0, 1, 10, 40):
+for c in (0, 6, 14, 30):
     ax[1].plot(table[:, c].numpy(), label=f"channel {c}")
 ax[1].set(title="a few channels along the positions", xlabel="position p")
 ax[1].legend(fontsize=7)
@@ -231,7 +231,8 @@ result = check("rope", rope, stop=True)
 # %% [markdown]
 # RoPE makes a score depend on the distance between query and key only: shift both positions by the same amount
 # and the score does not change. Left: one channel pair of a vector turned by your `rope` at positions 0..7 (the
-# first pair turns fast, a later pair slowly). Right: q at position p + 3 against k at p, for many p: one score.
+# first pair turns fast, a later pair slowly). Right: q at position p + 3 against k at p, for many p: one
+# score; against k held at 0, the score moves as the distance grows.
 
 # %%
 unit = torch.zeros(1, 1, 1, 16)
@@ -247,8 +248,11 @@ ax[0].legend(fontsize=8)
 qv, kv = torch.randn(1, 1, 1, 16), torch.randn(1, 1, 1, 16)
 starts = list(range(0, 200, 5))
 same_gap = [(rope(qv, torch.tensor([p + 3])) * rope(kv, torch.tensor([p]))).sum().item() for p in starts]
-ax[1].plot(starts, same_gap, "o-", ms=3)
-ax[1].set(title="score of q at p + 3 and k at p", xlabel="p", ylabel="score")
+growing = [(rope(qv, torch.tensor([p + 3])) * rope(kv, torch.tensor([0]))).sum().item() for p in starts]
+ax[1].plot(starts, same_gap, "o-", ms=3, label="q at p + 3, k at p: distance 3 always")
+ax[1].plot(starts, growing, "o-", ms=3, alpha=0.6, label="q at p + 3, k at 0: distance grows")
+ax[1].set(title="a score under RoPE depends on the distance", xlabel="p", ylabel="score")
+ax[1].legend(fontsize=7)
 fig.tight_layout()
 plt.show()
 print(f"scores over p: from {min(same_gap):.5f} to {max(same_gap):.5f}")

@@ -45,6 +45,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 import torch.nn.functional as F
+from matplotlib.colors import PowerNorm
 from torch import nn
 
 from attention_lab.exercises import answer, check
@@ -287,9 +288,9 @@ with torch.no_grad():
             "3. one head": one_head.mix.weights(one_head.wte(ids) + one_head.wpe(torch.arange(n)))[0]}
 fig, axes = plt.subplots(1, 3, figsize=(15, 5))
 for ax, (title, m) in zip(axes, maps.items()):
-    ax.imshow(m.numpy(), cmap="viridis", vmin=0, vmax=1)
+    im = ax.imshow(m.numpy(), cmap="viridis", norm=PowerNorm(0.5, vmin=0, vmax=1))  # sqrt: small weights show
     ax.set(title=title, xlabel="key", ylabel="query")
     ax.set_xticks(range(n), labels, fontsize=6)
     ax.set_yticks(range(n), labels, fontsize=6)
-fig.tight_layout()
+fig.colorbar(im, ax=axes, label="weight (square-root colour scale)")
 plt.show()

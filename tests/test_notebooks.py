@@ -15,6 +15,7 @@ notebook_stub_passes_unwritten, notebook_figure_never_drawn, answer_calls_sdpa.
 from __future__ import annotations
 
 import ast
+import os
 import re
 import subprocess
 import sys
@@ -49,8 +50,10 @@ def run_notebook(path: Path, folder: Path, settings: dict, allow_errors: bool = 
     names = {line.split("=")[0].strip() for line in nb.cells[at].source.splitlines() if "=" in line}
     injected = "\n".join(f"{k} = {v!r}" for k, v in settings.items() if k in names)
     nb.cells.insert(at + 1, nbformat.v4.new_code_cell(injected, metadata={"tags": ["injected-parameters"]}))
+    # the kernel imports this checkout (a planted copy's, under tests/mutations.py), not the one installed editable
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     nbclient.NotebookClient(nb, timeout=180, kernel_name="python3", allow_errors=allow_errors,
-                            resources={"metadata": {"path": str(folder)}}).execute()
+                            resources={"metadata": {"path": str(folder)}}).execute(env=env)
     return nb
 
 
