@@ -342,3 +342,9 @@ def test_the_parallel_bench_runs_the_rnn_claims_two_models_at_each_thread_count(
     assert rnn_parallel.main(["--threads", "0"]) == 2 and capsys.readouterr().err.startswith("error: --threads")
     model, shape = rnn_parallel.build("lstm", quick=False)
     assert shape == (4, 512) and type(model).__name__.lower().startswith("lstm"), "the rnn claim's own arm"
+
+
+def test_a_real_run_without_the_rate_check_says_the_rate_is_not_known():
+    claim, doc = _doc("qk", QK)
+    assert doc["second_rate"] is None and "whether a verdict depends on the rate is not known" in plain.found(claim, doc)
+    assert "not known" not in plain.found(claim, doc | {"quick": True}), "a --quick smoke run says nothing of it"

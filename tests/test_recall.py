@@ -307,7 +307,9 @@ def test_the_recall_claim_runs_end_to_end_quick_along_the_distance(tmp_path, mon
     doc = json.loads((out / "results.json").read_text())
     assert doc["variable"] == "distance" and sorted(set(doc["at"])) == [8, 32], doc["at"]
     assert [c["metric"] for c in doc["comparisons"]] == ["recall_bits", "recall_bits"], doc["comparisons"]
-    assert len(doc["trends"]) == 1 and doc["trends"][0]["values"] == [8, 32], doc["trends"]
+    assert len(doc["trends"]) == 1, doc["trends"]
+    below = [d for d in (8, 32) if doc["results"][f"lstm, distance={d}"][0]["recall_bits"] < 0.95 * 4.0]
+    assert doc["trends"][0]["values"] == below, "the trend only where the LSTM is not at chance (24 steps: rarely)"
     for arm, rows in doc["results"].items():
         d = int(arm.rsplit("=", 1)[1])
         cfg = json.loads((out / rows[0]["run"] / "config.json").read_text())

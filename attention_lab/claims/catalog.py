@@ -227,8 +227,8 @@ CLAIMS = {c.name: c for c in (
           rates=(1.0,), fixed_rate=True, plot="trend", headline=(2, 5),
           caveats=(Caveat("none-unit", "sqrt-unit", ("reversed",), "the argument's premise fails here: at the start "
                           "the unscaled scores pass more gradient, not less, so the softmax is not saturated at "
-                          "initialisation even at d_k = 128; where the unscaled arms do fall behind, it is after "
-                          "training, and we do not know which step of the argument that comes from"),),
+                          "initialisation, and whatever the unscaled arms lose in training does not come from the "
+                          "start the argument describes; we do not know which step of it fails"),),
           variable=Variable("d_k", ((8, ("model.n_head=16",)), (32, ("model.n_head=4",)), (128, ("model.n_head=1",)))),
           notes=("the variable is the head size d_k at a constant width of 128 (16 heads of 8, 4 of 32, 1 of 128), "
                  "so the head count moves with it; every arm at one rate fixed in advance (3e-3, the base preset's): "

@@ -71,7 +71,8 @@ def _sizes(metric: str, means: list[float]) -> str:
     if len(means) > 3:
         lo, hi = min(abs(m) for m in means), max(abs(m) for m in means)
         return f"{size(metric, lo).split(' ', 1)[0]} to {size(metric, hi)}"
-    return ", ".join(size(metric, m).split(" ", 1)[0] for m in means[:-1]) + " and " + size(metric, means[-1])
+    return (", ".join(size(metric, m).split(" ", 1)[0] for m in means[:-1]) + " and "
+            + size(metric, means[-1]).split(" (")[0])
 
 
 def spread(doc: dict, c: dict) -> float:
@@ -149,7 +150,7 @@ def trend_clause(t: dict, var: str, n_values: int) -> str:
         return ""
     fitted = ("" if len(t["values"]) == n_values else
               f" (fitted at {var} = {_values(t['values'])} only: elsewhere the worse arm is at chance)")
-    per = f"{t['slope']:+.3g} per doubling of {var}"
+    per = f"{'+' if t['slope'] >= 0 else '-'}{size(t['metric'], t['slope']).split(' (')[0]} per doubling of {var}"
     if word in ("grows", "shrinks"):
         return f"the difference ({diff}) {'rises' if word == 'grows' else 'falls'} along {var}, {per}{fitted}"
     if word in ("grows within", "shrinks within"):
@@ -212,7 +213,9 @@ def rate_sentences(claim: Claim, doc: dict) -> list[str]:
     """The verdicts at the second fixed rate beside the first: a word that differs reads "depends on the rate"."""
     second = doc.get("comparisons_second") or []
     if not second:
-        return []
+        skipped = "second_rate" in doc and not doc.get("second_rate") and not doc.get("quick") and claim.second_rate
+        return (["These runs were not checked at a second rate (--no-rate-check): whether a verdict depends on the "
+                 "rate is not known."] if skipped else [])
     first = {_key(c): c for c in doc["comparisons"]}
     factor = (doc.get("second_rate") or {}).get("factor", float("nan"))
     own = any(v is None for v in doc.get("rates", {}).values())
@@ -273,8 +276,10 @@ def found(claim: Claim, doc: dict) -> str:
     and what it means beside the spread between seeds), and the caveats that matter."""
     if not claim.arms:
         return f"The tutorials say: *{claim.statement}*. What the wall benchmark measured: {doc.get('summary', '')}."
-    lines = [f"The tutorials say: *{claim.statement}*. What the models trained here show:", ""]
     var = doc.get("variable")
+    unit = (" (sizes in bits/byte: the bits a model needs per byte of unseen text, lower is better)"
+            if any(metric in ("bpb", "honest_bpb") for _, metric, _ in groups(doc)) else "")
+    lines = [f"The tutorials say: *{claim.statement}*. What the models trained here show{unit}:", ""]
     notes = []
     for of, metric, items in groups(doc):
         text = group_sentence(claim, doc, of, metric, items, var, _trend_for(doc, of, metric))

@@ -649,7 +649,8 @@ def plot_trends(claim: Claim, doc: dict, path: Path) -> None:
         ax.set_xlabel(VARIABLE_WORDS.get(t["variable"], t["variable"]), fontsize=8)
         ax.set_ylabel(UNITS.get(t["metric"], t["metric"]).removeprefix("in ")[:60], fontsize=7)
         ax.set_title("each arm (mean ± sd over seeds)", fontsize=9)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     for ax, t in zip(axes.flat[0::2], trends):
         pts = [(at, c) for at, c in _per_value(doc, t) if not math.isnan(c["mean"])]
         x = [at for at, _ in pts]
