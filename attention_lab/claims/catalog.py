@@ -194,7 +194,7 @@ CLAIMS = {c.name: c for c in (
           "no published ablation at the scale of a language model; Kitaev et al. 2020 (Reformer, §2 and Figure 3) "
           "share queries and keys, forbid a token to attend to itself (with q = k it would attend to itself "
           "most), and find shared-QK attention no worse than separate on enwik8 and imagenet64",
-          rates=(1.0,), fixed_rate=True, headline=(0, 1),
+          rates=(1.0,), fixed_rate=True, headline=(0, 1), plot="bars:bpb",
           notes=("a 2 x 2: tied or separate Q/K, crossed with self or no self, so that tying and Reformer's rule are "
                  "each seen with the other held fixed (separate vs tied at self and at no self; self vs no self "
                  "with separate projections)",
@@ -389,7 +389,7 @@ CLAIMS = {c.name: c for c in (
                  "its scores are 0, its q and k projections get no gradient), read as it was trained. RoPE acts only "
                  "on q and k, so this arm has no position information at all: it averages the prefix without order, "
                  "as the pasted control does", FIXED),
-          rates=(1.0,), fixed_rate=True),
+          rates=(1.0,), fixed_rate=True, plot="bars:context_left,context_left_uniform"),
     Claim("quadratic", "the cost grows with the square of the context", (), ("bench",), (),
           "Vaswani et al. 2017 Table 1: a self-attention layer costs O(n^2 d) for n positions (a recurrent layer O(n "
           "d^2)); Beltagy et al. 2020 (Longformer): a sliding window of w keys costs O(n w), linear in n; Katharopoulos "

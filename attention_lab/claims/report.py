@@ -40,7 +40,8 @@ UNITS = {"bpb": "bits/byte", "honest_bpb": "bits/byte (honest: every later token
          "softmax's input (RMS per prediction; untrained, the run's seed)",
          "copy_bits": "bits per copied symbol (the copy half of held-out examples)"}
 LEGEND = {"leaky_bpb": "as trained: the whole window in view", "honest_bpb": "honest: every later token cut off",
-          "bpb": "bits/byte on the test plays"}
+          "bpb": "bits/byte on the test plays", "context_left": "identity left, as trained",
+          "context_left_uniform": "identity left, attention pasted uniform (the same runs)"}
 
 
 def machine() -> str:
@@ -569,11 +570,15 @@ def plot(claim: Claim, results: dict, path: Path) -> None:
             mean = np.array([np.mean(v) if v else np.nan for v in values])
             sd = np.array([np.std(v, ddof=1) if len(v) > 1 else 0.0 for v in values])
             x = np.arange(len(arms)) + m * width
-            ax.bar(x, mean, width, yerr=sd, capsize=3, label=LEGEND.get(metric, metric))
+            # a point, not a bar from 0: the axis spans the numbers, so a difference of 0.01 shows
+            ax.errorbar(x, mean, yerr=sd, fmt="o", ms=7, capsize=4, label=LEGEND.get(metric, metric))
             for xi, v in zip(x, values):  # each seed as a dot: the spread, not only its summary
-                ax.plot([xi] * len(v), v, "k.", ms=3)
+                ax.plot([xi + 0.08] * len(v), v, "k.", ms=3)
         ax.set_xticks(np.arange(len(arms)) + 0.4 - width / 2, arms, fontsize=8)
-        ax.set_ylabel("bits/byte on the test plays (bars: mean ± sd; dots: seeds)")
+        losses = all(m in ("bpb", "leaky_bpb", "honest_bpb") for m in metrics)
+        ax.set_ylabel(("bits/byte on the test plays" if losses else UNITS.get(metrics[0], metrics[0]).removeprefix("in "))
+                      + "\n(circles: mean ± sd over seeds; dots: each seed)", fontsize=8)
+        ax.set_xlabel("arm (each a config override on the same base model)", fontsize=8)
     else:
         for arm in arms:
             r = results[arm][0]  # the first seed of each arm
@@ -646,6 +651,7 @@ def plot_trends(claim: Claim, doc: dict, path: Path) -> None:
                 ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o",
                             capsize=3, label=arm)
         ax.set_xscale("log", base=2)
+        ax.set_xticks(list(t["values"]), [f"{v:g}" for v in t["values"]])
         ax.set_xlabel(VARIABLE_WORDS.get(t["variable"], t["variable"]), fontsize=8)
         ax.set_ylabel(UNITS.get(t["metric"], t["metric"]).removeprefix("in ")[:60], fontsize=7)
         ax.set_title("each arm (mean ± sd over seeds)", fontsize=9)
@@ -664,8 +670,11 @@ def plot_trends(claim: Claim, doc: dict, path: Path) -> None:
         ax.set_xscale("log", base=2)
         ax.set_xlabel(VARIABLE_WORDS.get(t["variable"], t["variable"]), fontsize=8)
         ax.set_ylabel(f"{t['worse']} minus {t['better']}\n({UNITS.get(t['metric'], t['metric'])})"[:120], fontsize=7)
-        slope = "" if math.isnan(t["slope"]) else f" {t['slope']:+.3g}/doubling"
-        ax.set_title(f"{t['verdict']}{slope}", fontsize=9)
+        slope = "" if math.isnan(t["slope"]) else f" {t['slope']:+.3f}/doubling"
+        each = "/".join(c["verdict"] for _, c in pts)  # the verdict at each value leads, the trend second
+        ax.set_title(f"at {'/'.join(f'{at:g}' for at, _ in pts)}: {each}\nalong {t['variable']}: {t['verdict']}{slope}",
+                     fontsize=8)
+        ax.set_xticks([at for at, _ in pts], [f"{at:g}" for at, _ in pts])
     fig.suptitle(_title(claim) + "\nleft of each pair: the paired difference (dots: seeds; bars: the interval its "
                  "verdict was read from); right: each arm's own number", fontsize=9)
     fig.tight_layout()
