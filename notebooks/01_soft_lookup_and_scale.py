@@ -75,7 +75,8 @@ fig, ax = plt.subplots(1, 2, figsize=(8, 2.6))
 ax[0].bar(range(4), (keys @ q).tolist(), color="tab:gray")
 ax[0].set(title="scores q·k", xticks=range(4), xlabel="key")
 ax[1].bar(range(4), weights.tolist(), color="tab:blue")
-ax[1].set(title=f"weights (softmax): answer {(weights @ values).item():.1f}", xticks=range(4), xlabel="key", ylim=(0, 1))
+ax[1].set(title=f"weights (softmax): answer {(weights @ values).item():.1f}", xticks=range(4), xlabel="key",
+          ylim=(0, 1))
 fig.tight_layout()
 plt.show()
 

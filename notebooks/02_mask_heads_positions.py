@@ -38,7 +38,7 @@ if "google.colab" in sys.modules:
     os.chdir("attention-lab")
 
 # %%
-import math
+import math  # for your own code in the "your turn" cells
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -192,7 +192,8 @@ print("no positions, no mask: shuffled output == output shuffled, largest gap",
 # %% tags=["your-turn"]
 def sinusoidal(n_positions, dim):
     """-> (n_positions, dim) float32: PE[p, 2i] = sin(p / 10000^(2i/dim)), PE[p, 2i+1] = cos(the same angle)."""
-    raise NotImplementedError("write sinusoidal: the (n_positions, dim) table of sines and cosines, then rerun this cell")
+    raise NotImplementedError("write sinusoidal: the (n_positions, dim) table of sines and cosines, then rerun "
+                              "this cell")
 
 
 if SOLVED:

@@ -248,7 +248,8 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))  # each position thinks alone
 
 
-train_stage(5, "the block: heads + feed-forward, residuals, layer norm", lambda: nn.Sequential(Block(), nn.LayerNorm(C)))
+train_stage(5, "the block: heads + feed-forward, residuals, layer norm",
+            lambda: nn.Sequential(Block(), nn.LayerNorm(C)))
 
 # %% [markdown]
 # ## The losses, stage by stage

@@ -62,12 +62,14 @@ def your_turns(nb) -> list:
 
 
 def cell_text(cell) -> str:
-    return "\n".join(o.get("text", "") or f"{o.get('ename', '')}: {o.get('evalue', '')}" for o in cell.get("outputs", []))
+    return "\n".join(o.get("text", "") or f"{o.get('ename', '')}: {o.get('evalue', '')}"
+                     for o in cell.get("outputs", []))
 
 
 def figures(nb) -> int:
     """The figures the executed notebook drew: its image/png outputs."""
-    return sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    return sum("image/png" in o.get("data", {})
+               for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
 
 
 def exercise_of(cell) -> str:
@@ -134,7 +136,8 @@ def test_the_notebook_runs_solved_with_its_figures(path, tmp_path, data_cache):
         leaky_example_leaks(tmp_path)
     if path.stem.startswith("05"):
         stages = re.findall(r"^stage (\d): .* validation loss (\d+\.\d+)", text, re.M)
-        assert [s for s, _ in stages] == ["0", "1", "2", "3", "4", "5"], f"notebook 05's stages: {stages}\n{text[-2000:]}"
+        assert [s for s, _ in stages] == ["0", "1", "2", "3", "4", "5"], (
+            f"notebook 05's stages: {stages}\n{text[-2000:]}")
     print(f"{path.stem}: {SECONDS[f'{path.stem} solved']:.1f} s solved at {SMALL}, {drawn} figures")
 
 

@@ -148,7 +148,8 @@ def not_written(ex: Exercise, runs: list[Run]) -> Result | None:
     errors = [r.outcome.error for r in runs]
     if not errors or not all(isinstance(e, NotImplementedError) for e in errors):
         return None
-    return Result(ex.name, "error", f"error: {ex.name}: not written yet (NotImplementedError: {_first_line(errors[0])})."
+    said = _first_line(errors[0])
+    return Result(ex.name, "error", f"error: {ex.name}: not written yet (NotImplementedError: {said})."
                                     f"\n  stuck? the project's answer: python -m attention_lab.exercises solution "
                                     f"{ex.name} --anyway")
 
