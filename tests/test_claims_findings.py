@@ -348,3 +348,19 @@ def test_a_real_run_without_the_rate_check_says_the_rate_is_not_known():
     claim, doc = _doc("qk", QK)
     assert doc["second_rate"] is None and "whether a verdict depends on the rate is not known" in plain.found(claim, doc)
     assert "not known" not in plain.found(claim, doc | {"quick": True}), "a --quick smoke run says nothing of it"
+
+
+def test_the_verdict_table_names_a_trend_s_unit_when_it_is_not_bits_per_byte():
+    """The rnn claim's trends along the position are in nats/token: the table's cell says so (its header says
+    bits/byte unless a number is named), and the word at each position comes before the trend."""
+    claim = along(CLAIMS["rnn"])
+    results = {}
+    for i, arm in enumerate(("transformer", "lstm", "lstm equal time")):
+        rng = np.random.default_rng(i)
+        results[arm] = [{"seed": s, "bpb": 2.4 + 0.1 * i + float(rng.normal(0, 0.01)), "diverged": None,
+                         "position_buckets": {str(2 ** k): 3.0 + 0.05 * i * k + float(rng.normal(0, 0.01))
+                                              for k in range(4)}} for s in range(1, 6)]
+    doc = json.loads(json.dumps(experiment.decided(claim, results)))
+    cell = report.verdict_summary(doc)
+    assert "lstm vs transformer (nats/token) at position = 1/2/4/8:" in cell, cell
+    assert cell.index("(nats/token) at position") < cell.index("along position: **"), cell

@@ -357,9 +357,10 @@ def verdict_summary(doc: dict) -> str:
     for t, pv in zip(axis.get("trends", []), axis.get("per_value", [])):  # along a measured axis: word, slope, each
         if not math.isnan(t["slope"]):
             each = "/".join(c["verdict"] for _, c in pv)
-            parts.append(f"{t['worse']} vs {t['better']} along {t['variable']}: **{t['verdict']}** "
-                         f"{t['slope']:+.3f}/doubling [{t['low']:+.3f}, {t['high']:+.3f}]; at "
-                         f"{'/'.join(f'{v:g}' for v, _ in pv)}: {each}")
+            unit = "" if t["metric"] == "bpb" else f" ({t['metric']})"  # the position trend is in nats/token
+            parts.append(f"{t['worse']} vs {t['better']}{unit} at {t['variable']} = "
+                         f"{'/'.join(f'{v:g}' for v, _ in pv)}: {each}; along {t['variable']}: **{t['verdict']}** "
+                         f"{t['slope']:+.3f}/doubling [{t['low']:+.3f}, {t['high']:+.3f}]")
     return "; ".join(parts) if parts else doc.get("summary", "")
 
 
