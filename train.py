@@ -40,6 +40,7 @@ from attention_lab.training.loop import (  # noqa: E402
     Throughput,
     schedule_position,
     snapshot_part,
+    steps_left,
     train_step,
     validation_loss,
 )
@@ -130,9 +131,13 @@ def setup_run(cfg: Config, run_dir: Path, overrides: list[str], info, device, dt
 
 
 def run_loop(run: Run) -> dict:
-    """Step until max_steps, the time budget or a stop request; evaluate and save on the way."""
+    """Step until max_steps, the time budget or a stop request; evaluate and save on the way. With
+    train.stop=budget the time budget alone ends the run, on the run's clock (resumes included)."""
     tc, state, log, info = run.cfg.train, run.state, run.log, run.info
-    start_step, t_start = state.step, time.time()
+    start_step, session_t0 = state.step, time.time()
+    run.run_start = session_t0 - state.seconds
+    by_budget = tc.stop == "budget" and tc.max_minutes is not None
+    t_start = run.run_start if by_budget else session_t0  # the budget's and the schedule's clock
     run.session_start = t_start
     meter = Throughput(state.step, run.tokens_per_step, run.flops_per_step, run.peak_flops)
     progress = None
@@ -140,17 +145,26 @@ def run_loop(run: Run) -> dict:
         from tqdm.auto import tqdm
 
         progress = tqdm(total=tc.max_steps, initial=state.step, desc="train", dynamic_ncols=True, leave=False)
-    if state.step >= tc.max_steps:
+    if not steps_left(state.step, tc.max_steps, tc.max_minutes, tc.stop):
         log.print(f"{run.layout.root} already finished {state.step} of {tc.max_steps} steps; nothing to train. "
                   "Raise train.max_steps to go on.")
+    if by_budget:
+        log.print(f"budget: the run stops when {tc.max_minutes:g} min are spent (train.stop=budget); its schedule, "
+                  f"sized for {tc.max_steps} steps, follows the clock")
+    spent = by_budget and state.seconds >= 60 * tc.max_minutes
+    if spent:
+        log.print(f"{run.layout.root} already spent its time budget of {tc.max_minutes} min; nothing to train. "
+                  "Raise train.max_minutes to go on.")
     interrupted = False
-    done_parts = snapshot_part(state.step, 0.0, tc.max_steps, tc.max_minutes, tc.snapshots)  # resumed: those before
+    done_parts = snapshot_part(state.step, time.time() - t_start, tc.max_steps, tc.max_minutes, tc.snapshots,
+                               tc.stop)  # resumed: those before
     with StopRequest() as stop:
-        while state.step < tc.max_steps:
+        while steps_left(state.step, tc.max_steps, tc.max_minutes, tc.stop) and not spent:
             loss, grad_norm, lr = optimizer_step(run)
             if progress is not None:
                 progress.update(1)
-            if state.step % tc.log_interval == 0 or state.step == tc.max_steps:
+            last = not steps_left(state.step, tc.max_steps, tc.max_minutes, tc.stop)  # the step cap reached
+            if state.step % tc.log_interval == 0 or last:
                 values = {"loss": loss, "bpb": bits_per_byte(loss, run.data.meta, "train"), "lr": lr,
                           "grad_norm": grad_norm, **meter.read(state.step)}
                 log.metrics(state.step, values, tb_prefix="train")
@@ -160,8 +174,9 @@ def run_loop(run: Run) -> dict:
             out_of_time = tc.max_minutes is not None and time.time() - t_start > 60 * tc.max_minutes
             out_of_time = distributed.any_true(out_of_time, info, run.device)
             interrupted = distributed.any_true(stop.requested, info, run.device)
-            part = snapshot_part(state.step, time.time() - t_start, tc.max_steps, tc.max_minutes, tc.snapshots)
-            if state.step % tc.eval_interval == 0 or state.step == tc.max_steps or out_of_time:
+            part = snapshot_part(state.step, time.time() - t_start, tc.max_steps, tc.max_minutes, tc.snapshots,
+                                 tc.stop)
+            if state.step % tc.eval_interval == 0 or last or out_of_time:
                 with meter.paused():  # evaluation time does not count against tokens/s
                     metrics = run_evaluation(run)
                 log.print(("\n" if progress is not None else "")
@@ -174,7 +189,8 @@ def run_loop(run: Run) -> dict:
                     take_snapshot(run)
             done_parts = part
             if out_of_time and not interrupted:
-                log.print(f"time budget of {tc.max_minutes} min spent: stopped at step {state.step} of {tc.max_steps}")
+                log.print(f"time budget of {tc.max_minutes} min spent: stopped at step {state.step}"
+                          + ("" if by_budget else f" of {tc.max_steps}"))
                 break
             if interrupted:
                 log.print(f"stopped at step {state.step}; checkpoint saved in {run.layout.checkpoints}. Resume with: "
@@ -182,13 +198,13 @@ def run_loop(run: Run) -> dict:
                 break
     if progress is not None:
         progress.close()
-    return finish(run, start_step, time.time() - t_start, interrupted)
+    return finish(run, start_step, time.time() - session_t0, interrupted)
 
 
 def optimizer_step(run: Run) -> tuple[float, float, float]:
     """Set the learning rate, take one optimizer step, stop on a non-finite loss -> (loss, grad norm, lr)."""
     tc, oc, state = run.cfg.train, run.cfg.optim, run.state
-    at = schedule_position(state.step, time.time() - run.session_start, tc.max_steps, tc.max_minutes)
+    at = schedule_position(state.step, time.time() - run.session_start, tc.max_steps, tc.max_minutes, tc.stop)
     state.optimizer.set_lr_multiplier(lr_multiplier(at, oc, tc.max_steps))
     lr = lr_at(at, oc, tc.max_steps)  # AdamW's; Muon's follows the same multiplier
     loss, grad_norm = train_step(run.model, state.optimizer, state.sampler, tc.grad_accum, run.device, run.dtype,
@@ -244,6 +260,7 @@ def take_snapshot(run: Run) -> None:
 
 
 def save(run: Run, best: bool, extra: dict) -> Path | None:
+    run.state.seconds = time.time() - run.run_start  # the run's clock, for a resume (train.stop=budget)
     if not run.info.is_main:
         return None
     return save_checkpoint(run.layout.checkpoints, run.state.step, run.raw_model, run.data.tokenizer.to_str(), extra,

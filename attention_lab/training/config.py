@@ -23,6 +23,7 @@ from model import ARCHS, GPTConfig, LSTMConfig, arch_of, lstm_matching
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"  # attention_lab/training/config.py -> the repo
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+STOPS = ("steps", "budget")  # train.stop: what ends a run with a time budget
 
 
 OPTIMIZERS = ("adamw", "muon")
@@ -81,6 +82,11 @@ class TrainConfig:
     repeat_frac: float = 0.0  # share of training windows that hold a passage twice (induction curriculum)
     max_steps: int = 2000
     max_minutes: Optional[float] = None  # wall-clock budget: evaluate, save and stop once it is spent
+    # what ends a run that has a time budget: "steps" max_steps, or the budget if it is spent first (the schedule
+    # by steps, or by the budget's share when further along) | "budget" the budget alone: max_steps is the steps
+    # it was sized for, the schedule follows the clock, and a faster machine trains more steps instead of stopping
+    # early at max_steps (loop.schedule_position). Without max_minutes both are "steps"
+    stop: str = "steps"
     eval_interval: int = 250  # evaluate, log attention and save a checkpoint every this many steps
     eval_batches: int = 20  # fixed validation batches per evaluation
     log_interval: int = 10
@@ -115,6 +121,8 @@ class TrainConfig:
         _non_negative("train", self, ("sample_tokens", "snapshots"))
         if self.peak_flops is not None and self.peak_flops <= 0:
             raise ValueError(f"train.peak_flops={self.peak_flops} must be positive FLOP/s, or null to measure it")
+        if self.stop not in STOPS:
+            raise ValueError(f"train.stop={self.stop!r} is not one of {', '.join(STOPS)}")
         if self.max_minutes is not None and self.max_minutes <= 0:
             raise ValueError(f"train.max_minutes={self.max_minutes} must be positive, or null for no time limit")
         if not 0.0 <= self.repeat_frac <= 1.0:

@@ -59,23 +59,36 @@ def validation_loss(model: GPT, batches: list, device: torch.device, dtype: torc
     return sum(losses) / len(losses)
 
 
-def schedule_position(step: int, seconds_spent: float, max_steps: int, max_minutes: float | None) -> int:
-    """The step the learning-rate schedule is at: the step itself, or, with a time budget (train.max_minutes),
-    the share of the budget spent times max_steps when that is further along. So a machine slower than the
-    budget assumed still reaches the end of the schedule (the decay that makes the final loss) when its time
-    is up, instead of stopping half-way at a high learning rate. The clock is this session's."""
+def schedule_position(step: int, seconds_spent: float, max_steps: int, max_minutes: float | None,
+                      stop: str = "steps") -> int:
+    """The step the learning-rate schedule is at. Without a time budget (train.max_minutes), the step itself.
+
+    stop="steps": the step, or the share of the budget spent times max_steps when that is further along. So a
+    machine slower than the budget assumed still reaches the end of the schedule (the decay that makes the final
+    loss) when its time is up, instead of stopping half-way at a high learning rate. The clock is this session's.
+    stop="budget": the share of the budget spent times max_steps, on every machine: the schedule follows the
+    clock, and a faster machine takes more steps along it (max_steps is then the steps the budget was sized for,
+    the schedule's unit, not a cap). The clock is the run's, carried across resumes (TrainState.seconds)."""
     if max_minutes is None:
         return step
-    return max(step, int(seconds_spent / (60 * max_minutes) * max_steps))
+    by_time = int(seconds_spent / (60 * max_minutes) * max_steps)
+    return by_time if stop == "budget" else max(step, by_time)
 
 
-def snapshot_part(step: int, seconds_spent: float, max_steps: int, max_minutes: float | None, snapshots: int) -> int:
+def steps_left(step: int, max_steps: int, max_minutes: float | None, stop: str = "steps") -> bool:
+    """Whether the step count lets the loop take another step: below max_steps, or always when the time budget
+    alone ends the run (stop="budget" with max_minutes): a faster machine never stops early at max_steps."""
+    return (stop == "budget" and max_minutes is not None) or step < max_steps
+
+
+def snapshot_part(step: int, seconds_spent: float, max_steps: int, max_minutes: float | None, snapshots: int,
+                  stop: str = "steps") -> int:
     """How many of train.snapshots equal parts of the run are done (0..snapshots), counted as the schedule counts
     (schedule_position: steps, or the share of the time budget when further along), so snapshots spread over a
     run that stops on its time budget as well as over one that reaches max_steps."""
     if snapshots <= 0:
         return 0
-    at = schedule_position(step, seconds_spent, max_steps, max_minutes)
+    at = schedule_position(step, seconds_spent, max_steps, max_minutes, stop)
     return min(snapshots, at * snapshots // max_steps)
 
 

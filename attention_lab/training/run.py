@@ -45,7 +45,8 @@ class Run:
     n_params: int
     peak_flops: float  # the matmul peak in the run's dtype: the MFU denominator
     last_eval: dict = field(default_factory=dict)  # the latest evaluation's metrics (also from a checkpoint)
-    session_start: float = field(default_factory=time.time)  # when this process's loop began (time budget)
+    session_start: float = field(default_factory=time.time)  # zero of the schedule's and the budget's clock
+    run_start: float = field(default_factory=time.time)  # zero of the run's clock (TrainState.seconds), resumes included
 
     @property
     def tokens_per_step(self) -> int:
