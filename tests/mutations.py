@@ -769,6 +769,11 @@ MUTATIONS = (
              '            unit = ""',
              ("tests/test_claims_findings.py::test_the_verdict_table_names_a_trend_s_unit_when_it_is_not_bits_per_byte",),
              "the rnn claim's position trends, in nats/token, sit unnamed under a header that says bits/byte"),
+    Mutation("caveat_reads_the_bare_word", "attention_lab/claims/plain.py",
+             '    words = {word_of(c) for _, c in items}', '    words = {c["verdict"] for _, c in items}',
+             ("tests/test_claims_findings.py::test_a_caveat_reads_the_word_with_the_region_so_a_tiny_significant_gap_is_not_called_a_real_one",),
+             "a significant gap inside the region triggers the caveat for a real one: no positions called not "
+             "competitive over 0.01 bits/byte"),
     Mutation("trend_pools_seed_offsets", "attention_lab/claims/stats.py",
              "slopes = np.array([np.polyfit(x, [diffs[s][v] for v in values], 1)[0] for s in seeds])",
              "slopes = np.array([np.polyfit(x, [diffs[s][v] for v in values], 1)[1] for s in seeds])",

@@ -364,3 +364,19 @@ def test_the_verdict_table_names_a_trend_s_unit_when_it_is_not_bits_per_byte():
     cell = report.verdict_summary(doc)
     assert "lstm vs transformer (nats/token) at position = 1/2/4/8:" in cell, cell
     assert cell.index("(nats/token) at position") < cell.index("along position: **"), cell
+
+
+def test_a_caveat_reads_the_word_with_the_region_so_a_tiny_significant_gap_is_not_called_a_real_one():
+    """Positions: learned vs none at Haviv et al.'s region (±0.05). A significant gap of 0.01 lies inside it, so
+    the sentence calls no positions competitive, never "not competitive"; a gap of 0.2 is not."""
+    from attention_lab.claims.catalog import HAVIV_REGION
+
+    means = {"none": 2.70, "learned": 2.69, "sinusoidal": 2.63, "rope": 2.37, "alibi": 2.42}
+    claim, doc = _doc("positions", means, sd=0.001)
+    c = next(c for c in doc["comparisons"] if c["better"] == "learned")
+    assert c["verdict"] == "holds" and c["within_region"] and c["region"] == HAVIV_REGION, c
+    text = plain.found(claim, doc)
+    assert "is competitive with learned ones" in text and "not competitive" not in text, text
+    claim, doc = _doc("positions", means | {"learned": 2.50}, sd=0.001)
+    assert "is not competitive" in plain.found(claim, doc)
+    assert "RoPE predicted the test text better than no positions" in plain.found(claim, doc)

@@ -85,7 +85,8 @@ CHANCE_MARGIN = 0.05  # of the chance level: an arm at 3.8 bits or more of 4 is 
 @dataclass(frozen=True)
 class Caveat:
     """A sentence the plain finding adds when the expectation better-vs-worse reads one of `when` (at any value
-    of the variable): what the numbers cannot say, e.g. "we do not know why"."""
+    of the variable): what the numbers cannot say, e.g. "we do not know why". The words as plain.word_of reads
+    them: "holds within" (significant, inside the region) is not "holds"."""
 
     better: str
     worse: str
@@ -225,7 +226,7 @@ CLAIMS = {c.name: c for c in (
           "the softmax into regions of tiny gradients (an argument, no ablation numbers); Wortsman et al. 2023: "
           "attention-logit growth makes small models unstable at high learning rates, and QK-layernorm prevents it",
           rates=(1.0,), fixed_rate=True, plot="trend", headline=(2, 5),
-          caveats=(Caveat("none-unit", "sqrt-unit", ("reversed",), "the argument's premise fails here: at the start "
+          caveats=(Caveat("none-unit", "sqrt-unit", ("reversed", "reversed within"), "the argument's premise fails here: at the start "
                           "the unscaled scores pass more gradient, not less, so the softmax is not saturated at "
                           "initialisation, and whatever the unscaled arms lose in training does not come from the "
                           "start the argument describes; we do not know which step of it fails"),),
@@ -265,15 +266,16 @@ CLAIMS = {c.name: c for c in (
     _heads_claim("heads-learned", "several heads beat one (the control: learned positions, no rotation in the heads)",
                  "learned", "the heads claim again with learned absolute positions added to the embeddings: the head "
                  "size no longer limits how positions are encoded",
-                 caveats=tuple(Caveat(b, w, ("reversed",), "we do not know why; under RoPE (the heads claim) more "
+                 caveats=tuple(Caveat(b, w, ("reversed", "reversed within"), "we do not know why; under RoPE (the heads claim) more "
                                       "heads win at both widths. Guesses the runs have not tested: learned positions "
                                       "may train more slowly at this fixed rate (the check at the second rate bears "
                                       "on this), or a wide single head may use a learned position table better")
                                for b, w in (("4 heads", "1 head"), ("8 heads", "1 head"), ("8 heads", "4 heads")))),
     Claim("positions", "self-attention has no notion of order, so positions are added (though they may not be "
           "needed)",
-          tuple(Arm(p, (f"model.pos_encoding={p}",), said=f"{p} positions" if p != "none" else "no positions")
-                for p in ("none", "learned", "sinusoidal", "rope", "alibi")),
+          tuple(Arm(p, (f"model.pos_encoding={p}",), said=said)
+                for p, said in (("none", "no positions"), ("learned", "learned positions"),
+                                ("sinusoidal", "sinusoidal positions"), ("rope", "RoPE"), ("alibi", "ALiBi"))),
           ("position", "shuffle", "long_context"),
           (Expect("rope", "none"), Expect("learned", "none", region=HAVIV_REGION), Expect("sinusoidal", "none"),
            Expect("alibi", "none")),
@@ -285,7 +287,8 @@ CLAIMS = {c.name: c for c in (
           "arithmetic tasks (not language modelling), a decoder without positions generalises to longer inputs "
           "better than with RoPE or ALiBi; the scored-length trend here asks the same of language modelling",
           plot="position", axis="length", rates=(1.0,), fixed_rate=True, headline=(1, 0),
-          caveats=(Caveat("learned", "none", ("equivalent",), "so this causal model without positions is "
+          caveats=(Caveat("learned", "none", ("equivalent", "holds within", "reversed", "reversed within"),
+                          "so this causal model without positions is "
                           "competitive with learned ones, the answer Haviv et al. 2022 found at 125M parameters"),
                    Caveat("learned", "none", ("holds",), "so at this size and region a causal model without "
                           "positions is not competitive with learned ones, where Haviv et al. 2022 found it was at "
@@ -310,7 +313,8 @@ CLAIMS = {c.name: c for c in (
           "Khandelwal et al. 2018: an LSTM language model uses about 200 words of context (PTB and WikiText-2, "
           "word-level), word order only within the last ~20-50 words; Kaplan et al. 2020: LSTM per-token loss "
           "plateaus after <100 tokens while transformers keep improving", plot="position", axis="position",
-          overrides=LONG, caveats=(Caveat("transformer", "lstm equal time", ("undecided", "equivalent", "reversed"),
+          overrides=LONG, caveats=(Caveat("transformer", "lstm equal time",
+                                          ("undecided", "equivalent", "reversed", "reversed within"),
                                           "\"trains in parallel\" is not what this arm measures: every run here has "
                                           "one thread, where the LSTM processes more tokens a second than the "
                                           "transformer; the parallel advantage needs tokens/s at equal threads "

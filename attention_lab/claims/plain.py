@@ -201,7 +201,7 @@ def _trend_for(doc: dict, of, metric: str, key: str = "trends") -> dict | None:
 
 
 def caveats(claim: Claim, of, items) -> list[str]:
-    words = {c["verdict"] for _, c in items}
+    words = {word_of(c) for _, c in items}  # "holds within" is not "holds": a caveat names which it is for
     return [cv.text for cv in claim.caveats if (cv.better, cv.worse) == tuple(of) and words & set(cv.when)]
 
 
@@ -257,12 +257,20 @@ def outlier_sentences(claim: Claim, doc: dict) -> list[str]:
     return text
 
 
+def lower_first(text: str) -> str:
+    """A sentence's first word lowered to run on after a semicolon, unless it is a name (RoPE, LSTM)."""
+    first = text.split(" ", 1)[0]
+    return text[0].lower() + text[1:] if first[1:].islower() or len(first) == 1 else text
+
+
 def axis_sentences(claim: Claim, doc: dict) -> list[str]:
     """Along a measured axis (the scored length, the position in the context): per expectation the words at
-    each value, then the trend."""
+    each value, then the trend (none for an arm scored at one value only: its verdict is said above)."""
     axis = doc.get("axis") or {}
     out = []
     for t, pv in zip(axis.get("trends", []), axis.get("per_value", [])):
+        if len(pv) < 2:
+            continue
         items = [(v, c | {"metric": t["metric"]}) for v, c in pv]
         var = {"length": "the scored length (x the trained context)",
                "position": "the position in the context"}.get(axis.get("name"), t["variable"])
@@ -307,7 +315,7 @@ def headline(claim: Claim, doc: dict) -> str:
     var = doc.get("variable")
     said_ = [group_sentence(claim, doc, of, metric, items, var, None, spread_said=False).rstrip(".")
              for of, metric, items in picked]
-    text = "; ".join([said_[0]] + [x[0].lower() + x[1:] for x in said_[1:]])
+    text = "; ".join([said_[0]] + [lower_first(x) for x in said_[1:]])
     flags = []
     if any(s.endswith("depends on the rate.") for s in rate_sentences(claim, doc)):
         flags.append("depends on the rate")

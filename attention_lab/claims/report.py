@@ -849,7 +849,7 @@ def one_line(name: str, doc: dict | None, earlier: bool, link: str) -> str:
         found = "not re-run under the current rules yet: the earlier numbers are in the details"
     else:
         found = "not run yet"
-    found = found[0].lower() + found[1:] if found[1:2].islower() else found
+    found = plain.lower_first(found)
     return (f"- *{claim.statement[0].upper() + claim.statement[1:]}*: {found.rstrip('.')} "
             f"([`{name}`]({link}#{_anchor(name)})).")
 
