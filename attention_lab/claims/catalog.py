@@ -246,8 +246,8 @@ CLAIMS = {c.name: c for c in (
                  "a saturated softmax passes almost no gradient to its scores")),
     Claim("mask", "future keys get -inf before the softmax, not 0 after it, or the weights no longer sum to 1; "
           "without the mask the model sees the word it must predict",
-          (Arm("before_softmax", said="-inf before the softmax"),
-           Arm("after_softmax", ("model.causal_mask=after_softmax",), said="0 after the softmax"),
+          (Arm("before_softmax", said="the mask as -inf before the softmax"),
+           Arm("after_softmax", ("model.causal_mask=after_softmax",), said="the mask as 0 after the softmax"),
            Arm("none", ("model.causal_mask=none",), said="no mask")),
           ("honest", "sample"),
           (Expect("before_softmax", "after_softmax", "honest_bpb"), Expect("before_softmax", "none", "honest_bpb")),
