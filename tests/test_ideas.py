@@ -183,6 +183,11 @@ def test_a_words_vector_starts_the_same_in_every_context_and_then_differs():
     assert c[-1] < 0.999, "after the blocks the contexts must have changed the vector"
 
 
+def test_position_buckets_average_each_doubling():
+    ends, means = ideas.position_buckets(np.arange(1.0, 13.0))  # position p has loss p
+    assert ends.tolist() == [1, 2, 4, 8, 12] and means.tolist() == [1.0, 2.0, 3.5, 6.5, 10.5]
+
+
 # --- the claims' numbers ------------------------------------------------------------------------------------------
 
 

@@ -193,7 +193,7 @@ def idea_meaning(args, opened: Opened, out: Path) -> None:
     tokens = np.asarray(data.tokens("val"))
     width = min(args.width, opened.model.config.block_size)
     continues = frozenset(i for i, s in enumerate(tok.token_strings(range(tok.vocab_size))) if s[:1].isalpha())
-    curves, sims, contexts = {}, {}, {}
+    curves, sims, contexts, last = {}, {}, {}, {}
     for word in args.words.split(","):
         word = word.strip()
         ids = tok.encode(" " + word)
@@ -210,7 +210,7 @@ def idea_meaning(args, opened: Opened, out: Path) -> None:
         vectors = measure.last_token_vectors(opened.model, wins)  # (L + 1, N, C)
         curves[word] = measure.mean_pair_cosine(vectors)
         sims[word] = measure.cosine_matrix(vectors[-1])
-        contexts[word] = wins
+        contexts[word], last[word] = wins, vectors[-1]
     if not curves:
         raise ValueError(f"none of {args.words} has 3 contexts in the held-out text; pass --words")
     rng = np.random.default_rng(0)
@@ -219,13 +219,14 @@ def idea_meaning(args, opened: Opened, out: Path) -> None:
     floor = measure.mean_pair_cosine(measure.last_token_vectors(opened.model,
                                                                 measure.windows_ending_at(tokens, floor_ends, width)))
     layers = ["embedding"] + [f"block {i}" for i in range(len(floor) - 1)]
-    print(f"held-out plays ({', '.join(data.meta.get('val_docs', []))}); each context: the {width} tokens ending at "
+    docs = ", ".join(data.meta.get("val_docs") or [])
+    print(f"held-out text{f' ({docs})' if docs else ''}; each context: the {width} tokens ending at "
           f"the word; mean cosine between the word's vectors in different contexts, at {', '.join(layers)}:")
     for word, c in curves.items():
         print(f"  '{word}' ({len(contexts[word])} contexts): {fmt(c)}")
     print(f"  two unrelated tokens (the floor): {fmt(floor)}")
     for word, wins in contexts.items():
-        (i, j, c), *_ = measure.nearest_pairs(measure.last_token_vectors(opened.model, wins)[-1], 1)
+        (i, j, c), *_ = measure.nearest_pairs(last[word], 1)
         far = np.unravel_index(np.argmin(sims[word]), sims[word].shape)
         print(f"'{word}' after the last block, the nearest contexts (cosine {c:.2f}): c{i} \"...{context_text(tok, wins[i])}\""
               f" and c{j} \"...{context_text(tok, wins[j])}\"; the farthest ({sims[word][far]:.2f}): "
@@ -314,9 +315,10 @@ def idea_rnn(args, opened: Opened, out: Path) -> None:
     p_gpt, p_lstm = num_params(opened.model), num_params(lstm_model)
     print(f"parameters: transformer {p_gpt:,}, LSTM {p_lstm:,}; loss (nats/token) on {len(starts)} held-out "
           f"windows of {t} tokens, by position:")
-    marks = [p for p in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024) if p <= t]
+    print("  (the mean over positions 1, 2, 3-4, 5-8, ...: one number per doubling, named by its last position)")
     for name, c in curves.items():
-        print(f"  {name:<28} " + ", ".join(f"{p}: {c[p - 1]:.2f}" for p in marks))
+        ends, means = measure.position_buckets(c)
+        print(f"  {name:<28} " + ", ".join(f"{p}: {m:.2f}" for p, m in zip(ends, means)))
     for name, c in curves.items():
         early, late = c[: max(1, t // 16)].mean(), c[t // 2:].mean()
         print(f"  {name}: first {max(1, t // 16)} positions {early:.2f}, second half {late:.2f} "
@@ -330,8 +332,11 @@ def idea_rnn(args, opened: Opened, out: Path) -> None:
     xb, yb = x[:4], y[:4]
     speed = {"transformer": measure.tokens_per_second(opened.model, xb, yb, args.repeats),
              "LSTM": measure.tokens_per_second(lstm_model, xb, yb, args.repeats)}
+    fast, slow = sorted(speed, key=speed.get, reverse=True)
     print(f"training speed here (forward + backward, {xb.shape[0]} x {t} tokens, {threads} thread(s) each, "
-          f"{cpu_model()}): transformer {speed['transformer']:,.0f} tokens/s, LSTM {speed['LSTM']:,.0f} tokens/s")
+          f"{cpu_model()}): transformer {speed['transformer']:,.0f} tokens/s, LSTM {speed['LSTM']:,.0f} tokens/s; "
+          f"the {fast} {speed[fast] / speed[slow]:.1f}x faster (measured on the spot: other work on the machine "
+          "moves it)")
     print("what 'parallel' means: the transformer computes all positions of a sequence in one matrix product per "
           "layer; the LSTM must loop over time, step t waiting for step t - 1. On a CPU with a few cores both "
           "keep the cores busy with the batch and the width, so the loop costs little and the smaller LSTM step "
@@ -470,7 +475,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                                                           "on 2 cores)")
     p.add_argument("--lstm-lr", type=float, default=0.01, help="rnn: the LSTM's AdamW rate (default 0.01)")
     p.add_argument("--lstm", type=Path, help="rnn: a trained LSTM run (model.arch=lstm) instead of training one")
-    p.add_argument("--windows", type=int, default=16, help="rnn: held-out windows for loss by position (default 16)")
+    p.add_argument("--windows", type=int, default=32, help="rnn: held-out windows for loss by position (default 32)")
     p.add_argument("--repeats", type=int, default=3, help="rnn: timed forward+backward passes per model (default 3)")
     args = p.parse_args(argv)
     if not args.list and args.name is None:

@@ -317,3 +317,17 @@ def tokens_per_second(model, x: Tensor, y: Tensor, repeats: int = 3) -> float:
         model.train(was)
     return repeats * x.numel() / seconds
 
+
+
+def position_buckets(curve: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A loss by position (T,) (position p + 1 at index p) -> (the last position of each bucket 1, 2, 3-4, 5-8,
+    ..., up to T; each bucket's mean): one number per doubling, steadier than any single position."""
+    curve = np.asarray(curve, dtype=np.float64)
+    ends, means, start = [], [], 0
+    end = 1
+    while start < len(curve):
+        end = min(end, len(curve))
+        ends.append(end)
+        means.append(curve[start:end].mean())
+        start, end = end, 2 * end
+    return np.array(ends), np.array(means)

@@ -12,7 +12,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from attention_lab.interp.figures import label_step, token_label
-from attention_lab.interp.ideas import Lookup, MaskRow, Residual, ScaleStats
+from attention_lab.interp.ideas import Lookup, MaskRow, Residual, ScaleStats, position_buckets
 
 
 def _figure(width: float, height: float) -> Figure:
@@ -182,10 +182,12 @@ def rnn_figure(curves: dict[str, np.ndarray], recall: dict[str, dict[int, float]
     """Loss by position for the transformer and the LSTM, the recall claim's copy curve, tokens a second."""
     fig = _figure(13, 4.4)
     a, b, c = fig.subplots(1, 3)
-    for name, curve in curves.items():
+    for i, (name, curve) in enumerate(curves.items()):
         pos = np.arange(1, len(curve) + 1)
-        a.plot(pos, curve, label=name, lw=1.2)
-    a.set_xscale("log")
+        a.plot(pos, curve, lw=0.6, alpha=0.3, color=f"C{i}")
+        ends, means = position_buckets(curve)
+        a.plot(ends, means, "o-", color=f"C{i}", label=f"{name} (dots: mean over 1, 2, 3-4, 5-8, ...)")
+    a.set_xscale("log", base=2)
     a.set_xlabel("position in the context (tokens seen)")
     a.set_ylabel("loss on held-out text (nats/token)")
     a.set_title("loss by position: does more context help?", fontsize=9)
@@ -267,11 +269,11 @@ def residual_figure(res: Residual, lens_words: Sequence[Sequence[str]], labels: 
     values = [res.embed_norm] + [v for i in range(n) for v in (res.attn_norm[i], res.mlp_norm[i])]
     colors = ["grey"] + ["C0", "C1"] * n
     a.bar(range(len(values)), values, color=colors)
-    a.plot(np.arange(n + 1) * 2, res.stream_norm, "k.-", label="the stream itself (entering each block; last: leaving)")
+    a.plot(np.arange(n + 1) * 2, res.stream_norm, "k.-", label="the stream itself (entering\neach block; last: leaving)")
     a.set_xticks(range(len(values)), names, rotation=60, fontsize=7)
     a.set_ylabel("mean length of the vector added (per token)")
     a.set_title("what each sublayer adds to the residual stream", fontsize=9)
-    a.legend(fontsize=7)
+    a.legend(fontsize=7, loc="center right")
     probs = res.lens.probs[:, :, 0]  # (L + 1, T)
     t = probs.shape[1]
     im = b.imshow(probs, cmap="Blues", vmin=0, vmax=1, aspect="auto", interpolation="nearest")
