@@ -239,7 +239,7 @@ def mask_figure(row: MaskRow, labels: Sequence[str], run: str) -> Figure:
     b.bar(x[~future] - 0.2, finite[~future], 0.4, label="score (softmax's input)")
     b.bar(x + 0.2, row.weights, 0.4, label="weight after softmax")
     for j in x[future]:
-        b.text(j - 0.2, 0, "-inf", rotation=90, fontsize=6, ha="center", va="bottom", color="crimson")
+        b.text(j, 0.02, "score -inf, weight 0", rotation=90, fontsize=7, ha="center", va="bottom", color="crimson")
     b.axvspan(row.query + 0.5, t - 0.5, color="#eeeeee", zorder=0)
     b.axhline(0, color="grey", lw=0.7)
     b.set_xticks(x, [token_label(s_, 8) for s_ in labels], rotation=90, fontsize=6)
