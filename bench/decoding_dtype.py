@@ -18,13 +18,17 @@ import argparse
 import statistics
 import time
 
-import torch
+from attention_lab.runtime.omp import bound_spinning
 
-from attention_lab.runtime import decoding
-from attention_lab.runtime.decoding import decoding_dtype
-from attention_lab.runtime.device import cpu_model
-from attention_lab.sampling import generate_text
-from model import GPT, GPTConfig
+bound_spinning()  # before torch loads OpenMP, as train.py and sample.py do
+
+import torch  # noqa: E402
+
+from attention_lab.runtime import decoding  # noqa: E402
+from attention_lab.runtime.decoding import decoding_dtype  # noqa: E402
+from attention_lab.runtime.device import cpu_model  # noqa: E402
+from attention_lab.sampling import generate_text  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
 
 
 def default_model(quick: bool) -> GPT:
@@ -66,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| path | float32 tok/s | bf16 tok/s | bf16 / float32 speed | auto picks | auto's one-time measurement |")
     print("|---|--:|--:|--:|---|--:|")
     for name, (decode, new) in paths.items():
-        repeat = 1 if new > 1 else (5 if args.quick else 20)  # the uncached path: 20 one-token calls a sample
+        repeat = 1 if new > 1 else (2 if args.quick else 5)  # the uncached path: 5 one-token calls a sample
         times: dict[str, list[float]] = {"float32": [], "bfloat16": []}
         for dtype in times:  # warm-up
             decode(dtype)

@@ -32,7 +32,7 @@ MARGIN = 0.05
 _measured: dict[Hashable, dict[torch.dtype, float]] = {}  # (CPU name, the caller's key) -> seconds per decode()
 
 
-def time_decoding(decode: Callable[[], object], device: torch.device, dtypes=CANDIDATES, rounds: int = 3,
+def time_decoding(decode: Callable[[], object], device: torch.device, dtypes=CANDIDATES, rounds: int = 5,
                   clock: Callable[[], float] = time.perf_counter) -> dict[torch.dtype, float]:
     """Seconds per call of decode() (a few decoding steps of the real model) under each dtype's autocast: one
     untimed call each first (allocations, kernel choice), then `rounds` rounds that take the dtypes in turn
