@@ -5,8 +5,10 @@ threads: the claim's part that its own runs (one thread a run under joblib) cann
     python -m bench.rnn_parallel --threads 1,2,4 --reps 7
     python -m bench.rnn_parallel --quick         tiny models, seconds: checks that it runs
 
-The models are the rnn claim's arms as configured (attention_lab/claims/catalog.py: the base preset, a context of
-512 tokens, 4 sequences a step, vocabulary 512): the transformer and the LSTM of matched parameters. One training
+The models are the rnn claim's arms as configured (the claims' base preset, configs/experiment/claims.yaml, with the
+claim's context: 512 tokens, 4 sequences a step, vocabulary 512; CONTEXT repeats attention_lab/claims/catalog.py's
+LONG, which a bench may not import, and a test holds the two equal): the transformer and the LSTM of matched
+parameters. One training
 step is a forward pass, a backward pass and an AdamW step on one batch, float32 on the CPU (bf16 autocast on a
 GPU). An LSTM must run its 512 positions one after another (each step of its state needs the last), while a
 transformer's positions are one batched matrix product per layer, so what more threads (or a GPU) buy each is
@@ -25,13 +27,16 @@ import torch
 from bench.common import describe_machine, interleaved, log, machine_line, median
 
 
+CLAIMS_PRESET = ("experiment=claims",)  # attention_lab/claims/catalog.py BASE
+CONTEXT = ("model.block_size=512", "train.batch_size=4")  # the rnn claim's own (catalog.py LONG)
+
+
 def build(arch: str, quick: bool, vocab_size: int = 512):
     """The rnn claim's arm `arch` ("gpt" or "lstm") as a model and its batch shape (B, T)."""
-    from attention_lab.claims.catalog import BASE, LONG
     from attention_lab.training.config import compose
     from model import build_model
 
-    overrides = [*BASE, *LONG, f"model.arch={arch}"]
+    overrides = [*CLAIMS_PRESET, *CONTEXT, f"model.arch={arch}"]
     if quick:
         overrides += ["model.block_size=32", "model.n_embd=32", "model.n_layer=1", "train.batch_size=2"]
     cfg = compose(overrides)

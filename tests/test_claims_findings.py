@@ -340,6 +340,9 @@ def test_the_parallel_bench_runs_the_rnn_claims_two_models_at_each_thread_count(
     assert [r.split("|")[2].strip() for r in rows] == ["1", "2"], out
     assert "CPU " in out and "transformer / LSTM" in out and "From 1 to 2 threads" in out
     assert rnn_parallel.main(["--threads", "0"]) == 2 and capsys.readouterr().err.startswith("error: --threads")
+    from attention_lab.claims.catalog import BASE, LONG
+
+    assert rnn_parallel.CONTEXT == LONG and rnn_parallel.CLAIMS_PRESET == BASE, "the rnn claim's own configuration"
     model, shape = rnn_parallel.build("lstm", quick=False)
     assert shape == (4, 512) and type(model).__name__.lower().startswith("lstm"), "the rnn claim's own arm"
 

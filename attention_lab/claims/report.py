@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from scipy import stats
 
-from attention_lab.claims import plain
+import attention_lab.claims.plain as plain
 from attention_lab.claims.catalog import BRACKET, CLAIMS, Claim, along
 from attention_lab.claims.runs import REPO
 from attention_lab.claims.stats import OUTLIER_K
