@@ -807,7 +807,8 @@ def test_a_claim_along_its_variable_is_decided_at_each_value_and_trained_at_each
     assert heads == {16, 4, 1}, "each value trains its own model"
     assert {e.at for e in claim.expect} == set(var.values) and all(e.of for e in claim.expect)
     assert len({runs.job(a, 1, BASE_LR).name for a in claim.arms}) == len(claim.arms), "one run folder an arm"
-    assert report.runs_needed(claim, False) == len(base.arms) * 3 * 5
+    assert report.runs_needed(claim, False, rate_check=False) == len(base.arms) * 3 * 5
+    assert report.runs_needed(claim, False) == len(base.arms) * 3 * 5 * 2, "and again at the second fixed rate"
 
 
 def test_expectations_along_a_variable_keep_their_own_region():
