@@ -459,7 +459,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("run", nargs="?", type=Path,
                    help="run folder (default: the latest run of the default preset, as sample.py opens)")
     p.add_argument("--list", action="store_true", help="the ideas and what each shows")
-    p.add_argument("--text", default=None, help=f"the text to read (default: the run's probe prompt, "
+    p.add_argument("--text", default=None, help=f"the text to read (default: the run's film prompt, train.probe_prompt, "
                                                   f"{DEFAULT_TEXT!r})")
     p.add_argument("--out", type=Path, default=None, help="folder for the figure (default: <run>/ideas/)")
     p.add_argument("--runs-root", type=Path, default=Path("runs"), help="where to look for the run (default: runs)")
