@@ -86,7 +86,7 @@ def test_a_verdict_that_changes_with_the_rate_says_it_depends_on_the_rate():
     claim, doc = _doc("qk", QK, second=QK | {"tied": 2.30})
     text = plain.found(claim, doc)
     assert doc["comparisons_second"][0]["verdict"] == "reversed" and doc["comparisons"][0]["verdict"] == "holds"
-    assert "At the second rate (0.001 instead of 0.003)" in text and "this finding depends on the rate." in text, text
+    assert "At 0.001 instead of 0.003 the comparison" in text and "this finding depends on the rate." in text, text
     assert "depends on the rate" in plain.headline(claim, doc)
     claim, same = _doc("qk", QK, second=QK)
     assert "every verdict reads the same" in plain.found(claim, same) and "depends" not in plain.found(claim, same)
@@ -383,3 +383,30 @@ def test_a_caveat_reads_the_word_with_the_region_so_a_tiny_significant_gap_is_no
     claim, doc = _doc("positions", means | {"learned": 2.50}, sd=0.001)
     assert "is not competitive" in plain.found(claim, doc)
     assert "RoPE predicted the test text better than no positions" in plain.found(claim, doc)
+
+
+def test_a_claim_with_further_rates_is_checked_at_each_and_a_flip_at_any_says_so():
+    """The rnn claim checks three rates at 512 tokens: its own, a third and a ninth. A verdict that flips at the
+    ninth alone reads "depends on the rate"; the fine print gives each rate's verdicts."""
+    claim = along(CLAIMS["rnn"])
+    assert CLAIMS["rnn"].more_rates == (1 / 9,) and report.runs_needed(claim, False) == 3 * 5 * 3
+
+    def rows(transformer: float, seed: int) -> dict:
+        out = {}
+        for i, (arm, m) in enumerate((("transformer", transformer), ("lstm", 2.55), ("lstm equal time", 2.50))):
+            rng = np.random.default_rng(seed + i)
+            out[arm] = [{"seed": s, "bpb": m + float(rng.normal(0, 0.005)), "lr": 0.009, "step": 600,
+                         "seconds": 50.0, "diverged": None} for s in range(1, 6)]
+        return out
+
+    doc = experiment.decided(claim, rows(2.40, 0), rows(2.41, 10), 1 / 3, [(1 / 9, rows(2.70, 20))])
+    doc = json.loads(json.dumps(doc | {"rates": {"transformer": None}, "quick": False}))
+    assert [m["factor"] for m in doc["more_rates"]] == [pytest.approx(1 / 9)]
+    text = plain.found(CLAIMS["rnn"], doc)
+    assert "At 0.11 x each arm's own rate instead of each arm's own rate the comparison of the transformer" in text, text
+    assert "depends on the rate" in text and "reverse of the claim" in text
+    doc |= {"machine": "a CPU", "launcher": [], "seeds": [1, 2, 3, 4, 5], "rate_rule": "fixed in advance",
+            "common_rate": 0.003, "diverged_rule": "r", "sweep": {}, "split": {"test": ["b"]}, "run_seconds": [1.0],
+            "minutes": 1.0, "diverged": {}}
+    fine = "\n".join(report.report_lines(CLAIMS["rnn"], doc))
+    assert "At 0.111 x each arm's rate (transformer at 0.009" in fine, fine[-3000:]

@@ -205,19 +205,25 @@ def _run_claim(claim: Claim, out: Path, quick: bool = False, overrides: tuple[st
         for s in claim.seeds:
             seed_jobs[(a.name, s)] = job(a, s, rate(a), minutes)
         dirs |= runner.train([seed_jobs[(a.name, s)] for s in claim.seeds])
-    # 5. the rate check: every arm again at `factor` x its rate (an arm's own rate scaled alike)
-    second_jobs: dict = {}
-    if factor:
-        log(f"the rate check: every arm at {factor:g} x its rate:")
+    # 5. the rate check: every arm again at `factor` x its rate (an arm's own rate scaled alike), and at any
+    # further factor the claim names
+    def check_at(f: float) -> dict:
+        nonlocal dirs
+        jobs: dict = {}
+        log(f"the rate check: every arm at {f:g} x its rate:")
         for a in (a for a in claim.arms if not a.after):
-            arm, lr = at_rate(a, rate(a), factor)
-            second_jobs |= {(a.name, s): job(arm, s, lr) for s in claim.seeds}
-        dirs |= runner.train(list(second_jobs.values()))
+            arm, lr = at_rate(a, rate(a), f)
+            jobs |= {(a.name, s): job(arm, s, lr) for s in claim.seeds}
+        dirs |= runner.train(list(jobs.values()))
         for a in (a for a in claim.arms if a.after):
-            minutes = mean_minutes([ran(dirs[second_jobs[(a.after, s)]])["seconds"] for s in claim.seeds])
-            arm, lr = at_rate(a, rate(a), factor)
-            second_jobs |= {(a.name, s): job(arm, s, lr, minutes) for s in claim.seeds}
-            dirs |= runner.train([second_jobs[(a.name, s)] for s in claim.seeds])
+            minutes = mean_minutes([ran(dirs[jobs[(a.after, s)]])["seconds"] for s in claim.seeds])
+            arm, lr = at_rate(a, rate(a), f)
+            jobs |= {(a.name, s): job(arm, s, lr, minutes) for s in claim.seeds}
+            dirs |= runner.train([jobs[(a.name, s)] for s in claim.seeds])
+        return jobs
+
+    second_jobs = check_at(factor) if factor else {}
+    more_jobs = [(f, check_at(f)) for f in claim.more_rates] if factor else []
 
     # 6. every seed scored on the test plays
     rows: dict = {}  # job -> its row, so a run that is both an arm's chosen-rate and common-rate seed is read once
@@ -242,6 +248,8 @@ def _run_claim(claim: Claim, out: Path, quick: bool = False, overrides: tuple[st
                       for a in claim.arms if (a.name, claim.seeds[0]) in common_jobs}
     results_second = {a.name: [row(a, s, second_jobs[(a.name, s)]) for s in claim.seeds]
                       for a in claim.arms if (a.name, claim.seeds[0]) in second_jobs}
+    results_more = [(f, {a.name: [row(a, s, jobs[(a.name, s)]) for s in claim.seeds] for a in claim.arms})
+                    for f, jobs in more_jobs]
     comparisons_common = stats.decide([compare(e, results_common) for e in claim.expect
                                        if {e.better, e.worse} <= set(results_common)]) if sweeping else []
     doc = {"claim": claim.name, "quick": quick, "machine": report.machine(), "launcher": list(launcher),
@@ -260,14 +268,15 @@ def _run_claim(claim: Claim, out: Path, quick: bool = False, overrides: tuple[st
            "all_runs": {str(d.relative_to(out)): runner.seconds_of(d) for d in dict.fromkeys(dirs.values())},
            "minutes": (time.time() - t0) / 60, "results_common": results_common if sweeping else {},
            "comparisons_common": [c.as_dict() for c in comparisons_common], "noise_floor": claim.noise_floor}
-    doc |= decided(claim, results, results_second, factor)
+    doc |= decided(claim, results, results_second, factor, results_more)
     return report.write(claim, doc, out)
 
 
-def decided(claim: Claim, results: dict, results_second: dict | None = None, factor: float | None = None) -> dict:
+def decided(claim: Claim, results: dict, results_second: dict | None = None, factor: float | None = None,
+            more: list[tuple[float, dict]] = ()) -> dict:
     """The verdict part of a claim's results.json, from its arms' rows alone (claim: along its variable): the
-    comparisons and trends as one Holm family, the measured axis, the rate check's verdicts, the flagged seeds and
-    the verdicts without them."""
+    comparisons and trends as one Holm family, the measured axis, the rate check's verdicts (and those at the
+    claim's further rates, `more`: [(factor, rows)]), the flagged seeds and the verdicts without them."""
     axis = axis_trends(claim, results)
     comparisons, trends, axis_judged = family(claim, results, axis=[stats.Trend(**t) for t in axis["trends"]]
                                               if axis else [])
@@ -285,8 +294,18 @@ def decided(claim: Claim, results: dict, results_second: dict | None = None, fac
                             if factor and results_second else None),
             "results_second": results_second or {}, "comparisons_second": [c.as_dict() for c in comparisons_second],
             "trends_second": [t.as_dict() for t in trends_second],
+            "more_rates": [rate_check(claim, f, rows) for f, rows in more],
             "outlier_rule": OUTLIER_RULE, "outliers": flagged,
             "comparisons_robust": [c.as_dict() for c in robust], "trends_robust": [t.as_dict() for t in trends_robust]}
+
+
+def rate_check(claim: Claim, factor: float, rows: dict) -> dict:
+    """The verdicts at one further rate of the rate check: its factor, each arm's rate, its rows, comparisons and
+    trends (one Holm family, as at the first rate)."""
+    comparisons, trends, _ = family(claim, rows)
+    return {"factor": factor, "rates": {a.name: r[0]["lr"] for a in claim.arms if (r := rows.get(a.name))},
+            "results": rows, "comparisons": [c.as_dict() for c in comparisons],
+            "trends": [t.as_dict() for t in trends]}
 
 
 def pickable(means: dict[str, float], diverged: dict[str, dict]) -> dict[str, float]:

@@ -209,31 +209,47 @@ def _key(c: dict) -> tuple:
     return c["better"], c["worse"], c["metric"]
 
 
+def rate_checks(doc: dict) -> list[tuple[float, dict]]:
+    """The rate check's verdicts in a doc: [(factor, {"comparisons", "at", "of", "results"})], the second rate
+    first, then any further rates the claim names."""
+    out = []
+    if doc.get("comparisons_second"):
+        out.append(((doc.get("second_rate") or {}).get("factor", float("nan")),
+                    {"comparisons": doc["comparisons_second"], "results": doc.get("results_second", {})}))
+    out += [(m["factor"], {"comparisons": m["comparisons"], "results": m.get("results", {})})
+            for m in doc.get("more_rates") or [] if m.get("comparisons")]
+    return [(f, d | {"at": doc.get("at"), "of": doc.get("of")}) for f, d in out]
+
+
 def rate_sentences(claim: Claim, doc: dict) -> list[str]:
-    """The verdicts at the second fixed rate beside the first: a word that differs reads "depends on the rate"."""
-    second = doc.get("comparisons_second") or []
-    if not second:
+    """The verdicts at the check's other fixed rates beside the first: a word that differs reads "depends on the
+    rate"."""
+    checks = rate_checks(doc)
+    if not checks:
         skipped = "second_rate" in doc and not doc.get("second_rate") and not doc.get("quick") and claim.second_rate
         return (["These runs were not checked at a second rate (--no-rate-check): whether a verdict depends on the "
                  "rate is not known."] if skipped else [])
     first = {_key(c): c for c in doc["comparisons"]}
-    factor = (doc.get("second_rate") or {}).get("factor", float("nan"))
     own = any(v is None for v in doc.get("rates", {}).values())
-    r1 = "each arm's own rate" if own else f"{doc.get('common_rate', float('nan')):g}"
-    r2 = f"{factor:.2g} x each arm's own rate" if own else f"{doc.get('common_rate', float('nan')) * factor:g}"
+    common = doc.get("common_rate", float("nan"))
+    r1 = "each arm's own rate" if own else f"{common:g}"
     var = doc.get("variable")
-    flips = []
-    second_doc = {"comparisons": second, "at": doc.get("at"), "of": doc.get("of"), "results": doc.get("results_second", {})}
-    for of, metric, items in groups(second_doc):
-        changed = [(at, c) for at, c in items if _key(c) in first and first[_key(c)]["verdict"] != c["verdict"]]
-        if changed:
-            was = "/".join(sorted({first[_key(c)]["verdict"] for _, c in changed}))
-            flips.append(f"at the second rate ({r2} instead of {r1}) the comparison of {said(claim, of[0])} with "
-                         f"{said(claim, of[1])} reads otherwise ({was} before): "
-                         + "; ".join(clause(claim, second_doc, of, metric, same, var, spread_said=False)
-                                     for same in _by_word(changed)))
+    flips, rates = [], []
+    for factor, check in checks:
+        r2 = f"{factor:.2g} x each arm's own rate" if own else f"{common * factor:g}"
+        rates.append(r2)
+        for of, metric, items in groups(check):
+            changed = [(at, c) for at, c in items if _key(c) in first and first[_key(c)]["verdict"] != c["verdict"]]
+            if changed:
+                was = "/".join(sorted({first[_key(c)]["verdict"] for _, c in changed}))
+                flips.append(f"at {r2} instead of {r1} the comparison of {said(claim, of[0])} with "
+                             f"{said(claim, of[1])} reads otherwise ({was} before): "
+                             + "; ".join(clause(claim, check, of, metric, same, var, spread_said=False)
+                                         for same in _by_word(changed)))
     if not flips:
-        return [f"At a second fixed rate ({r2} instead of {r1}) every verdict reads the same."]
+        where = rates[0] if len(rates) == 1 else ", ".join(rates[:-1]) + " and " + rates[-1]
+        return [f"At {'a second fixed rate' if len(rates) == 1 else 'other fixed rates'} ({where} instead of {r1}) "
+                "every verdict reads the same."]
     return [f"{f[0].upper() + f[1:]}: this finding depends on the rate." for f in flips]
 
 

@@ -481,7 +481,16 @@ def second_section(claim: Claim, doc: dict) -> list[str]:
     lines += [f"- {sentence(c, n)}" for c in cs]
     sdoc = {"comparisons": cs, "at": doc.get("at"), "of": doc.get("of")}
     lines += [f"- {trend_sentence(sdoc, t)}" for t in doc.get("trends_second", [])]
-    return lines + ["", arm_table(claim, doc, "results_second"), ""]
+    lines += ["", arm_table(claim, doc, "results_second"), ""]
+    for more in doc.get("more_rates") or []:  # further rates the claim names
+        cs, ts = more["comparisons"], more.get("trends", [])
+        rates = ", ".join(f"{arm} at {lr:g}" for arm, lr in more["rates"].items())
+        lines += [f"At {more['factor']:.3g} x each arm's rate ({rates}):", ""]
+        lines += [f"- {sentence(c, len(cs) + len(ts))}" for c in cs]
+        mdoc = {"comparisons": cs, "at": doc.get("at"), "of": doc.get("of"), "results": more["results"]}
+        lines += [f"- {trend_sentence(mdoc, t)}" for t in ts]
+        lines += ["", arm_table(claim, mdoc), ""]
+    return lines
 
 
 def _launch(doc: dict) -> str:
@@ -756,7 +765,7 @@ def runs_needed(claim: Claim, sweeping: bool = True, rate_check: bool = True) ->
     twice with the rate check (a second fixed rate). `claim`: as it runs, along its variable (catalog.along)."""
     seeds = len(claim.seeds)
     if not sweeping or claim.fixed_rate:
-        return seeds * len(claim.arms) * (2 if rate_check and claim.second_rate else 1)
+        return seeds * len(claim.arms) * (2 + len(claim.more_rates) if rate_check and claim.second_rate else 1)
     return sum(len(claim.rates) * len(claim.sweep_seeds) + 2 * seeds if a.sweep else
                2 * seeds if a.rate_of and not a.after else seeds for a in claim.arms)
 
