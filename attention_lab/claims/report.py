@@ -727,8 +727,8 @@ steps; a claim may change these for all its arms, and its report names the chang
 rates: {fixed} train every arm at one rate fixed in advance (3e-3, the base preset's; the `rnn` claim's arms at
 rates of their own, named in its notes), since a sweep costs 9 or more runs an arm, more than its 5 verdict seeds,
 and would bring a claim past an hour on 2 cores. Instead every verdict is checked at a **second fixed rate** (a
-third of each arm's first), and a verdict word that differs there reads "depends on the rate" in the plain
-sentence. (`--rates 0.333,1,3` sweeps a claim instead: each arm over three rates on three *sweep* seeds, 101-103,
+third of each arm's first; the `rnn` claim, whose rates were chosen at another context, at a ninth too), and a
+verdict word that differs there reads "depends on the rate" in the plain sentence. (`--rates 0.333,1,3` sweeps a claim instead: each arm over three rates on three *sweep* seeds, 101-103,
 a best rate at the edge bringing the next one beyond it, up to {bracket} more; swept in the results below:
 {swept}.) Each arm trains five *verdict* seeds (1-5); every seed's final checkpoint (chosen by nothing) is scored
 on the *test* plays, two held-out plays no choice read. Arms are paired by seed: arm A and arm B with seed s start
