@@ -996,6 +996,7 @@ def test_regenerating_the_docs_keeps_earlier_sections_marked_as_earlier(tmp_path
     for _ in range(2):
         text = report.write_docs(root, docs, readme).read_text()
         assert text.count("old mask body +0.991") == 1 and text.count("**Numbers from the earlier rules") == 1, text
+        assert "\n## `mask`\n\n> **Numbers from the earlier rules" in text, "the heading on a line of its own"
         assert "old qk body" not in text and f"**{c.verdict}**" in text
         row = next(line for line in text.splitlines() if line.startswith("| `mask` |"))
         assert row.count("(earlier rules") == 1 and "+0.991 [+0.901, +1.080] | 31 runs, 50 run-min |" in row, row

@@ -892,7 +892,7 @@ def write_docs(root: Path = Path("claims"), docs: Path = REPO / "docs", readme: 
             if name in sections:  # published under earlier rules: kept, and said to be
                 note = EARLIER_NOTE.format(earlier=_earlier(name), name=name)
                 body = sections[name] if note in sections[name] else f"\n{note}\n" + sections[name]
-                parts += [f"## `{name}`" + body.rstrip("\n"), ""]
+                parts += [f"## `{name}`\n\n" + body.strip("\n"), ""]  # the same page however often regenerated
             continue
         if claim.arms:
             figure(claim, doc, docs / "claims" / f"{name}.png")
