@@ -970,6 +970,41 @@ def test_step_inside_opens_on_a_middle_query_with_its_future_masked_and_shows_th
     assert_quiet(browser, "opening step inside")
 
 
+def test_the_head_view_and_step_inside_state_the_same_weight_for_the_same_head_and_query(browser, sampled_page):
+    """A learner checks the head view's table against step inside (issue 42's walk: 0.166 beside 0.168, the first
+    from the maps' 8-bit copy). On a sample page both now read the weights computed from the heads' q and k:
+    every weight the head view's table and tooltip show equals step inside's, rounded alike, and is attention.npy's
+    to float32 rounding. Planted bug: head_view_weights_from_the_8bit_copy."""
+    from selenium.webdriver.support.ui import Select
+
+    path, weights = sampled_page
+    n_layer, n_head, t, _ = weights.shape
+    open_page(browser, path)
+    toks = css(browser, "#tokens .tok")
+    checked = 0
+    for layer in range(n_layer):
+        Select(css(browser, "#hv-layer")[0]).select_by_value(str(layer))
+        for q in (t - 1, t // 2):
+            toks[q].click()  # pin the query: the head view and step inside follow it
+            for h in range(n_head):
+                Select(css(browser, "#in-head")[0]).select_by_value(str(h))
+                exact = {int(r["key"]): float(r["weight"][1]) for r in _panel_rows(browser)}
+                row = css(browser, f'#weights tr[data-head="{h}"]')[0].text
+                shown = [(int(k), w) for k, w in re.findall(r"#(\d+) (\d\.\d{3})", row)]
+                assert shown, f"L{layer}H{h} query {q}: no weights in the head view's row {row!r}"
+                for k, w in shown:
+                    assert w == f"{exact[k]:.3f}", (
+                        f"layer {layer}, head {h}, query {q}, key {k}: the head view shows {w}, step inside "
+                        f"{exact[k]:.6f}: one page, two numbers for one weight")
+                    assert abs(exact[k] - weights[layer, h, q, k]) < 1e-5, (
+                        f"layer {layer}, head {h}, query {q}, key {k}: step inside {exact[k]:.6f}, attention.npy "
+                        f"{weights[layer, h, q, k]:.6f}")
+                    checked += 1
+            toks[q].click()  # release the pin
+    assert checked >= n_layer * n_head * 2
+    assert_quiet(browser, "comparing the head view with step inside")
+
+
 def test_the_step_inside_headers_stay_in_view_while_its_rows_scroll(browser, sampled_page):
     path, weights = sampled_page
     open_page(browser, path)

@@ -223,7 +223,7 @@ class Explorer {
   // setData(data) to show another text (the live lab): the page's fixed elements keep the listeners bound here
   // once; what depends on the data (options, chips, tokens, heatmaps) is rebuilt in place, never appended twice.
   constructor(data) {
-    this.frame = null; this.scores = null; this.label = "";
+    this.frame = null; this.scores = null; this.label = ""; this.exactRow = null;
     this.layer = 0; this.query = 0; this.pinned = false;
     this.onChange = null; // called after the head view redraws (the step-inside panel follows it)
     this.onHeadClick = null; // (l, h) -> true when it handled a click on a head (the lab's interventions)
@@ -397,7 +397,7 @@ class Explorer {
     else {
       for (let h = 0; h < this.H; h++) {
         html += `<br><span class="swatch" style="background:${headColour(h, this.H)}"></span>H${h} ` +
-                `${fmtWeight(this.frame.weight(l, h, q, k))}`;
+                `${fmtWeight(this.weightAt(this.frame, l, h, q, k))}`;
       }
     }
     tooltip.show(event, html);
@@ -476,15 +476,17 @@ class Explorer {
     box.append(el("div", { class: "weights-title" },
       el("b", { text: `query #${q} "${axisLabel(this.tokens[q], 24)}"` }),
       ` \u00b7 layer ${l} \u00b7 ${this.label} \u00b7 ${this.pinned ? "pinned (click it again to release)" : "hover to move, click to pin"}`));
-    const table = el("table", { class: "weights-table" });
+    const table = el("table", { class: "weights-table", title: this.exactRow ? "weights computed from the heads' " +
+      "q and k, as step inside shows them" : "weights from the page's 8-bit copy of the maps (within 0.004 of the " +
+      "model's)" });
     for (let h = 0; h < this.H; h++) {
       if (!this.shownHeads[h]) continue;
       const top = [];
-      for (let k = 0; k <= q; k++) top.push([f.level(l, h, q, k), k]);
+      for (let k = 0; k <= q; k++) top.push([this.weightAt(f, l, h, q, k), k]);
       top.sort((a, b) => b[0] - a[0]);
-      const cells = top.slice(0, 5).map(([level, k]) =>
+      const cells = top.slice(0, 5).map(([w, k]) =>
         el("td", { title: `key #${k}` }, el("span", { class: "key", text: axisLabel(this.tokens[k], 12) }),
-           el("span", { class: "w", text: ` #${k} ${fmtWeight(LEVELS[level])}` })));
+           el("span", { class: "w", text: ` #${k} ${fmtWeight(w)}` })));
       table.append(el("tr", { "data-head": h },
         el("th", {}, el("span", { class: "swatch", style: `background:${headColour(h, this.H)}` }), `H${h}`),
         ...cells));
@@ -629,9 +631,22 @@ class Explorer {
     const q = start + Math.min(count - 1, Math.floor(((e.clientY - rect.top) / rect.height) * count));
     const k = start + Math.min(count - 1, Math.floor(((e.clientX - rect.left) / rect.width) * count));
     const { l, h } = this.big;
-    const what = k > q ? "<i>masked (the future)</i>" : `weight <b>${fmtWeight(frame.weight(l, h, q, k))}</b>`;
+    const what = k > q ? "<i>masked (the future)</i>" : `weight <b>${fmtWeight(this.weightAt(frame, l, h, q, k))}</b>`;
     tooltip.show(e, `query #${q} ${escapeHtml(axisLabel(this.tokens[q], 16))} &rarr; key #${k} ` +
                     `${escapeHtml(axisLabel(this.tokens[k], 16))}<br>${what}`);
+  }
+
+  // A weight as the page states it in numbers. The maps are drawn from an 8-bit copy (frame.weight: (level /
+  // 255)^2 of round(255 sqrt(w)), off by up to 0.004 near 1), so where the page holds the heads' q and k (a sample
+  // page's step inside: exactRow(l, h, q) -> that query's weights computed from them, as step inside shows them)
+  // the numbers come from there and the head view and step inside agree to every decimal shown; elsewhere (the
+  // film, the live lab's maps) the 8-bit copy's, which the weights table's title says.
+  weightAt(frame, l, h, q, k) {
+    if (frame === this.frame && this.exactRow) {
+      const row = this.exactRow(l, h, q);
+      if (row) return row[k];
+    }
+    return frame.weight(l, h, q, k);
   }
 
   // --- one forward pass ----------------------------------------------------------------------------------------

@@ -112,6 +112,22 @@ class InsidePanel {
     }
   }
 
+  // the weights of query i over every key for head h of layer l, computed as the table computes them (the head
+  // view's numbers read these: explorer.js weightAt), or null without the data; the last few are kept
+  exactWeights(l, h, i) {
+    if (!this.d || i < 0 || i >= this.T) return null;
+    const key = `${l},${h},${i}`;
+    if (!this.exactCache || this.exactCache.d !== this.d) this.exactCache = { d: this.d, rows: new Map() };
+    const cache = this.exactCache.rows;
+    if (!cache.has(key)) {
+      const rows = this.rows(l, h, i);
+      this.weights(rows, l, h);
+      if (cache.size >= 64) cache.delete(cache.keys().next().value);
+      cache.set(key, Float64Array.from(rows, (r) => r.weight));
+    }
+    return cache.get(key);
+  }
+
   vec(arr, l, h, j) {
     const o = (h * this.T + j) * this.hs;
     return arr.layer(l).subarray(o, o + this.hs);

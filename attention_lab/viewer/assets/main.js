@@ -39,6 +39,8 @@ class SampleView {
       this.explorer.setData(data);
       this.panel.setData(data);
     }
+    // the head view's numbers from the same q and k as step inside, where the page has them (explorer.js weightAt)
+    this.explorer.exactRow = data.inside ? (l, h, q) => this.panel.exactWeights(l, h, q) : null;
     const rec = data.scores.length ? data.scores[0] : null;
     this.explorer.setFrame(new Frame(data.frames[0].attn, data.L, data.H, data.T), rec ? rec.roles : null,
                            data.frames[0].label || "this text", rec ? rec.labels : null);
