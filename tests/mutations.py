@@ -1645,24 +1645,6 @@ MUTATIONS = (
              ("tests/test_train_budget.py::test_a_resume_on_a_budget_goes_on_from_the_time_already_spent",),
              "a resumed run on a time budget starts its clock again: a fresh budget and the schedule back at its "
              "start"),
-    Mutation("schedule_stops_at_the_step_cap", "attention_lab/training/loop.py",
-             '    return (stop == "budget" and max_minutes is not None) or step < max_steps',
-             "    return step < max_steps",
-             ("tests/test_train_budget.py::test_budget_mode_never_stops_at_max_steps_and_its_schedule_follows_the_clock",
-              "tests/test_train_budget.py::test_a_run_on_its_budget_goes_past_max_steps_until_the_time_is_spent"),
-             "the default run stops at max_steps: a CPU faster than the 8-minute budget assumed leaves the rest of "
-             "its minutes unused (issue 44)"),
-    Mutation("budget_schedule_by_steps", "attention_lab/training/loop.py",
-             '    return by_time if stop == "budget" else max(step, by_time)', "    return max(step, by_time)",
-             ("tests/test_train_budget.py::test_budget_mode_never_stops_at_max_steps_and_its_schedule_follows_the_clock",
-              "tests/test_train_budget.py::test_a_run_on_its_budget_goes_past_max_steps_until_the_time_is_spent"),
-             "on its budget a fast machine's schedule runs by steps: it decays by max_steps and trains the rest of "
-             "the budget at the floor learning rate"),
-    Mutation("budget_clock_restarts_on_resume", "train.py",
-             "    run.run_start = session_t0 - state.seconds", "    run.run_start = session_t0",
-             ("tests/test_train_budget.py::test_a_resume_on_a_budget_goes_on_from_the_time_already_spent",),
-             "a resumed run on a time budget starts its clock again: a fresh budget and the schedule back at its "
-             "start"),
     # issue 42: `python -m attention_lab.ideas`, each idea on the learner's run
     Mutation("ideas_lookup_one_direction", "attention_lab/interp/ideas.py",
              "np_(s[..., a, b]), np_(s[..., b, a])", "np_(s[..., b, a]), np_(s[..., b, a])",
