@@ -514,17 +514,34 @@ def test_hovering_a_token_changes_the_shown_weights(browser, sample_page):
 
 
 def test_role_filter_shows_only_heads_of_that_role(browser, sample_page):
+    """The filter starts at the label rule's threshold (roles.LABEL_THRESHOLD; issue 42's walk found the filter at
+    0.3 beside the labels' 0.4): every head the model view labels with a role passes that role's filter, and the
+    count the filter says is the heads scoring at least the threshold. Nats (ablation) get their own scale, and
+    going back to a stripe score goes back to the label's threshold."""
     from selenium.webdriver.support.ui import Select
+
+    from attention_lab.interp.roles import LABEL_THRESHOLD
 
     path, scores = sample_page
     open_page(browser, path)
+    box = css(browser, "#role-threshold")[0]
+    assert float(box.get_attribute("value")) == LABEL_THRESHOLD, (
+        f"the filter should start at the label's threshold {LABEL_THRESHOLD}: {box.get_attribute('value')}")
     Select(css(browser, "#role-filter")[0]).select_by_value("previous_token")
-    want = int((scores["previous_token"] >= 0.3).sum())
-    assert visible(browser, ".thumb") == want, f"{want} heads score >= 0.3 on previous_token"
+    assert float(box.get_attribute("value")) == LABEL_THRESHOLD
+    want = int((scores["previous_token"] >= LABEL_THRESHOLD).sum())
+    assert visible(browser, ".thumb") == want, f"{want} heads score >= {LABEL_THRESHOLD} on previous_token"
     assert f"{want} of 12 heads" in css(browser, "#filter-count")[0].text
+    labelled = browser.execute_script(
+        "return [...document.querySelectorAll('.thumb')].filter(t => "
+        "t.querySelector('.role-label').dataset.role === 'previous_token')"
+        ".map(t => getComputedStyle(t).display !== 'none' && t.offsetParent !== null)")
+    assert labelled and all(labelled), "every head labelled previous token passes the previous-token filter"
     Select(css(browser, "#role-filter")[0]).select_by_value("ablation")
-    assert css(browser, "#role-threshold")[0].get_attribute("value") == "0.05", "nats get their own threshold"
+    assert box.get_attribute("value") == "0.05", "nats get their own threshold"
     assert visible(browser, ".thumb") == int((scores["ablation"] >= 0.05).sum())
+    Select(css(browser, "#role-filter")[0]).select_by_value("first_token")
+    assert float(box.get_attribute("value")) == LABEL_THRESHOLD, "back on a stripe score, the label's threshold"
     Select(css(browser, "#role-filter")[0]).select_by_value("")
     assert visible(browser, ".thumb") == 12
     assert_quiet(browser, "filtering")

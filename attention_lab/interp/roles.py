@@ -104,7 +104,8 @@ ROLE_HELP = {r.name: r.help for r in ROLE_TABLE}
 DETECTION_ROLES = ("previous_token", "duplicate_token", "induction")  # each has a stripe and an all-rows form
 MEASURES = {r.name: r for r in ROLE_TABLE + ABLATION_TABLE}
 # A head's one-word label (the model view, sample.py's summary table, claims): its strongest role among these, if
-# that role's score reaches LABEL_THRESHOLD, else "mixed"
+# that role's score reaches LABEL_THRESHOLD, else "mixed". The pages' role filter starts at the same threshold
+# (viewer/page.py writes it into the page), so a head labelled with a role is one the filter shows for it.
 LABEL_ROLES = tuple(r.name for r in ROLE_TABLE if r.names_heads)
 LABEL_THRESHOLD = 0.4
 MIXED = "mixed"

@@ -160,6 +160,8 @@ def render_page(data: dict, title: str, *, lab: bool = False) -> str:
         "lab": _asset("lab.html") if lab else "",
         "script": "\n".join(_asset(name) for name in (LAB_SCRIPTS if lab else SCRIPTS)),
         "data": island,
+        # the role filter starts where the model view's label starts: one threshold, roles.LABEL_THRESHOLD
+        "threshold": f"{LABEL_THRESHOLD:g}",
     }
     # one pass over the template only: nothing filled in is searched for markers again
     return re.sub(r"\{\{(\w+)\}\}", lambda m: fills[m.group(1)], _asset("page.html"))

@@ -266,7 +266,10 @@ class Explorer {
     this.threshold = document.getElementById("role-threshold");
     this.roleSelect.addEventListener("change", () => {
       const info = this.roles[this.roleSelect.value];
-      this.threshold.value = info && info.unit === "nats" ? "0.05" : "0.3";
+      // a stripe score's filter starts at the label's threshold (roles.LABEL_THRESHOLD, which page.py writes as
+      // the input's first value), so "show heads of role X" shows the heads the model view labels X and the
+      // near misses the label rule leaves "mixed" are not counted in; a loss change in nats has its own scale
+      this.threshold.value = info && info.unit === "nats" ? "0.05" : this.threshold.defaultValue;
       this.applyFilter();
     });
     this.threshold.addEventListener("input", () => this.applyFilter());
