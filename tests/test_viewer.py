@@ -603,6 +603,38 @@ def film(tmp_path_factory) -> Path:
     return viewer.build_film(run)
 
 
+def test_the_films_colour_legend_says_the_colours_its_maps_are_drawn_in(browser, film, sample_page, tmp_path):
+    """Issue 42's walk: a film's legend said "white 0, dark blue 1" over purple-to-yellow (viridis) maps. The film
+    and the sample page draw with one colour scale (page.py COLOUR_SCALE) whose words travel beside the colours:
+    the legend says the island's words, the scale's ends are those colours (level 0 near white, level 255 a dark
+    blue), and a page whose island carries other colours without words names no colour at all."""
+    import base64
+
+    film_data, sample_data = island(film), island(sample_page[0])
+    assert film_data["colormap"] == sample_data["colormap"], "the film's maps use the model view's colour scale"
+    assert film_data["colormap_words"] == sample_data["colormap_words"] == viewer.COLOUR_SCALE[1]
+    rgb = np.frombuffer(base64.b64decode(film_data["colormap"]), dtype=np.uint8).reshape(256, 3).astype(int)
+    assert rgb[0].min() >= 240, f"weight 0 should be near white: {rgb[0]}"
+    assert rgb[255][2] > rgb[255][0] + 40 and rgb[255].max() < 140, f"weight 1 should be a dark blue: {rgb[255]}"
+    open_page(browser, film)
+    legend = css(browser, "#legend-colour")[0].text
+    assert film_data["colormap_words"] in legend, f"the film's legend should say its colours: {legend!r}"
+
+    from matplotlib import colormaps
+
+    other = dict(film_data)
+    other.pop("colormap_words")
+    other["colormap"] = base64.b64encode(
+        np.rint(colormaps["viridis"](np.linspace(0, 1, 256))[:, :3] * 255).astype(np.uint8).tobytes()).decode()
+    stale = tmp_path / "stale.html"
+    stale.write_text(viewer.render_page(other, "another scale"), encoding="utf-8")
+    open_page(browser, stale)
+    legend = css(browser, "#legend-colour")[0].text
+    assert "white" not in legend and "blue" not in legend and "ramp" in legend, (
+        f"a page without its colours' words should name none: {legend!r}")
+    assert_quiet(browser, "reading the colour legends")
+
+
 def test_film_slider_moves_through_training(browser, film, shots, capsys):
     from selenium.webdriver.common.keys import Keys
 

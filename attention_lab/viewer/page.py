@@ -90,13 +90,20 @@ def _b64(a: np.ndarray) -> str:
     return base64.b64encode(np.ascontiguousarray(a).tobytes()).decode("ascii")
 
 
+# The maps' colour scale, every page's (sample pages, the film, the live lab): matplotlib's name and the words the
+# legend says it in. The words travel in the page beside the colours (data "colormap_words"), so a legend never
+# names colours its maps are not drawn in (issue 42's walk: a film written while the scale was viridis said
+# "white 0, dark blue 1" over purple-to-yellow maps).
+COLOUR_SCALE = ("Blues", "white 0, dark blue 1")
+
+
 def _colormap() -> str:
-    """The maps' colours at 256 levels (RGB uint8, base64), indexed by the sqrt level directly: matplotlib's
-    "Blues", white (weight 0) to dark blue (1). A light background keeps the many near-zero weights quiet and the
-    sqrt level lifts the small ones, so a thumbnail's stripes and columns show at a glance (the legend says so)."""
+    """The maps' colours at 256 levels (RGB uint8, base64), indexed by the sqrt level directly: COLOUR_SCALE,
+    white (weight 0) to dark blue (1). A light background keeps the many near-zero weights quiet and the sqrt
+    level lifts the small ones, so a thumbnail's stripes and columns show at a glance (the legend says so)."""
     from matplotlib import colormaps
 
-    rgb = colormaps["Blues"](np.linspace(0.0, 1.0, 256))[:, :3]
+    rgb = colormaps[COLOUR_SCALE[0]](np.linspace(0.0, 1.0, 256))[:, :3]
     return _b64(np.rint(rgb * 255).astype(np.uint8))
 
 
@@ -266,6 +273,7 @@ def sample_data(attention, tokens: Sequence[str], head_scores: Mapping | None = 
         "tokens": [str(s) for s in tokens],
         "L": n_layer, "H": n_head, "T": len(tokens),
         "colormap": _colormap(),
+        "colormap_words": COLOUR_SCALE[1],
         "roles": role_info(scores),
         "frames": [{"step": None, "label": "this text", "attn": _b64(quantise(a))}],
         "scores": [score_record(None, scores)] if scores else [],
@@ -452,6 +460,7 @@ def film_data(run_dir, *, max_bytes: int = FILM_MAX_BYTES) -> tuple[dict, str]:
         "tokens": tokens,
         "L": int(n_layer), "H": int(n_head), "T": int(t),
         "colormap": _colormap(),
+        "colormap_words": COLOUR_SCALE[1],
         "roles": role_info(role_names),
         "frames": encoded,
         "frames_total": total,

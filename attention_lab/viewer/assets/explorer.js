@@ -246,6 +246,7 @@ class Explorer {
     this.tokens = data.tokens; this.L = data.L; this.H = data.H; this.T = data.T;
     this.roles = roles; this.roleKeys = roleKeys; this.rule = data.label_rule || null; this.labels = null;
     if (data.colormap !== this.cmapText) { this.cmap = decodeBase64(data.colormap); this.cmapText = data.colormap; }
+    this.cmapWords = data.colormap_words || null;
     this.frame = null; this.scores = null;
     this.layer = Math.min(this.layer, Math.max(0, this.L - 1));
     // a pinned query stays where it is while it exists; otherwise a middle token, so that the page opens with
@@ -509,8 +510,9 @@ class Explorer {
          (info.unit === "nats" ? " (loss change in nats when the head is zeroed)" : "")));
     const stops = [0, 64, 128, 192, 255].map((lv) => `rgb(${this.cmap[3 * lv]},${this.cmap[3 * lv + 1]},${this.cmap[3 * lv + 2]})`);
     const parts = [el("p", { id: "legend-colour" }, el("span", { class: "ramp", style: `background:linear-gradient(90deg,${stops.join(",")})` }),
-      " colour = \u221a(weight): white 0, dark blue 1 (the square root lifts small weights, so a stripe of 0.05 " +
-      "still shows); ", el("span", { class: "ramp masked" }), " grey: the masked future (a query never sees later keys)")];
+      // the colours' words come with the colours (page.py COLOUR_SCALE); a page without them says the ramp's ends
+      ` colour = \u221a(weight): ${this.cmapWords || "0 at the ramp's left end, 1 at its right"} (the square root ` +
+      "lifts small weights, so a stripe of 0.05 still shows); ", el("span", { class: "ramp masked" }), " grey: the masked future (a query never sees later keys)")];
     const rule = this.rule;
     if (rule && Object.keys(this.roles).some((r) => (rule.roles || []).includes(this.roles[r].short))) {
       parts.push(el("p", { id: "legend-label", text: `label: a head's strongest role (${rule.roles.join(", ")}) if ` +
