@@ -100,6 +100,34 @@ def test_unrotated_turns_the_cached_queries_back_before_rope():
     torch.testing.assert_close(back, hand, atol=1e-4, rtol=1e-4, msg="turned back, q must be q before RoPE")
 
 
+def test_lookup_table_puts_every_number_under_its_columns_name():
+    lk = ideas.lookup(tiny(), IDS, 2, 9)
+    header, *rows = ideas_cli.lookup_table(lk)
+    ends, at = [], 0
+    for name in ideas_cli.LOOKUP_COLUMNS[1:]:  # where each column's name ends in the header (right-aligned)
+        at = header.index(name, at) + len(name)
+        ends.append(at)
+    assert len(rows) == lk.ab.size
+    for i, row in enumerate(rows):
+        layer, h = divmod(i, lk.ab.shape[1])
+        want = [lk.ab[layer, h], lk.ba[layer, h], lk.ab_content[layer, h], lk.ba_content[layer, h]]
+        for end, value in zip(ends, want):
+            cell = row[:end].split()[-1]  # the number that ends where the header's name ends
+            assert row[end:end + 1] in ("", " "), f"a number runs past its column's end:\n{header}\n{row}"
+            assert float(cell) == pytest.approx(float(value), abs=6e-4), (
+                f"column ending at {end} holds {cell}, want {value:+.3f}:\n{header}\n{row}")
+
+
+def test_only_a_later_query_ever_meets_an_earlier_key():
+    lk = ideas.lookup(tiny(), IDS, 2, 9)
+    t = len(IDS)
+    assert lk.pairs == t * (t - 1) // 2
+    assert lk.later_used == 1.0, "every q_later.k_earlier must be the model's own score, with a weight above 0"
+    assert lk.earlier_unused == 1.0, "every q_earlier.k_later must be -inf with weight exactly 0"
+    open_ = ideas.lookup(tiny(causal_mask="none"), IDS, 2, 9)  # no mask: the earlier query uses the later key
+    assert open_.earlier_unused == 0.0 and open_.later_used == 1.0
+
+
 def test_lookup_refuses_a_pair_out_of_order():
     with pytest.raises(ValueError, match="0 <= a < b"):
         ideas.lookup(tiny(), IDS, 5, 5)
@@ -140,6 +168,17 @@ def test_the_middle_querys_future_keys_are_minus_infinity_and_weigh_exactly_zero
                                atol=1e-6)
 
 
+def test_a_score_of_zero_instead_of_minus_infinity_leaks_weight_to_the_future():
+    row = ideas.mask_row(tiny(), IDS, 1, 1)
+    q, visible = row.query, np.exp(row.scores[: row.query + 1].astype(np.float64))
+    n_future = len(IDS) - q - 1
+    total = visible.sum() + n_future  # e^0 = 1 for each future key
+    np.testing.assert_allclose(row.weights_zero[q + 1:], 1.0 / total, rtol=1e-5,
+                               err_msg="a future key scored 0 must get e^0 / (the row's sum)")
+    np.testing.assert_allclose(row.weights_zero[: q + 1], visible / total, rtol=1e-5)
+    assert (row.weights[q + 1:] == 0).all() and (row.weights_zero[q + 1:] > 0).all()
+
+
 def test_residual_contributions_add_up_to_the_stream_and_the_lens_ends_at_the_model():
     model = tiny()
     res = ideas.residual(model, IDS, k=1)
@@ -150,6 +189,32 @@ def test_residual_contributions_add_up_to_the_stream_and_the_lens_ends_at_the_mo
     with torch.no_grad():
         top = model(IDS[None]).logits[0].argmax(-1).numpy()
     assert (res.lens.ids[-1, :, 0] == top).all(), "the lens's last row must be the model's own prediction"
+
+
+# --- positions ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("encoding", ["rope", "learned"])
+def test_without_positions_shuffling_the_earlier_tokens_leaves_the_query_unchanged(encoding):
+    model = tiny(pos_encoding=encoding)
+    sh = ideas.shuffle_test(model, IDS, shuffles=4)
+    assert sh.encoding == encoding and sh.orders.shape == (4, len(IDS) - 1)
+    assert all(sorted(o) == list(range(len(IDS) - 1)) and list(o) != sorted(o) for o in sh.orders)
+    assert sh.own_error < 1e-5, "with positions on, the test must compute the model's own block 0 attention"
+    assert sh.change_off.max() < 1e-5 * sh.size, f"no positions: a set, the output must not move ({sh.change_off})"
+    assert sh.change_on.min() > 1e-3 * sh.size, f"with {encoding} the order must move the output ({sh.change_on})"
+
+
+# --- rnn -----------------------------------------------------------------------------------------------------------
+
+
+def test_an_lstm_far_behind_at_every_position_is_called_undertrained():
+    gpt = np.linspace(5.0, 4.0, 16)
+    behind, gap = ideas.lstm_behind(gpt, gpt + 0.8)
+    assert behind and np.allclose(gap, 0.8)
+    close, _ = ideas.lstm_behind(gpt, gpt + np.r_[0.8 * np.ones(8), 0.1 * np.ones(8)])  # last bucket (9-16) close
+    assert not close, "a bucket within half a nat: comparable, not undertrained"
+    assert not ideas.lstm_behind(gpt, gpt + 0.1)[0]
 
 
 # --- meaning -------------------------------------------------------------------------------------------------------
@@ -235,6 +300,21 @@ def test_the_plotted_schedule_is_lr_at():
         assert np.allclose(np.diff(lr[: oc.warmup_steps]), oc.lr / oc.warmup_steps), "warmup rises linearly"
 
 
+def test_the_followed_schedule_is_read_off_the_logged_rates():
+    steps = np.arange(10, 110, 10)
+    lr = np.array([0.2, 0.6, 1.0, 1.0, 1.0, 1.0, 0.7, 0.4, 0.2, 0.1]) * 2e-3
+    assert ideas_cli.followed_phases(steps, lr, 2e-3) == (30, 70), "warmup ends at the first peak, decay at the drop"
+    assert ideas_cli.followed_phases(steps[:2], lr[:2], 2e-3) is None, "a run stopped inside its warmup"
+    from attention_lab.viewer import ideas as draw
+
+    plan_steps, plan = ideas_cli.schedule(OptimConfig(lr=2e-3, warmup_steps=20), 300)
+    fig = draw.warmup_figure(plan_steps, plan, None, (steps, lr), 20, "r", (30, 70))
+    main, planned = fig.axes[0].lines[:2]
+    assert list(main.get_xdata()) == list(steps) and list(main.get_ydata()) == list(lr), \
+        "the main curve must be the rates the run logged"
+    assert (planned.get_alpha() or 1.0) < 0.5 and "not followed" in planned.get_label(), "the plan is drawn faint"
+
+
 # --- the command on a debug run -----------------------------------------------------------------------------------
 
 
@@ -253,7 +333,7 @@ ARGS = {
     "scale": [],
     "meaning": ["--words", "e,t", "--contexts", "4", "--width", "8"],
     "positions": [],
-    "rnn": ["--steps", "2", "--windows", "2", "--repeats", "1"],
+    "rnn": ["--minutes", "0.01", "--windows", "2", "--repeats", "1"],
     "mask": ["--layer", "1", "--head", "1"],
     "residual": [],
     "warmup": [],
@@ -263,15 +343,40 @@ ARGS = {
 @pytest.mark.parametrize("name", list(ARGS))
 def test_each_idea_prints_its_numbers_and_writes_its_figure(name, debug_run, tmp_path, capsys):
     where = [] if name == "mask" else ["--out", str(tmp_path)]  # mask: the default folder, the run's ideas/
-    rc = ideas_cli.main([name, str(debug_run), *where, "--text", "ROMEO:\nBut soft, what light", *ARGS[name]])
+    root = ["--runs-root", str(tmp_path / "no_runs")]  # rnn: no LSTM run there, so one is trained for --minutes
+    rc = ideas_cli.main([name, str(debug_run), *where, *root, "--text", "ROMEO:\nBut soft, what light", *ARGS[name]])
     out, err = capsys.readouterr()
     assert rc == 0, f"{name} failed: {err}"
     figure = (debug_run / "ideas" if name == "mask" else tmp_path) / f"{name}.png"
     assert f"figure: {figure}" in out, out
     assert figure.read_bytes()[:8] == PNG_MAGIC and figure.stat().st_size > 5000, f"{name}: no real PNG"
-    needles = {"lookup": "q_a.k_b", "scale": "QK-norm", "meaning": "mean cosine", "positions": "RoPE",
-               "rnn": "parallel", "mask": "weight exactly 0", "residual": "logit lens", "warmup": "why warmup"}
+    needles = {"lookup": "only what a later token looks for", "scale": "QK-norm", "meaning": "mean cosine",
+               "positions": "sees a set", "rnn": "parallel", "mask": "instead of -inf", "residual": "logit lens",
+               "warmup": "the schedule the run followed"}
     assert needles[name] in out, out
+    if name == "rnn":  # said before it trains, and a verdict on whether the LSTM can be compared
+        assert out.index("training an LSTM of the transformer's size here for 0.01 minute") < out.index("LSTM step")
+        assert "model.arch=lstm name=lstm" in out
+        assert ("too undertrained to compare" in out) != ("the LSTM's loss minus the transformer's" in out), out
+
+
+@pytest.fixture(scope="module")
+def lstm_run(debug_run, data_cache):
+    run_dir = debug_run.parent.parent / "lstm" / "r"  # beside the debug run, under the same runs root
+    cfg = compose(["experiment=debug", f"data.cache_dir={data_cache}", "model.arch=lstm", "train.max_steps=2",
+                   "train.eval_interval=2", "train.head_roles=false", "train.film=false", "train.tensorboard=false",
+                   "train.head_ablation=false"])
+    train_mod.train(cfg, run_dir)
+    return run_dir
+
+
+def test_rnn_uses_the_newest_lstm_run_instead_of_training_one(debug_run, lstm_run, tmp_path, capsys):
+    rc = ideas_cli.main(["rnn", str(debug_run), "--runs-root", str(debug_run.parent.parent), "--out", str(tmp_path),
+                         "--windows", "2", "--repeats", "1", "--text", "ROMEO:"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert "the LSTM: lstm/r" in out and "newest LSTM run" in out, out
+    assert "training an LSTM" not in out and "LSTM step" not in out, "an LSTM run was there: nothing to train"
 
 
 def test_warmup_prints_the_runs_own_schedule(debug_run, tmp_path, capsys):
@@ -292,3 +397,6 @@ def test_errors_are_one_line(tmp_path, debug_run, capsys):
     assert ideas_cli.main(["--list"]) == 0
     listed = capsys.readouterr().out
     assert all(name in listed for name in ARGS), listed
+    rnn = listed[listed.index("\nrnn "):listed.index("\nmask ")]
+    assert "TRAINS an LSTM for --minutes (default 1)" in rnn, "--list must say that rnn trains, and how long"
+    assert listed.count("trains nothing") == len(ARGS) - 1, listed

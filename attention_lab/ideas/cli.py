@@ -125,19 +125,25 @@ def idea_lookup(args, opened: Opened, out: Path) -> None:
     n_layer, n_head = lk.ab.shape
     print(f"tokens a = '{labels[a]}' (position {a}) and b = '{labels[b]}' (position {b}); scores q.k / "
           f"sqrt(d_k), d_k = {opened.model.config.head_size}")
-    print("head     q_a.k_b   q_b.k_a   (a looks for b / b looks for a)" + ("   before RoPE: q_a.k_b  q_b.k_a"
-                                                                            if lk.rope else ""))
-    for layer in range(n_layer):
-        for h in range(n_head):
-            line = f"L{layer}H{h}   {lk.ab[layer, h]:+8.3f}  {lk.ba[layer, h]:+8.3f}"
-            if lk.rope:
-                line += f"                     {lk.ab_content[layer, h]:+8.3f} {lk.ba_content[layer, h]:+8.3f}"
-            print(line)
+    print("q_a.k_b: what a looks for in b; q_b.k_a: what b looks for in a"
+          + ("; first as the model computes them (after RoPE), then with q and k turned back (before RoPE: the words "
+             "alone)" if lk.rope else ""))
+    for line in lookup_table(lk):
+        print(line)
     gap = np.abs(lk.ab - lk.ba)
     print(f"the two directions differ by {gap.mean():.3f} on average over the heads (from {gap.min():.3f} to "
           f"{gap.max():.3f}): a query and a key are two projections of a token, so what it looks for is not what it "
           f"offers. The model uses only q_b.k_a (b comes later and sees a, weight {fmt(lk.weight_ba.mean(1), 3)} per block, "
           f"mean over heads); q_a.k_b is masked (-inf): a cannot see b")
+    n = lk.ab.size
+    print(f"over the whole text ({lk.pairs} pairs of tokens x {n} heads): q_later.k_earlier is the model's own score, "
+          f"with a weight above 0, in {lk.later_used:.1%} of them; q_earlier.k_later is -inf with weight exactly 0 in "
+          f"{lk.earlier_unused:.1%}. Under the causal mask only what a later token looks for in an earlier one is ever "
+          "used: half of each score matrix, and of the asymmetry drawn below, never reaches the output"
+          if lk.earlier_unused == 1.0 else
+          f"over the whole text ({lk.pairs} pairs x {n} heads): q_earlier.k_later is hidden (-inf, weight 0) in only "
+          f"{lk.earlier_unused:.1%} of them: this model's mask ({getattr(opened.model.config, 'causal_mask', '?')}) "
+          "lets earlier tokens use what later ones offer")
     layer = args.layer if args.layer is not None else 0
     tied = tied_labels = None
     tied_label = ""
@@ -159,6 +165,26 @@ def idea_lookup(args, opened: Opened, out: Path) -> None:
         print("pass --tied RUN (a run trained with model.qk_tied=true) to see the same table where k = q")
     fig = draw.lookup_figure(lk, labels, layer, opened.label, tied, tied_labels, tied_label)
     print(f"figure: {save(fig, out)}")
+
+
+LOOKUP_COLUMNS = ("head", "q_a.k_b", "q_b.k_a", "before RoPE: q_a.k_b", "before RoPE: q_b.k_a")
+
+
+def lookup_table(lk) -> list[str]:
+    """The lookup table's lines: a header, then one row per head, every number right-aligned under its column's
+    name (a column is as wide as its name, and at least 9)."""
+    names = LOOKUP_COLUMNS if lk.rope else LOOKUP_COLUMNS[:3]
+    widths = [max(len(n), 9) for n in names]
+    lines = ["  ".join(n.rjust(w) if i else n.ljust(w) for i, (n, w) in enumerate(zip(names, widths)))]
+    n_layer, n_head = lk.ab.shape
+    for layer in range(n_layer):
+        for h in range(n_head):
+            values = [lk.ab[layer, h], lk.ba[layer, h]]
+            if lk.rope:
+                values += [lk.ab_content[layer, h], lk.ba_content[layer, h]]
+            cells = [f"L{layer}H{h}".ljust(widths[0])] + [f"{v:+.3f}".rjust(w) for v, w in zip(values, widths[1:])]
+            lines.append("  ".join(cells))
+    return lines
 
 
 def idea_scale(args, opened: Opened, out: Path) -> None:
@@ -253,6 +279,22 @@ def idea_positions(args, opened: Opened, out: Path) -> None:
     print(f"RoPE: each head's {len(inv_freq)} channel pairs turn by position x {float(inv_freq[0]):g} ... "
           f"{float(inv_freq[-1]):.2g} radians; a query at p and a key at p' meet at angle (p - p') x rate: the "
           "score sees their distance, not where they are")
+    shuffle = None
+    if has_attention(cfg):
+        ids, labels = encode(opened, args.text)
+        if len(ids) >= 3:
+            shuffle = measure.shuffle_test(opened.model, ids, args.shuffles)
+            print(f"attention without positions sees a set: block 0's trained attention, the query the last token "
+                  f"'{labels[-1]}', the {len(ids) - 1} tokens before it shuffled {len(shuffle.orders)} times (the "
+                  f"query kept last); how far the query's output moves (|change|, the output's own length "
+                  f"{shuffle.size:.2f}):")
+            print(f"  positions switched off: " + ", ".join(f"{c:.1e}" for c in shuffle.change_off)
+                  + " (rounding: the same weighted sum over the same set of keys)")
+            print(f"  with the model's {shuffle.encoding}: " + ", ".join(f"{c:.2f}" for c in shuffle.change_on)
+                  + " (the order of the keys changes what the query reads)")
+            print(f"  (with positions on, this is the model's own block 0 attention to {shuffle.own_error:.1e}; "
+                  "switched off, the same trained weights with the rotation left out: what it computes is still a "
+                  "softmax-weighted sum over the earlier tokens, whatever weights it has)")
     page = published.read_page()
     numbers = published.positions_by_length(page)
     if numbers:
@@ -267,43 +309,82 @@ def idea_positions(args, opened: Opened, out: Path) -> None:
               + ", ".join(f"{arm} {v['4x'] - v['1x']:+.3f}" for arm, v in numbers.items() if "4x" in v)
               + ". Without positions a causal model still gets some order: the mask lets a token see how many "
                 "tokens came before it")
-    fig = draw.positions_figure(table, angles, numbers, opened.label)
+    fig = draw.positions_figure(table, angles, numbers, opened.label, shuffle)
     print(f"figure: {save(fig, out)}")
 
 
-def train_lstm(cfg: GPTConfig, tokens: np.ndarray, steps: int, lr: float, seed: int = 0,
-               batch_size: int = 4, say: Callable = print):
-    """The LSTM of the GPT's size (lstm_matching) trained for `steps` AdamW steps on `tokens` (warmup, cosine)."""
+SCHEDULE_UNITS = 1000  # the on-the-spot LSTM's schedule runs over this many units of its time budget
+
+
+def train_lstm(cfg: GPTConfig, tokens: np.ndarray, minutes: float, lr: float, seed: int = 0,
+               batch_size: int = 4, say: Callable = print) -> tuple[torch.nn.Module, int, float]:
+    """The LSTM of the GPT's size (lstm_matching) trained with AdamW on `tokens` until `minutes` are spent (at
+    least one step); its schedule (warmup, cosine) follows the clock, as a run on a time budget does. -> (the
+    model, the steps taken, the last training loss)."""
     torch.manual_seed(seed)
     lcfg = lstm_matching(cfg)
     model = build_model(lcfg)
-    oc = OptimConfig(name="adamw", lr=lr, min_lr=lr / 10, warmup_steps=max(1, steps // 10), schedule="cosine")
+    oc = OptimConfig(name="adamw", lr=lr, min_lr=lr / 10, warmup_steps=SCHEDULE_UNITS // 10, schedule="cosine")
     opt = configure_optimizer(model, oc, torch.device("cpu"))
     sampler = BatchSampler(tokens, lcfg.block_size, batch_size, seed)
     model.train()
     start = time.perf_counter()
-    for step in range(steps):
-        opt.set_lr_multiplier(lr_multiplier(step, oc, steps))
+    budget = 60.0 * minutes
+    step, loss, said = 0, float("nan"), 0
+    while step == 0 or time.perf_counter() - start < budget:
+        at = min(SCHEDULE_UNITS - 1, int((time.perf_counter() - start) / budget * SCHEDULE_UNITS))
+        opt.set_lr_multiplier(lr_multiplier(at, oc, SCHEDULE_UNITS))
         loss, _ = train_step(model, opt, sampler, 1, torch.device("cpu"), torch.float32, 1.0)
-        if (step + 1) % max(1, steps // 4) == 0:
-            say(f"  LSTM step {step + 1}/{steps}: train loss {loss:.3f} ({time.perf_counter() - start:.0f} s)")
-    return model.eval()
+        step += 1
+        spent = time.perf_counter() - start
+        if spent >= (said + 1) * budget / 4:
+            said = int(spent * 4 // budget)
+            say(f"  LSTM step {step}: train loss {loss:.3f} ({spent:.0f} s of {budget:.0f})")
+    return model.eval(), step, float(loss)
+
+
+def find_lstm_run(runs_root: Path) -> Path | None:
+    """The newest run under runs_root whose config says model.arch=lstm and that has a checkpoint; None when
+    there is none. (Its vocabulary is the data's, known once it is opened: the config's vocab_size is not it.)"""
+    found = []
+    for config in Path(runs_root).glob("**/config.json"):
+        try:
+            model_cfg = json.loads(config.read_text()).get("model", {})
+        except (OSError, ValueError):
+            continue
+        layout = RunLayout(config.parent)
+        if model_cfg.get("arch") == "lstm" and layout.checkpoints.is_dir() and any(layout.checkpoints.iterdir()):
+            found.append((config.stat().st_mtime, config.parent))
+    return max(found)[1] if found else None
 
 
 def idea_rnn(args, opened: Opened, out: Path) -> None:
     need_attention(opened, "rnn")
     cfg = opened.model.config
     data = PreparedData.open(data_dir_of(opened.run_dir, opened.ckpt.path))
-    if args.lstm is not None:
-        lstm = open_run(args.lstm, args.runs_root, args.which)
-        if has_attention(lstm.model.config):
-            raise ValueError(f"--lstm {args.lstm} is not an LSTM run (model.arch=lstm)")
-        lstm_model, lstm_label = lstm.model, lstm.label
+    lstm_run = args.lstm if args.lstm is not None else find_lstm_run(args.runs_root)
+    lstm = open_run(lstm_run, args.runs_root, args.which) if lstm_run is not None else None
+    if lstm is not None and has_attention(lstm.model.config):
+        raise ValueError(f"--lstm {args.lstm} is not an LSTM run (model.arch=lstm)")
+    if lstm is not None and lstm.model.config.vocab_size != cfg.vocab_size:
+        why = (f"{lstm.label} has a vocabulary of {lstm.model.config.vocab_size} tokens, the transformer "
+               f"{cfg.vocab_size}: the two must read the same tokens")
+        if args.lstm is not None:
+            raise ValueError(f"--lstm {why}; train the LSTM on the same data")
+        print(f"the newest LSTM run, {why}; left out")
+        lstm = None
+    if lstm is not None:
+        print(f"the LSTM: {lstm.label}" + ("" if args.lstm is not None else
+                                           f" (the newest LSTM run under {args.runs_root}; --lstm RUN names another)"))
+        lstm_model, lstm_label = lstm.model, f"LSTM {lstm.label} (step {lstm.ckpt.step})"
     else:
-        print(f"training an LSTM of the same size for {args.steps} steps on the same data (--steps; --lstm RUN "
-              "takes a trained one)")
-        lstm_model = train_lstm(cfg, data.tokens("train"), args.steps, args.lstm_lr)
-        lstm_label = f"LSTM, {args.steps} steps here"
+        print(f"no LSTM run of this data under {args.runs_root}: training an LSTM of the transformer's size here for "
+              f"{args.minutes:g} minute(s) (--minutes), on the same data. That is far from a fair race: for one, "
+              "train `python train.py model.arch=lstm name=lstm` (the default run's 8 minutes), and this command "
+              "will use it")
+        lstm_model, steps, loss = train_lstm(cfg, data.tokens("train"), args.minutes, args.lstm_lr)
+        print(f"  the LSTM took {steps} steps in {args.minutes:g} minute(s), train loss {loss:.3f}")
+        lstm_label = f"LSTM, {steps} steps here"
     t = min(cfg.block_size, lstm_model.config.block_size)
     val = data.tokens("val")
     starts, first = tiling_windows(len(val), t)
@@ -323,6 +404,14 @@ def idea_rnn(args, opened: Opened, out: Path) -> None:
         early, late = c[: max(1, t // 16)].mean(), c[t // 2:].mean()
         print(f"  {name}: first {max(1, t // 16)} positions {early:.2f}, second half {late:.2f} "
               f"(context is worth {early - late:.2f} nats/token to it)")
+    behind, gap = measure.lstm_behind(*curves.values())
+    if behind:
+        print(f"the LSTM is too undertrained to compare: its loss is above the transformer's at every position, by "
+              f"{gap.min():.2f} to {gap.max():.2f} nats (a fair race, the rnn claim at equal steps, leaves 0.06 to "
+              "0.17). It has not learnt to use context yet; its curve says nothing about recurrence against "
+              "attention. Train a fair one: python train.py model.arch=lstm name=lstm")
+    else:
+        print(f"the LSTM's loss minus the transformer's, per doubling of the position: {fmt(gap)} nats")
     recall = published.recall_by_distance(published.read_page())
     if recall:
         print("claim 'recall' (docs/claims.md): bits per copied letter at distance d (4 = chance, 0 = perfect):")
@@ -343,7 +432,7 @@ def idea_rnn(args, opened: Opened, out: Path) -> None:
           "come out within a small factor of each other, either way round (the rnn claim's small models on one "
           "thread: the LSTM twice as fast). On a GPU, with thousands of cores, the loop's small steps leave most "
           "of them idle while one big matrix product fills them: that is where attention trains much faster.")
-    fig = draw.rnn_figure(curves, recall, speed, threads, opened.label)
+    fig = draw.rnn_figure(curves, recall, speed, threads, opened.label, behind)
     print(f"figure: {save(fig, out)}")
 
 
@@ -360,6 +449,14 @@ def idea_mask(args, opened: Opened, out: Path) -> None:
     future = row.weights[q + 1:]
     print(f"the {len(future)} future keys: score -inf, weight exactly 0 ({int((future == 0).sum())} of "
           f"{len(future)} are 0.0); the {q + 1} visible weights sum to {row.weights[: q + 1].sum():.6f}")
+    zero = row.weights_zero[q + 1:]
+    if len(zero):
+        print(f"had the future's scores been set to 0 instead of -inf (tutorial 4's slip: 0 is a score like any "
+              f"other, e^0 = 1), the softmax would give each of the {len(zero)} future keys {zero[0]:.4f}, "
+              f"{zero.sum():.3f} of the row's weight in all: the query would read the tokens it must predict")
+        first = measure.zero_instead_of_inf(torch.from_numpy(row.scores_all[0]), 0).numpy()
+        print(f"  the first query (one visible key, score {row.scores_all[0, 0]:.3f}) would give the future "
+              f"{first[1:].sum():.3f} of its weight (e^score against e^0 = 1 for each future key: the lower a row's visible scores, the more leaks)")
     print("why it matters: with the future hidden, the prediction at every position reads only the tokens before "
           "it, so one forward pass over a text trains all its next-token predictions at once, none of them "
           "able to copy its answer")
@@ -408,6 +505,18 @@ def schedule(oc: OptimConfig, max_steps: int) -> tuple[np.ndarray, np.ndarray]:
     return steps, np.array([lr_at(int(s), oc, max_steps) for s in steps])
 
 
+def followed_phases(steps: np.ndarray, lr: np.ndarray, peak: float, rtol: float = 1e-3) -> tuple[int, int] | None:
+    """The logged rates (steps, lr) -> (the first logged step at the peak rate, the first logged step after it
+    below the peak: where the decay began, or the last step when it never did); None when the peak was never
+    logged (a run stopped inside its warmup)."""
+    at_peak = np.flatnonzero(np.isclose(lr, peak, rtol=rtol))
+    if not len(at_peak):
+        return None
+    first = at_peak[0]
+    below = np.flatnonzero((np.arange(len(lr)) > first) & (lr < peak * (1 - rtol)))
+    return int(steps[first]), int(steps[below[0]] if len(below) else steps[-1])
+
+
 def idea_warmup(args, opened: Opened, out: Path) -> None:
     layout = RunLayout(opened.run_dir)
     try:
@@ -427,16 +536,29 @@ def idea_warmup(args, opened: Opened, out: Path) -> None:
           + (f"; Muon's rate follows the same shape from {oc.muon_lr:g}" if muon is not None else ""))
     marks = sorted({0, oc.warmup_steps // 2, oc.warmup_steps, max_steps // 2, max_steps - 1} & set(steps.tolist()))
     print("the rate at step " + ", ".join(f"{s}: {lr[s]:.2e}" for s in marks))
+    phases = None
     if logged is not None:
-        budget = config.get("train", {}).get("max_minutes")
-        print(f"the run logged {len(logged[0])} rates (dots in the figure), the last at step {int(logged[0][-1])}: "
-              f"{logged[1][-1]:.2e}"
-              + (f"; on a time budget ({budget:g} min) the schedule follows the clock when the machine is slower "
-                 "than the steps assume, so the dots can run ahead of the curve" if budget else ""))
+        train_cfg = config.get("train", {})
+        budget, stop = train_cfg.get("max_minutes"), train_cfg.get("stop", "steps")
+        phases = followed_phases(*logged, oc.lr)
+        print(f"the schedule the run followed (the {len(logged[0])} rates it logged, the solid line in the figure): "
+              + (f"warmup up to step {phases[0]}, {oc.lr:g} from there, decay from about step {phases[1]} (a rate "
+                 f"is logged every {config.get('train', {}).get('log_interval', '?')} steps)"
+                 if phases else "it never reached the peak rate")
+              + f", the last at step {int(logged[0][-1])}: {logged[1][-1]:.2e}")
+        if budget:
+            print(f"it trained on a time budget ({budget:g} min, train.stop={stop}): the schedule's position is the "
+                  "share of the budget spent times max_steps" + (" whenever that is further along than the step"
+                                                                 if stop == "steps" else "")
+                  + f", so on this machine the {max_steps}-step plan (faint) was squeezed into "
+                  f"{int(logged[0][-1])} steps")
+    else:
+        print("the run logged no rates (metrics.jsonl): the figure shows the plan alone")
     print("why warmup: at the start the weights are random and Adam's running estimate of each gradient's size "
           "rests on a handful of steps, so full-size steps can throw the model into a region it never recovers "
           "from (a loss spike); growing the rate over the first steps lets those estimates settle first")
-    fig = draw.warmup_figure(steps, lr, muon, logged, oc.warmup_steps, opened.label)
+    fig = draw.warmup_figure(steps, lr, muon, logged, oc.warmup_steps, opened.label, phases,
+                             oc.muon_lr / oc.lr if muon is not None else None)
     print(f"figure: {save(fig, out)}")
 
 
@@ -444,12 +566,17 @@ IDEAS: dict[str, tuple[Callable, str]] = {
     "lookup": (idea_lookup, "what a word looks for (q) differs from what it offers (k): q_a.k_b beside q_b.k_a"),
     "scale": (idea_scale, "1/sqrt(d_k): the scores' spread and the softmax with and without it; QK-norm's bound"),
     "meaning": (idea_meaning, "context changes a word's meaning: one word's vectors across contexts, by layer"),
-    "positions": (idea_positions, "the sinusoid table, RoPE's rotation, the positions claim's numbers"),
+    "positions": (idea_positions, "a shuffle with and without positions, the sinusoid table, RoPE's rotation, the "
+                                  "positions claim's numbers"),
     "rnn": (idea_rnn, "the transformer against an LSTM of equal size: loss by position, recall, tokens/s"),
-    "mask": (idea_mask, "a middle query's row: the future keys at -inf and weight exactly 0"),
+    "mask": (idea_mask, "a middle query's row: the future keys at -inf and weight exactly 0, and what a score of 0 "
+                        "would give them"),
     "residual": (idea_residual, "the residual stream through the blocks and the logit lens at each depth"),
-    "warmup": (idea_warmup, "the run's learning-rate schedule (lr_at) and why it warms up"),
+    "warmup": (idea_warmup, "the schedule the run followed (its logged rates), the planned one, why it warms up"),
 }
+# what each idea costs: all of them read a trained run and take seconds; this one may train a model first
+TRAINS = {"rnn": "TRAINS an LSTM for --minutes (default 1) unless runs/ holds an LSTM run (model.arch=lstm) or "
+                 "--lstm names one; a fair one: python train.py model.arch=lstm name=lstm (8 minutes)"}
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -472,8 +599,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--words", default=",".join(MEANING_WORDS), help="meaning: words, comma-separated")
     p.add_argument("--contexts", type=int, default=12, help="meaning: contexts per word (default 12)")
     p.add_argument("--width", type=int, default=32, help="meaning: tokens of context before the word (default 32)")
-    p.add_argument("--steps", type=int, default=40, help="rnn: LSTM training steps (default 40, about a minute "
-                                                          "on 2 cores)")
+    p.add_argument("--minutes", type=float, default=1.0, help="rnn: minutes to train an LSTM when runs/ has none "
+                                                               "(default 1)")
+    p.add_argument("--shuffles", type=int, default=5, help="positions: shuffles of the earlier tokens (default 5)")
     p.add_argument("--lstm-lr", type=float, default=0.01, help="rnn: the LSTM's AdamW rate (default 0.01)")
     p.add_argument("--lstm", type=Path, help="rnn: a trained LSTM run (model.arch=lstm) instead of training one")
     p.add_argument("--windows", type=int, default=32, help="rnn: held-out windows for loss by position (default 32)")
@@ -483,7 +611,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error(f"name an idea: {', '.join(IDEAS)} (or --list)")
     if args.name is not None and args.name not in IDEAS:
         p.error(f"unknown idea {args.name!r}; the ideas are {', '.join(IDEAS)}")
-    for flag in ("contexts", "width", "steps", "windows", "repeats"):
+    if args.minutes <= 0:
+        p.error(f"--minutes must be positive, got {args.minutes:g}")
+    for flag in ("contexts", "width", "shuffles", "windows", "repeats"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag} must be 1 or more, got {getattr(args, flag)}")
     if args.contexts < 3:
@@ -499,6 +629,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.list:
         for name, (_, what) in IDEAS.items():
             print(f"{name:<10} {what}")
+            print(f"{'':<10} {TRAINS.get(name, 'trains nothing: a few seconds on a trained run')}")
         return 0
     try:
         opened = open_run(args.run, args.runs_root, args.which)

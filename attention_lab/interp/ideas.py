@@ -78,6 +78,9 @@ class Lookup:
     rope: bool  # False: the positions are in the residual stream, so before = after
     weight_ba: np.ndarray  # (L, nh) the weight query b gives key a (a real entry of the pattern)
     score_ab_masked: np.ndarray  # (L, nh) the model's own score for query a, key b: -inf (the future)
+    pairs: int  # T (T - 1) / 2 distinct pairs of the text, each counted once per head below
+    later_used: float  # share of the (head, pair) entries where q_later.k_earlier is the model's own score, weight > 0
+    earlier_unused: float  # share where q_earlier.k_later is -inf in the model with weight exactly 0
 
 
 def lookup(model, ids, a: int, b: int) -> Lookup:
@@ -97,11 +100,16 @@ def lookup(model, ids, a: int, b: int) -> Lookup:
     sc = scores_of(qc, kc, scale)
     model_scores = cache.stack("scores")[:, 0]  # (L, nh, T, T): -inf on the future
     weights = cache.stack("pattern")[:, 0]
+    later = torch.ones(t, t, dtype=torch.bool, device=s.device).tril(-1)  # query i later than key j: i > j
+    match = torch.isclose(model_scores, s, atol=1e-4, rtol=1e-4) & (weights > 0)
+    hidden = torch.isneginf(model_scores) & (weights == 0)
+    later_used = float(match[..., later].float().mean())
+    earlier_unused = float(hidden[..., later.T].float().mean())
     np_ = lambda x: x.cpu().numpy()  # noqa: E731
     return Lookup(a, b, scale, np_(s[..., a, b]), np_(s[..., b, a]), np_(sc[..., a, b]), np_(sc[..., b, a]),
                   np_(s - s.transpose(-1, -2)), np_(sc - sc.transpose(-1, -2)),
                   isinstance(model.transformer.wpe, RotaryPositions), np_(weights[..., b, a]),
-                  np_(model_scores[..., a, b]))
+                  np_(model_scores[..., a, b]), t * (t - 1) // 2, later_used, earlier_unused)
 
 
 @dataclass
@@ -187,6 +195,7 @@ class MaskRow:
     scores: np.ndarray  # (T,) softmax's input as the model computed it
     weights: np.ndarray  # (T,)
     scores_all: np.ndarray  # (T, T) the head's whole score matrix (for the picture)
+    weights_zero: np.ndarray  # (T,) the weights had the future's scores been 0 instead of -inf (tutorial 4's slip)
 
 
 def mask_row(model, ids, layer: int, head: int, query: int | None = None) -> MaskRow:
@@ -205,7 +214,16 @@ def mask_row(model, ids, layer: int, head: int, query: int | None = None) -> Mas
     _, cache = one_pass(model, idx, names=[f"h.{layer}.attn.hook_scores", f"h.{layer}.attn.hook_pattern"])
     s = cache["scores", layer][0, head]  # (T, T)
     w = cache["pattern", layer][0, head]
-    return MaskRow(layer, head, query, s[query].numpy(), w[query].numpy(), s.numpy())
+    return MaskRow(layer, head, query, s[query].numpy(), w[query].numpy(), s.numpy(),
+                   zero_instead_of_inf(s[query], query).numpy())
+
+
+def zero_instead_of_inf(scores: Tensor, query: int) -> Tensor:
+    """A row's scores (T,) as the model computed them (-inf after `query`) -> the weights softmax gives when the
+    future keys' scores are set to 0 instead: e^0 = 1 each, so each future key takes 1 / sum_j e^(s_j) of the row."""
+    zeroed = scores.clone()
+    zeroed[query + 1:] = 0.0
+    return torch.softmax(zeroed, dim=-1)
 
 
 @dataclass
@@ -234,6 +252,75 @@ def residual(model, ids, k: int = 3) -> Residual:
     mean_norm = lambda x: x.norm(dim=-1).mean(-1).numpy()  # noqa: E731
     return Residual(mean_norm(stream), float(pre[0].norm(dim=-1).mean()), mean_norm(attn), mean_norm(mlp),
                     lens_of_stream(model, stream, k), float((total - stream[-1]).abs().max()))
+
+
+@dataclass
+class ShuffleTest:
+    """Block `layer`'s attention at the last token (the query) of one text, the earlier tokens shuffled, with
+    the model's positions and with none: without positions attention reads its keys as a set."""
+
+    layer: int
+    encoding: str  # the model's positions (cfg.pos_encoding)
+    orders: np.ndarray  # (P, T - 1) each shuffle of the earlier tokens (the query stays last)
+    change_off: np.ndarray  # (P,) |y(shuffled) - y(text)| at the query (vector length), positions switched off
+    change_on: np.ndarray  # (P,) the same with the model's positions
+    size: float  # |y(text)| at the query, with positions (the scale of the changes)
+    own_error: float  # max |this y - the model's own attention output (resid_mid - resid_pre)|, positions on
+
+
+def shuffle_test(model, ids, shuffles: int = 5, seed: int = 0) -> ShuffleTest:
+    """The trained block 0 attention run twice per shuffle of the tokens before the last: with the model's
+    positions and with them switched off (no embedding, no rotation, no bias). The inputs are the token
+    embeddings, so only the order of the earlier tokens changes; the causal mask lets the last query see every
+    one of them, so without positions its output must not change (a weighted sum over a set)."""
+    from model.positions import PositionalEncoding
+
+    model = plain_module(model)
+    cfg = model.config
+    idx = token_window(model, ids)
+    t = idx.numel()
+    if t < 3:
+        raise ValueError("a shuffle needs 3 tokens or more (two earlier tokens to swap, and the query)")
+    block, pe, off = model.transformer.h[0], model.transformer.wpe, PositionalEncoding()
+    pos = torch.arange(t, device=idx.device)
+
+    @torch.no_grad()
+    def query_output(order: Tensor, positions: bool) -> Tensor:
+        enc = pe if positions else off
+        x = model.transformer.wte(order[None])  # (1, T, C)
+        emb = enc.embed(pos)
+        if emb is not None:
+            x = x + emb
+        y, _, _ = block.attn(block.ln_1(x), enc, enc.rotation(pos), pos)
+        return y[0, -1]  # (C,)
+
+    rng = np.random.default_rng(seed)
+    orders, off_, on_ = [], [], []
+    with eval_mode(model), torch.autocast(device_type=idx.device.type, enabled=False):
+        base_on, base_off = query_output(idx, True), query_output(idx, False)
+        for _ in range(shuffles):
+            perm = rng.permutation(t - 1)
+            while t > 2 and (perm == np.arange(t - 1)).all():
+                perm = rng.permutation(t - 1)
+            order = torch.cat([idx[:-1][torch.as_tensor(perm, device=idx.device)], idx[-1:]])
+            orders.append(perm)
+            off_.append(float((query_output(order, False) - base_off).norm()))
+            on_.append(float((query_output(order, True) - base_on).norm()))
+        _, cache = one_pass(model, idx, names=["h.0.hook_resid_pre", "h.0.hook_resid_mid"])
+    own = (cache["resid_mid", 0] - cache["resid_pre", 0])[0, -1]
+    return ShuffleTest(0, cfg.pos_encoding, np.array(orders), np.array(off_), np.array(on_),
+                       float(base_on.norm()), float((own - base_on).abs().max()))
+
+
+def lstm_behind(transformer: np.ndarray, lstm: np.ndarray, margin: float = 0.5) -> tuple[bool, np.ndarray]:
+    """Two losses by position (T,) -> (whether the LSTM is too undertrained to compare: its loss above the
+    transformer's by more than `margin` nats in every bucket of position_buckets; the gap per bucket). A fair
+    race (the rnn claim, equal steps) leaves gaps of 0.06 to 0.17 nats; a gap of half a nat at the first
+    position, where neither model has context to use, means the LSTM has not learnt the tokens' frequencies yet."""
+    _, gpt = position_buckets(transformer)
+    _, rnn = position_buckets(lstm)
+    gap = rnn - gpt
+    return bool((gap > margin).all()), gap
 
 
 # --- a word's meaning across contexts ---------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from attention_lab.interp.figures import label_step, token_label
-from attention_lab.interp.ideas import Lookup, MaskRow, Residual, ScaleStats, position_buckets
+from attention_lab.interp.ideas import Lookup, MaskRow, Residual, ScaleStats, ShuffleTest, position_buckets
 
 
 def _figure(width: float, height: float) -> Figure:
@@ -142,11 +142,15 @@ def meaning_figure(curves: dict[str, np.ndarray], baseline: np.ndarray, similari
 
 
 def positions_figure(sinusoid: np.ndarray, angles: np.ndarray, published: dict[str, dict[str, float]] | None,
-                     run: str) -> Figure:
-    """The sinusoid table, RoPE's angles (as cos, by position and channel pair), and the positions claim's
-    bits/byte per encoding at 1x, 2x and 4x the trained length."""
-    fig = _figure(13, 4.4)
-    a, b, c = fig.subplots(1, 3)
+                     run: str, shuffle: ShuffleTest | None = None) -> Figure:
+    """The shuffle test (block 0's output at the last query, the earlier tokens shuffled, with and without
+    positions), the sinusoid table, RoPE's angles (as cos, by position and channel pair), and the positions
+    claim's bits/byte per encoding at 1x, 2x and 4x the trained length."""
+    fig = _figure(17 if shuffle is not None else 13, 4.4)
+    axes = fig.subplots(1, 4 if shuffle is not None else 3)
+    if shuffle is not None:
+        _shuffle_bars(axes[0], shuffle)
+    a, b, c = axes[-3:]
     half = sinusoid.shape[1] // 2  # the sines (even dimensions), then the cosines (odd): each a smooth sweep
     im = a.imshow(np.concatenate([sinusoid[:, 0::2], sinusoid[:, 1::2]], axis=1), aspect="auto", cmap="RdBu_r",
                   vmin=-1, vmax=1, interpolation="nearest")
@@ -177,8 +181,24 @@ def positions_figure(sinusoid: np.ndarray, angles: np.ndarray, published: dict[s
     return fig
 
 
+def _shuffle_bars(ax, sh: ShuffleTest) -> None:
+    floor = 1e-8  # a change of exactly 0 has no place on a log scale
+    x = np.arange(len(sh.change_off))
+    ax.bar(x - 0.2, np.maximum(sh.change_off, floor), 0.4, color="C2", label="positions switched off")
+    ax.bar(x + 0.2, np.maximum(sh.change_on, floor), 0.4, color="C3", label=f"with {sh.encoding} (the model)")
+    ax.axhline(sh.size, color="grey", ls="--", lw=0.8)
+    ax.text(-0.4, sh.size * 1.3, f"length of the output itself ({sh.size:.2f})", fontsize=7, color="grey")
+    ax.set_yscale("log")
+    ax.set_ylim(floor, sh.size * 10)
+    ax.set_xticks(x, [f"shuffle {i + 1}" for i in x], fontsize=7)
+    ax.set_ylabel("|change| of the last query's output (log)")
+    ax.set_title(f"a set: shuffle the earlier tokens (block {sh.layer},\ntrained weights); no positions, no change",
+                 fontsize=9)
+    ax.legend(fontsize=7, loc="center right")
+
+
 def rnn_figure(curves: dict[str, np.ndarray], recall: dict[str, dict[int, float]] | None,
-               speed: dict[str, float], threads: int, run: str) -> Figure:
+               speed: dict[str, float], threads: int, run: str, behind: bool = False) -> Figure:
     """Loss by position for the transformer and the LSTM, the recall claim's copy curve, tokens a second."""
     fig = _figure(13, 4.4)
     a, b, c = fig.subplots(1, 3)
@@ -192,6 +212,9 @@ def rnn_figure(curves: dict[str, np.ndarray], recall: dict[str, dict[int, float]
     a.set_ylabel("loss on held-out text (nats/token)")
     a.set_title("loss by position: does more context help?", fontsize=9)
     a.legend(fontsize=7)
+    if behind:
+        a.text(0.5, 0.5, "the LSTM is too undertrained to compare:\nits loss is far above at every position",
+               transform=a.transAxes, ha="center", fontsize=8, color="crimson")
     if recall:
         for arm, pts in recall.items():
             d = sorted(pts)
@@ -217,37 +240,51 @@ def rnn_figure(curves: dict[str, np.ndarray], recall: dict[str, dict[int, float]
 
 
 def mask_figure(row: MaskRow, labels: Sequence[str], run: str) -> Figure:
-    """Left: the head's scores with the future grey (-inf), the query's row boxed; right: that row's scores and
-    weights, the future keys marked."""
-    fig = _figure(12, 4.6)
-    a, b = fig.subplots(1, 2, width_ratios=(1, 1.4))
+    """Left: the head's scores with the future grey (-inf), the query's row boxed; middle: that row's scores;
+    right: its weights as the model gives them (the future exactly 0) beside the weights had the future's scores
+    been 0 instead of -inf, on a log scale so that a small leak shows."""
+    fig = _figure(15, 4.8)
+    a, b, c = fig.subplots(1, 3, width_ratios=(1, 1, 1.2))
     s = np.where(np.isfinite(row.scores_all), row.scores_all, np.nan)
     im = a.imshow(s, cmap="viridis", interpolation="nearest")
     a.set_facecolor("#d9d9d9")
     t = len(labels)
     a.add_patch(_box_row(row.query, t))
     ticks = range(t)
-    a.set_xticks(ticks, [token_label(s_, 8) for s_ in labels], rotation=90, fontsize=6)
-    a.set_yticks(ticks, [token_label(s_, 8) for s_ in labels], fontsize=6)
+    names = [token_label(s_, 8) for s_ in labels]
+    a.set_xticks(ticks, names, rotation=90, fontsize=6)
+    a.set_yticks(ticks, names, fontsize=6)
     a.set_xlabel("key j (grey: the future, score -inf)")
     a.set_ylabel("query i")
     a.set_title(f"block {row.layer}, head {row.head}: every score", fontsize=9)
     fig.colorbar(im, ax=a, shrink=0.8, label="score")
     x = np.arange(t)
     future = x > row.query
-    finite = np.where(future, 0.0, row.scores)
-    b.bar(x[~future] - 0.2, finite[~future], 0.4, label="score (softmax's input)")
-    b.bar(x + 0.2, row.weights, 0.4, label="weight after softmax")
+    b.bar(x[~future], row.scores[~future], 0.6, color="C0")
     for j in x[future]:
-        b.text(j, 0.02, "score -inf, weight 0", rotation=90, fontsize=7, ha="center", va="bottom", color="crimson")
+        b.text(j, 0.0, "-inf", rotation=90, fontsize=7, ha="center", va="bottom", color="crimson")
     b.axvspan(row.query + 0.5, t - 0.5, color="#eeeeee", zorder=0)
     b.axhline(0, color="grey", lw=0.7)
-    b.set_xticks(x, [token_label(s_, 8) for s_ in labels], rotation=90, fontsize=6)
+    b.set_xticks(x, names, rotation=90, fontsize=6)
     b.set_xlabel("key (shaded: after the query, hidden by the mask)")
-    b.set_ylabel("score / weight")
-    b.set_title(f"the row of query {row.query} '{token_label(labels[row.query])}': future weights are exactly 0",
-                fontsize=9)
-    b.legend(fontsize=7)
+    b.set_ylabel("score (softmax's input)")
+    b.set_title(f"the row of query {row.query} '{token_label(labels[row.query])}': scores", fontsize=9)
+    floor = 1e-5  # an exact 0 has no place on a log scale: drawn as a bar to the floor, labelled
+    c.bar(x - 0.2, np.maximum(row.weights, floor), 0.4, color="C1", label="the model: future scores -inf")
+    c.bar(x + 0.2, np.maximum(row.weights_zero, floor), 0.4, color="crimson", alpha=0.6,
+          label="had the future's scores been 0 instead")
+    for j in x[future]:
+        c.text(j - 0.2, floor * 1.5, "0 exactly", rotation=90, fontsize=6, ha="center", va="bottom", color="C1")
+    c.set_yscale("log")
+    c.set_ylim(floor, 30)  # room above the tallest bar for the legend
+    c.axvspan(row.query + 0.5, t - 0.5, color="#eeeeee", zorder=0)
+    c.set_xticks(x, names, rotation=90, fontsize=6)
+    c.set_xlabel("key (shaded: after the query)")
+    c.set_ylabel("weight after softmax (log scale)")
+    leak = float(row.weights_zero[row.query + 1:].sum())
+    c.set_title(f"weights: the future gets exactly 0; with scores of 0\ninstead of -inf it would take {leak:.3f} "
+                "of the row", fontsize=9)
+    c.legend(fontsize=7, loc="upper left")
     fig.suptitle(f"The causal mask ({run})", fontsize=10)
     return fig
 
@@ -291,21 +328,40 @@ def residual_figure(res: Residual, lens_words: Sequence[Sequence[str]], labels: 
 
 
 def warmup_figure(steps: np.ndarray, lr: np.ndarray, muon: np.ndarray | None, logged: tuple | None,
-                  warmup_steps: int, run: str) -> Figure:
-    """The run's learning-rate schedule (lr_at at every step), Muon's beside it, the rates the run logged."""
+                  warmup_steps: int, run: str, phases: tuple[int, int] | None = None,
+                  muon_ratio: float | None = None) -> Figure:
+    """The schedule the run followed (the rates it logged) as the main curve, the planned one (lr_at at every
+    step of max_steps) faint behind it; Muon's rate (the same shape) on the right axis. Without logged rates the
+    plan is all there is and is drawn plainly."""
     fig = _figure(9, 4.2)
     ax = fig.subplots()
-    ax.plot(steps, lr, label="AdamW's rate (lr_at)", lw=1.6)
     if logged is not None:
-        ax.plot(logged[0], logged[1], ".", ms=3, color="black", label="the rate the run logged (metrics.jsonl)")
-    ax.axvspan(0, warmup_steps, color="#fde7c8", zorder=0, label=f"warmup: {warmup_steps} steps")
+        ax.plot(logged[0], logged[1], "-", lw=2, color="C0", label="AdamW's rate as the run followed it (logged)")
+        ax.plot(steps, lr, lw=1.2, color="C0", alpha=0.35, ls="--",
+                label=f"the plan, step by step over {len(steps)} steps (lr_at): not followed")
+        if phases is not None:
+            ax.axvspan(0, phases[0], color="#fde7c8", zorder=0, label=f"warmup as followed: to step {phases[0]}")
+            ax.axvline(phases[1], color="grey", lw=0.8, ls=":")
+            ax.text(phases[1], ax.get_ylim()[1] * 0.95, f" decay from about step {phases[1]}", fontsize=7, va="top")
+    else:
+        ax.plot(steps, lr, label="AdamW's rate (lr_at; the run logged none)", lw=1.6)
+        ax.axvspan(0, warmup_steps, color="#fde7c8", zorder=0, label=f"warmup: {warmup_steps} steps")
     ax.set_xlabel("step")
     ax.set_ylabel("AdamW learning rate")
     if muon is not None:
         right = ax.twinx()
-        right.plot(steps, muon, color="C2", lw=1, ls="--", label="Muon's rate (same shape)")
+        if logged is not None and muon_ratio is not None:
+            right.plot(logged[0], logged[1] * muon_ratio, color="C2", lw=1, ls="--", label="Muon's rate (same shape)")
+        else:
+            right.plot(steps, muon, color="C2", lw=1, ls="--", label="Muon's rate (same shape)")
+        if muon_ratio is not None:  # the same shape: one curve read on either axis
+            low, high = ax.get_ylim()
+            right.set_ylim(low * muon_ratio, high * muon_ratio)
         right.set_ylabel("Muon learning rate (the blocks' matrices)")
         right.legend(fontsize=7, loc="upper right")
-    ax.legend(fontsize=7, loc="lower left")
+    if logged is not None:  # right of the followed curve, below the plan's flat stretch
+        ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.32, 0.02))
+    else:
+        ax.legend(fontsize=7, loc="lower left")
     ax.set_title(f"The learning-rate schedule of {run}", fontsize=10)
     return fig
