@@ -1662,6 +1662,11 @@ MUTATIONS = (
              "return cache.residual_stream()[:, :, 0].cpu().numpy()",
              ("tests/test_ideas.py::test_a_words_vector_starts_the_same_in_every_context_and_then_differs",),
              "the meaning idea compares each context's first token instead of the word that ends it"),
+    Mutation("ideas_shuffle_keeps_positions", "attention_lab/interp/ideas.py",
+             "        enc = pe if positions else off", "        enc = pe",
+             ("tests/test_ideas.py::test_without_positions_shuffling_the_earlier_tokens_leaves_the_query_unchanged",),
+             "the positions idea's 'switched off' run keeps the model's positions: the shuffled query moves both "
+             "ways, and the learner is shown that attention without positions sees order, the opposite of a set"),
 )
 
 
