@@ -1616,6 +1616,56 @@ MUTATIONS = (
              ("tests/test_slipped_plants.py::test_a_rate_where_a_sweep_runs_loss_ended_above_its_first_evaluation_is_ruled_out_and_counted",),
              "the sweep rules a rate out only on a non-finite loss: a run whose final training loss ended above its "
              "first evaluation keeps its rate, and neither the sweep table nor the diverged counts show it"),
+    # the code-only round of issue 45 (2026-11-27), on the claims' sweep and catalog, the page rebuild and the lab's
+    # kept analyses, by a helper who had not read the tests: 12 planted, 8 caught, 4 missed (each now closed by a
+    # test: along_other_values_take_their_own_rate, quick_run_writes_into_the_real_claim_folder,
+    # film_first_line_of_a_step_wins, rebuild_accepts_another_tokenizer). Three of the 12 were already here:
+    # bracket_low_edge_goes_inward, page_rebuild_reads_the_first_tokens, registry_lru_evicts_newest.
+    Mutation("along_other_values_take_their_own_rate", "attention_lab/claims/catalog.py",
+             "rate_of = at_value(a.name, var, at)", "rate_of = at_value(a.name, var, value)",
+             ("tests/test_slipped_plants.py::test_a_swept_claim_along_its_variable_trains_every_values_seeds_at_the_rate_chosen_at_sweep_at",),
+             "a swept claim along its variable (--rates): at every value but sweep_at each arm takes its rate from "
+             "itself, never swept, so its verdict seeds train at the preset's rate and results.json's rate is null"),
+    Mutation("holm_rank_off_by_one", "attention_lab/claims/stats.py",
+             "min(1.0, (m - rank) * pvalues[i])", "min(1.0, (m - rank - 1) * pvalues[i])",
+             ("tests/test_claims.py::test_no_true_difference_says_holds_in_at_most_five_percent",),
+             "Holm's adjusted p under-corrected by one rank: with one comparison it is 0, so any difference 'holds'"),
+    Mutation("quick_run_writes_into_the_real_claim_folder", "attention_lab/claims/cli.py",
+             'out = args.out or args.root / (args.name + ("-quick" if args.quick else ""))',
+             "out = args.out or args.root / args.name",
+             ("tests/test_slipped_plants.py::test_a_quick_run_writes_into_its_own_folder_and_leaves_the_claims_real_results_alone",),
+             "`claims qk --quick` writes into claims/qk: its smoke results.json replaces the real one (docs drops "
+             "the verdict) and its 24-step runs count as the real ones, finished"),
+    Mutation("poorer_page_check_reversed", "attention_lab/viewer/page.py",
+             "lost = page_sections(read_island(sample.page)) - page_sections(data) if",
+             "lost = page_sections(data) - page_sections(read_island(sample.page)) if",
+             ("tests/test_sample_rebuild.py::test_without_page_json_a_richer_page_is_kept_and_the_error_says_how",),
+             "rebuilding a sample folder without page.json silently replaces a richer page (step inside, circuits, "
+             "scores) with a maps-only one"),
+    Mutation("film_first_line_of_a_step_wins", "attention_lab/viewer/page.py",
+             'records[r["step"]] = r  # a resumed run', 'records.setdefault(r["step"], r)  # a resumed run',
+             ("tests/test_viewer.py::test_a_resumed_runs_repeated_step_shows_the_later_evaluations_scores_in_the_film",),
+             "a resumed run's film shows the pre-crash evaluation's head scores, labels and probe losses at the step "
+             "it repeated, not the resumed run's"),
+    Mutation("rebuild_accepts_another_tokenizer", "attention_lab/viewer/report.py",
+             'if tokenizer.token_strings(ids) != saved["tokens"] or len(ids) > model.config.block_size:',
+             'if tokenizer.token_strings(ids) != saved["tokens"] and len(ids) > model.config.block_size:',
+             ("tests/test_sample_rebuild.py::test_a_checkpoint_that_cannot_hold_the_samples_tokens_is_refused_and_the_sample_kept",),
+             "`python -m attention_lab.viewer FOLDER --checkpoint CKPT` with another tokenizer's checkpoint, or a "
+             "shorter context's, overwrites the sample (other token strings for the same ids, or a cropped window)"),
+    Mutation("lab_analyze_panel_off_by_default", "attention_lab/lab/requests.py",
+             'body.get("ablation", True), body.get("inside", True)', 'body.get("ablation", True), body.get("inside", False)',
+             ("tests/test_lab_server.py::test_circuits_remembered_across_texts_equal_the_texts_own",),
+             "a script's /api/analyze without \"inside\" gets no step-inside panel, only pending: [\"inside\"]"),
+    Mutation("lab_text_of_block_size_refused", "attention_lab/lab/requests.py",
+             "if len(ids) > block_size:", "if len(ids) >= block_size:",
+             ("tests/test_lab_server.py::test_a_text_of_exactly_block_size_tokens_is_read_and_one_more_is_refused",),
+             "a text of exactly block_size tokens is refused: 422 'this model reads at most 32 ... shorten it by 0 tokens'"),
+    Mutation("lab_compare_diff_sign_flipped", "attention_lab/lab/app.py",
+             'diff = [lb - la for la, lb in zip(runs[0]["loss"], runs[1]["loss"])]',
+             'diff = [la - lb for la, lb in zip(runs[0]["loss"], runs[1]["loss"])]',
+             ("tests/test_lab_server.py::test_the_checkpoint_named_is_the_one_used",),
+             "/api/compare's per-token difference has the wrong sign: the page colours the better model's tokens worse"),
     Mutation("reference_attention_sees_the_future", "model/attention.py",
              "    future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)",
              "    future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(2)",

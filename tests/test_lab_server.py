@@ -1386,3 +1386,16 @@ def test_the_host_given_on_the_command_line_is_answered_and_no_other(runs, given
             assert c.get("/api/models", headers={"host": host}).status_code == 200, host
         for host in bad:
             assert c.get("/api/models", headers={"host": host}).status_code == 421, host
+
+
+def test_a_text_of_exactly_block_size_tokens_is_read_and_one_more_is_refused(client):
+    """The model reads up to block_size tokens: a text of exactly BLOCK tokens is analysed whole, one token more
+    is refused with a 422 saying by how much to shorten it. Planted bug: lab_text_of_block_size_refused (a text
+    that fills the context refused, 'shorten it by 0 tokens')."""
+    status, body = post(client, "/api/analyze", {"text": "a" * BLOCK})
+    assert status == 200, (
+        f"a text of exactly {BLOCK} tokens, the model's whole context, got {status}: {body.get('error', body)!r}")
+    assert len(body["tokens"]) == BLOCK, f"the page shows {len(body['tokens'])} of the text's {BLOCK} tokens"
+    status, body = post(client, "/api/analyze", {"text": "a" * (BLOCK + 1)})
+    assert status == 422 and f"{BLOCK + 1} tokens" in body["error"] and "shorten it by 1 token" in body["error"], (
+        f"a text of {BLOCK + 1} tokens, one past the context, got {status}: {body}")

@@ -81,3 +81,48 @@ def test_a_page_json_of_another_text_is_refused(written, tmp_path, capsys):
     assert viewer.main([str(copy)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "another text" in err and "--checkpoint" in err, err
+
+
+def _checkpoint(run_dir, tokenizer, block_size: int):
+    """A run whose best checkpoint has this tokenizer and context (weights random: the rebuild must refuse first)."""
+    from attention_lab.store.checkpoint import save_checkpoint
+    from model import GPT, GPTConfig
+
+    model = GPT(GPTConfig(vocab_size=tokenizer.vocab_size, block_size=block_size, n_layer=1, n_head=2, n_embd=16))
+    save_checkpoint(run_dir / "checkpoints", 100, model, tokenizer.to_str(), {"val_loss": 3.5}, best=True)
+    return run_dir
+
+
+@pytest.mark.parametrize("which", ["another tokenizer", "a shorter context"])
+def test_a_checkpoint_that_cannot_hold_the_samples_tokens_is_refused_and_the_sample_kept(
+        written, tmp_path, capsys, which):
+    """`python -m attention_lab.viewer FOLDER --checkpoint CKPT` with the wrong checkpoint refuses with one error
+    line and leaves the sample as it was: with another tokenizer (its context long enough) the same ids are other
+    tokens; with a context shorter than the sample the window would be cropped. Planted bug:
+    rebuild_accepts_another_tokenizer (either refusal alone let through, the sample overwritten)."""
+    from data.tokenizer import Tokenizer
+    from test_sample import BLOCK, CORPUS
+
+    run, folder, page = written
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for f in folder.iterdir():
+        (copy / f.name).write_bytes(f.read_bytes())
+    saved = json.loads((copy / "tokens.json").read_text())
+    n = len(saved["token_ids"])
+    if which == "another tokenizer":  # digits sort before the letters: every letter's id moves
+        ckpt = _checkpoint(tmp_path / "other", Tokenizer.train_char([[CORPUS + "0123456789"]]), BLOCK)
+        assert n <= BLOCK, "the other checkpoint's context holds the sample: only its tokenizer differs"
+    else:
+        ckpt = _checkpoint(tmp_path / "short", Tokenizer.train_char([[CORPUS]]), n - 1)
+    before = {name: (copy / name).read_bytes() for name in ("tokens.json", "attention.html", "page.json")}
+    capsys.readouterr()
+    rc = viewer.main([str(copy), "--checkpoint", str(ckpt)], rebuild_sample)
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("error: ") and err.count("\n") == 1, (
+        f"rebuilding the {n}-token sample with a checkpoint of {which} gave rc {rc} and no one error line ({err!r}): "
+        "the page now shows " + ("other token strings for the same ids" if which == "another tokenizer" else
+                                 f"only the last {n - 1} tokens"))
+    assert "give the checkpoint that wrote the sample" in err, err
+    for name, data in before.items():
+        assert (copy / name).read_bytes() == data, f"the refused rebuild ({which}) still rewrote {name}"

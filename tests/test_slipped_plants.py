@@ -163,3 +163,67 @@ def test_a_rate_where_a_sweep_runs_loss_ended_above_its_first_evaluation_is_rule
     cell = _sweep_row(text, "separate")[f"lr {BASE_LR:g}"]
     assert cell.endswith(f"diverged: seed {seed}"), f"{said}, but the report's sweep table shows {cell!r} there"
     assert doc["rates"]["tied"] == pytest.approx(BASE_LR), "tied's runs all trained: its best rate stands"
+
+
+def test_a_swept_claim_along_its_variable_trains_every_values_seeds_at_the_rate_chosen_at_sweep_at(
+        tmp_path, fake_training, monkeypatch):
+    """A claim along a variable, swept (`--rates 0.333,1,3` clears its fixed rate): its rates are chosen at the
+    variable's sweep_at value, and the verdict seeds at every other value train at that value's chosen rate, as
+    results.json's `rates` says. Planted bug: along_other_values_take_their_own_rate (each arm at another value
+    points its rate_of at itself, never swept, so its seeds train at the preset's own rate and its rate is null)."""
+    _, trained = fake_training
+    claim = select(CLAIMS["heads"], (1, 2), ("1 head", "4 heads"), GRID)
+    var = claim.variable
+    at = var.sweep_at if var.sweep_at is not None else var.values[0]
+    others = [v for v in var.values if v != at]
+    assert others, "the heads claim is tested at more than one width"
+
+    def measure(claim, run_dir, held, quick):  # every arm's best at 3x the base rate, read from the run's config
+        lr = json.loads((Path(run_dir) / "config.json").read_text())["optim"]["lr"]
+        seed = int(Path(run_dir).name.rsplit("-s", 1)[1])
+        return {"bpb": 2.0 + 0.1 * math.log(lr / (BASE_LR * 3.0), 3) ** 2 + 0.001 * seed, "step": 24} | {
+            m: 0.5 for m in claim.measures}
+
+    monkeypatch.setattr(experiment, "measure", measure)
+    experiment.run_claim(claim, tmp_path / "heads", log=lambda *a: None, progress=False, bracket=0, rate_check=False)
+    doc = json.loads((tmp_path / "heads" / "results.json").read_text())
+    for a in claim.arms:
+        for v in others:
+            here = f"{a.name}, {var.name}={v:g}"
+            seeds = sorted({m for arm, m, s in trained if arm == here and s in claim.seeds and m != 1.0})
+            assert doc["rates"].get(here) == pytest.approx(BASE_LR * 3.0), (
+                f"results.json gives {here!r} the rate {doc['rates'].get(here)!r}, not the {BASE_LR * 3.0:g} chosen at "
+                f"{var.name}={at:g}: its verdict seeds trained at the preset's own rate, so the verdict at "
+                f"{var.name}={v:g} mixes a chosen rate with an unchosen one")
+            assert seeds == pytest.approx([3.0]), (
+                f"{here!r}'s verdict seeds trained at {seeds} x the base rate besides the common rate, not at the 3x "
+                f"chosen at {var.name}={at:g}")
+
+
+def test_a_quick_run_writes_into_its_own_folder_and_leaves_the_claims_real_results_alone(tmp_path, monkeypatch):
+    """`python -m attention_lab.claims qk --quick` is a smoke run: it writes into claims/qk-quick, never claims/qk,
+    where the real run's results.json is what `docs` reads. Planted bug: quick_run_writes_into_the_real_claim_folder
+    (the quick run's results.json, `quick: true`, replaced the real one and its 24-step runs were reused as finished)."""
+    from attention_lab.claims import cli
+
+    real = tmp_path / "qk" / "results.json"
+    real.parent.mkdir()
+    real.write_text(json.dumps({"claim": "qk", "quick": False}))
+    before = real.read_bytes()
+    outs = []
+
+    def run_claim(claim, out, quick, **kw):  # what a run leaves: its results.json, where it was told to write
+        outs.append((Path(out), quick))
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "results.json").write_text(json.dumps({"claim": claim.name, "quick": quick}))
+        return Path(out) / "report.md"
+
+    monkeypatch.setattr(cli, "run_claim", run_claim)
+    assert cli.main(["qk", "--quick", "--launcher", "basic", "--root", str(tmp_path)]) == 0
+    assert outs == [(tmp_path / "qk-quick", True)], (
+        f"`qk --quick` wrote into {outs[0][0]}, not {tmp_path / 'qk-quick'}: a smoke run's numbers in the claim's "
+        "own folder")
+    assert real.read_bytes() == before, (
+        "`qk --quick` replaced claims/qk/results.json: `docs` would show the smoke run, not the claim's verdict")
+    assert cli.main(["qk", "--launcher", "basic", "--root", str(tmp_path)]) == 0
+    assert outs[-1] == (tmp_path / "qk", False), f"the real run writes into claims/qk, not {outs[-1][0]}"
