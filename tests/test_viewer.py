@@ -1095,3 +1095,23 @@ def test_the_head_view_draws_lines_from_the_query_to_its_keys_with_the_weight_as
     browser.execute_script("document.getElementById('head-view').scrollIntoView()")
     screenshot(browser, shots, "head_view_lines.png", capsys)
     assert_quiet(browser, "drawing the head view's lines")
+
+
+def test_a_resumed_runs_repeated_step_shows_the_later_evaluations_scores_in_the_film(tmp_path):
+    """A run resumed after a crash evaluates its resume step again and appends a second line for it to
+    attention/heads.jsonl: the film shows the resumed run's head scores, labels and probe losses at that step, not
+    the ones from before the crash. Planted bug: film_first_line_of_a_step_wins."""
+    folder = tmp_path / "run" / "attention"
+    folder.mkdir(parents=True)
+    np.save(folder / "step_00000100.npy", np.tril(np.ones((1, 1, 4, 4))).astype(np.float16) / np.arange(1, 5)[:, None])
+    before, after = ({"step": 100, "scores": {"previous_token": [[score]]}, "model": {"probe_repeat_loss": loss}}
+                     for score, loss in ((0.1, 5.0), (0.9, 4.0)))
+    (folder / "heads.jsonl").write_text(json.dumps(before) + "\n" + json.dumps(after) + "\n")
+    data, _ = viewer.film_data(tmp_path / "run")
+    [record] = data["scores"]
+    assert record["roles"]["previous_token"] == [[0.9]] and record["labels"] == [["previous_token"]], (
+        f"the film shows head 0.0 at step 100 scoring previous_token {record['roles']['previous_token']} and labelled "
+        f"{record['labels']}: the evaluation from before the crash, not the resumed run's 0.9 (previous_token)")
+    assert dict(data["curves"]["probe_repeat_loss"]) == {100: 4.0}, (
+        f"the film's probe-repeat curve at step 100 is {data['curves']['probe_repeat_loss']}, the pre-crash 5.0, "
+        "not the resumed run's 4.0")
