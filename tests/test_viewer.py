@@ -635,6 +635,36 @@ def test_the_films_colour_legend_says_the_colours_its_maps_are_drawn_in(browser,
     assert_quiet(browser, "reading the colour legends")
 
 
+def test_the_pages_words_carry_their_gloss_and_each_is_a_glossary_entry(browser, film, sampled_page):
+    """Issue 42's walk met nats, the probe, c_proj, the circuits, the copying score and ·TL on the pages and could
+    not look them up. Each is drawn with its one-line gloss as a tooltip (explorer.js GLOSSES), and each gloss
+    points at an entry of docs/glossary.md that exists."""
+    glossary = (Path(__file__).resolve().parent.parent / "docs" / "glossary.md").read_text(encoding="utf-8")
+    headings = re.findall(r"^### (.+)$", glossary, re.M)
+    # GitHub's anchor of a heading (as tests/test_readme.py slug): lower case, punctuation dropped, spaces to '-'
+    slugs = {"".join(c for c in h.lower() if c.isalnum() or c in " -_").replace(" ", "-") for h in headings}
+    open_page(browser, sampled_page[0])
+    glosses = browser.execute_script("return GLOSSES")
+    for word, text in glosses.items():
+        assert any(word in h for h in headings), f"the page glosses {word!r}; docs/glossary.md has no entry for it"
+        anchor = re.search(r"docs/glossary\.md#([\w-]+)", text)
+        assert anchor and anchor.group(1) in slugs, f"the gloss of {word!r} should name its glossary entry: {text!r}"
+
+    def shown() -> dict:
+        return browser.execute_script(
+            "return Object.fromEntries([...document.querySelectorAll('[data-gloss]')]"
+            ".filter(n => n.offsetParent !== null).map(n => [n.dataset.gloss, n.title]))")
+
+    on_sample = shown()
+    for word in ("c_proj", "copying score", "QK circuit", "OV circuit"):
+        assert on_sample.get(word) == glosses[word], f"step inside should gloss {word!r}: {on_sample}"
+    open_page(browser, film)
+    on_film = shown()
+    for word in ("nats", "probe"):
+        assert on_film.get(word) == glosses[word], f"the film's loss chart should gloss {word!r}: {on_film}"
+    assert_quiet(browser, "reading the glosses")
+
+
 def test_film_slider_moves_through_training(browser, film, shots, capsys):
     from selenium.webdriver.common.keys import Keys
 

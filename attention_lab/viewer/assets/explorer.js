@@ -31,6 +31,31 @@ function el(tag, attrs = {}, ...children) {
   return node;
 }
 
+// One-line glosses of the words the pages show that the tutorials do not define, each the start of its entry in
+// docs/glossary.md (tests/test_viewer.py holds every key to a glossary heading). A word drawn by glossed(), or
+// an element of the template with data-gloss, carries its gloss as a tooltip (applyGlosses at boot).
+const GLOSSES = {
+  "nats": "the natural-log unit of a loss (bits/byte uses log 2); guessing uniformly among 4,096 tokens costs " +
+    "ln 4096 = 8.3 nats per token (docs/glossary.md#nats)",
+  "probe": "random tokens, each sequence repeated once: the first half cannot be predicted, the repeated half can " +
+    "by copying (an induction head). A model trained on Shakespeare finds random tokens unlikely, so the first " +
+    "half sits above ln(vocab) and may rise as it learns (docs/glossary.md#probe)",
+  "c_proj": "the attention's output matrix (W_O): each head's output goes through its own slice of it into the " +
+    "residual stream (docs/glossary.md#c_proj)",
+  "QK circuit": "the head from its weights alone: how strongly a query holding token a scores a key holding token b " +
+    "(docs/glossary.md#qk-circuit-ov-circuit)",
+  "OV circuit": "the head from its weights alone: what it adds to the next token's logits when it attends to a key " +
+    "holding token a (docs/glossary.md#qk-circuit-ov-circuit)",
+  "copying score": "the share of tokens whose own logit the head's OV circuit raises most when it attends to them: " +
+    "near 1 for a head that copies (docs/glossary.md#copying-score-copy-copytext)",
+  "\u00b7TL": "the score over every query row, as TransformerLens's detect_head computes it, rows without a target " +
+    "included: lower than the stripe (docs/glossary.md#tl-all-rows)",
+};
+function glossed(word, text = word) { return el("abbr", { class: "gloss", "data-gloss": word, title: GLOSSES[word], text }); }
+function applyGlosses(root = document) {
+  for (const node of root.querySelectorAll("[data-gloss]")) node.title = GLOSSES[node.dataset.gloss] || node.title;
+}
+
 // Head colours: evenly spaced hues, the same head the same colour in every view.
 function headHue(h, H) { return Math.round((205 + (360 * h) / Math.max(H, 1)) % 360); }
 function headColour(h, H, alpha = 1, light = 42) { return `hsla(${headHue(h, H)}, 70%, ${light}%, ${alpha})`; }
@@ -522,7 +547,8 @@ class Explorer {
       const box = el("input", { type: "checkbox", id: "show-tl" });
       box.checked = document.body.classList.contains("show-tl");
       box.addEventListener("change", () => document.body.classList.toggle("show-tl", box.checked));
-      parts.push(el("label", { class: "tl-toggle" }, box, " also show TransformerLens's all-rows copies (\u00b7TL)"));
+      parts.push(el("label", { class: "tl-toggle" }, box, " also show TransformerLens's all-rows copies (",
+                    glossed("\u00b7TL"), ")"));
     }
     if (items.length) parts.push(el("details", {}, el("summary", { text: "what each score means" }), ...items));
     document.getElementById("legend").replaceChildren(...parts);

@@ -291,9 +291,9 @@ class InsidePanel {
     const brief = vecBrief(out);
     document.getElementById("in-out").replaceChildren(
       el("span", { class: "in-label", text: "out" }), outStrip,
-      el("span", { class: "in-note", id: "in-share",
-                   text: `\u03a3_j w_j\u00b7v_j, the last column summed (${brief.text}); through its slice of c_proj ` +
-                         `it adds a vector of norm ${share.toFixed(3)} to the residual stream` }));
+      el("span", { class: "in-note", id: "in-share" },
+         `\u03a3_j w_j\u00b7v_j, the last column summed (${brief.text}); through its slice of `, glossed("c_proj"),
+         ` it adds a vector of norm ${share.toFixed(3)} to the residual stream`));
     this.renderLens(i);
     this.renderCircuits(l, h, i);
   }
@@ -361,11 +361,11 @@ class InsidePanel {
     const pairs = this.d.qk_pairs[l][h], writes = this.d.ov_writes[l][h][this.tokens[i]] || [];
     document.getElementById("in-circuits").replaceChildren(
       el("h3", { text: `What L${l}H${h} looks for and writes, from its weights alone` }),
-      el("p", { id: "in-copying", text: `copying score ${this.d.copying[l][h].toFixed(3)}: the share of tokens whose ` +
-        "own logit this head raises most when it attends to them (induction and duplicate heads copy)" }),
-      el("p", { text: "query-key: the token pairs that score highest from the embeddings: " +
-        pairs.map(([q, k, s]) => `${axisLabel(q, 10)} \u2192 ${axisLabel(k, 10)} (${s.toFixed(2)})`).join(", ") }),
-      el("p", { text: `output-value: attending to "${axisLabel(this.tokens[i], 12)}" raises the logits of ` +
-        writes.map(([t, v]) => `${axisLabel(t, 10)} (${v.toFixed(2)})`).join(", ") }));
+      el("p", { id: "in-copying" }, glossed("copying score"), ` ${this.d.copying[l][h].toFixed(3)}: the share of ` +
+        "tokens whose own logit this head raises most when it attends to them (induction and duplicate heads copy)"),
+      el("p", {}, glossed("QK circuit", "query-key"), ": the token pairs that score highest from the embeddings: " +
+        pairs.map(([q, k, s]) => `${axisLabel(q, 10)} \u2192 ${axisLabel(k, 10)} (${s.toFixed(2)})`).join(", ")),
+      el("p", {}, glossed("OV circuit", "output-value"), `: attending to "${axisLabel(this.tokens[i], 12)}" raises ` +
+        "the logits of " + writes.map(([t, v]) => `${axisLabel(t, 10)} (${v.toFixed(2)})`).join(", ")));
   }
 }

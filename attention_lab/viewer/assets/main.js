@@ -213,6 +213,7 @@ function boot() {
   if (data.kind === "film") window.film = new Film(data);
   else if (data.kind === "lab") window.lab = new Lab(data); // lab.js, in the live lab's page only
   else bootSample(data);
+  applyGlosses();
   document.body.dataset.ready = "1";
 }
 
