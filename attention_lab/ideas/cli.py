@@ -317,10 +317,11 @@ SCHEDULE_UNITS = 1000  # the on-the-spot LSTM's schedule runs over this many uni
 
 
 def train_lstm(cfg: GPTConfig, tokens: np.ndarray, minutes: float, lr: float, seed: int = 0,
-               batch_size: int = 4, say: Callable = print) -> tuple[torch.nn.Module, int, float]:
+               batch_size: int = 4, say: Callable = print) -> tuple[torch.nn.Module, int, float, float]:
     """The LSTM of the GPT's size (lstm_matching) trained with AdamW on `tokens` until `minutes` are spent (at
-    least one step); its schedule (warmup, cosine) follows the clock, as a run on a time budget does. -> (the
-    model, the steps taken, the last training loss)."""
+    least one step, and the step under way when the time runs out is finished); its schedule (warmup, cosine)
+    follows the clock, as a run on a time budget does. -> (the model, the steps taken, the last training loss,
+    the seconds spent)."""
     torch.manual_seed(seed)
     lcfg = lstm_matching(cfg)
     model = build_model(lcfg)
@@ -340,7 +341,7 @@ def train_lstm(cfg: GPTConfig, tokens: np.ndarray, minutes: float, lr: float, se
         if spent >= (said + 1) * budget / 4:
             said = int(spent * 4 // budget)
             say(f"  LSTM step {step}: train loss {loss:.3f} ({spent:.0f} s of {budget:.0f})")
-    return model.eval(), step, float(loss)
+    return model.eval(), step, float(loss), time.perf_counter() - start
 
 
 def find_lstm_run(runs_root: Path) -> Path | None:
@@ -382,8 +383,8 @@ def idea_rnn(args, opened: Opened, out: Path) -> None:
               f"{args.minutes:g} minute(s) (--minutes), on the same data. That is far from a fair race: for one, "
               "train `python train.py model.arch=lstm name=lstm` (the default run's 8 minutes), and this command "
               "will use it")
-        lstm_model, steps, loss = train_lstm(cfg, data.tokens("train"), args.minutes, args.lstm_lr)
-        print(f"  the LSTM took {steps} steps in {args.minutes:g} minute(s), train loss {loss:.3f}")
+        lstm_model, steps, loss, spent = train_lstm(cfg, data.tokens("train"), args.minutes, args.lstm_lr)
+        print(f"  the LSTM took {steps} steps in {spent:.0f} s, train loss {loss:.3f}")
         lstm_label = f"LSTM, {steps} steps here"
     t = min(cfg.block_size, lstm_model.config.block_size)
     val = data.tokens("val")
