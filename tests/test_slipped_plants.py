@@ -7,7 +7,11 @@ out from the rates tried so far, one step at a time, until the best is inside wh
 and the report says so); below the grid, past the preset's schedule floor too (a rate under optim.min_lr was a
 config error until runs.job gave it a floor of its own). Training and scoring are replaced by a known curve of
 bits/byte against the rate, so the true best is known and the whole of run_claim (the choice, the seeds' rate,
-results.json, the report) runs in seconds."""
+results.json, the report) runs in seconds.
+
+Issue 45's rounds: a rate ruled out by a rising loss, a swept claim along its variable (every value's seeds at the
+rate chosen at sweep_at), and where `--quick` writes. The page's and the lab's are beside their own tests
+(test_viewer.py, test_sample_rebuild.py, test_lab_server.py)."""
 
 from __future__ import annotations
 
