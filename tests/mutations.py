@@ -1655,7 +1655,7 @@ MUTATIONS = (
              "shorter context's, overwrites the sample (other token strings for the same ids, or a cropped window)"),
     Mutation("lab_analyze_panel_off_by_default", "attention_lab/lab/requests.py",
              'body.get("ablation", True), body.get("inside", True)', 'body.get("ablation", True), body.get("inside", False)',
-             ("tests/test_lab_server.py::test_circuits_remembered_across_texts_equal_the_texts_own",),
+             ("tests/test_lab_server.py::test_analyze_without_the_panel_flags_answers_with_the_whole_page",),
              "a script's /api/analyze without \"inside\" gets no step-inside panel, only pending: [\"inside\"]"),
     Mutation("lab_text_of_block_size_refused", "attention_lab/lab/requests.py",
              "if len(ids) > block_size:", "if len(ids) >= block_size:",

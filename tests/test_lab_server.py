@@ -1399,3 +1399,17 @@ def test_a_text_of_exactly_block_size_tokens_is_read_and_one_more_is_refused(cli
     status, body = post(client, "/api/analyze", {"text": "a" * (BLOCK + 1)})
     assert status == 422 and f"{BLOCK + 1} tokens" in body["error"] and "shorten it by 1 token" in body["error"], (
         f"a text of {BLOCK + 1} tokens, one past the context, got {status}: {body}")
+
+
+def test_analyze_without_the_panel_flags_answers_with_the_whole_page(client):
+    """docs/lab.md: /api/analyze answers with the step-inside panel and every head's Δloss unless the body says
+    `"inside": false` or `"ablation": false` (the page does, to draw the maps at once); a script that sends only a
+    text gets everything. Planted bug: lab_analyze_panel_off_by_default (the panel left out, `pending: ["inside"]`)."""
+    status, body = post(client, "/api/analyze", {"text": TEXT})
+    assert status == 200, body
+    assert body.get("inside") and "pending" not in body, (
+        f"/api/analyze with only a text answered pending {body.get('pending')} and "
+        f"{'a' if body.get('inside') else 'no'} step-inside panel: a script must ask again to get what the docs promise")
+    status, body = post(client, "/api/analyze", {"text": TEXT, "inside": False})
+    assert status == 200 and "inside" not in body and body.get("pending") == ["inside"], (
+        f"with \"inside\": false the panel is left out and named as pending: {sorted(body)}")
