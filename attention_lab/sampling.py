@@ -100,8 +100,9 @@ def generate_text(
     on_text receives the decoded continuation piece by piece as tokens arrive (data.tokenizer.TextStream:
     constant work per token). The context slides past block_size (model.generate.generate_stream), keeping the
     first keep_first tokens (StreamingLLM); with a bf16 dtype the forward passes run under autocast. dtype auto:
-    on a CPU with native bf16, whichever of float32 and bf16 decodes this model faster here, timed once per
-    process on a few greedy steps like these (runtime/decoding.py); elsewhere pick_dtype's choice.
+    on a CPU with native bf16, whichever of float32 and bf16 decodes this model faster here, timed on a few
+    greedy steps like these once per machine setup and model shape and kept in a file that later processes read
+    (runtime/decoding.py); elsewhere pick_dtype's choice.
     """
     device = next(model.parameters()).device
     idx = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)  # (1, T)

@@ -1677,6 +1677,13 @@ MUTATIONS = (
              ("tests/test_decoding_dtype.py",),
              "sampling's dtype auto measures float32 against bf16 and then decodes in training's choice (bf16 on a "
              "CPU with native bf16), at half float32's speed on the AMX Xeon of issue 44"),
+    Mutation("decoding_cache_key_without_the_model", "attention_lab/runtime/decoding.py",
+             '"threads": torch.get_num_threads(), "model": str(key)}', '"threads": torch.get_num_threads()}',
+             ("tests/test_decoding_dtype.py::test_a_changed_key_measures_afresh_and_both_measurements_are_kept",
+              "tests/test_decoding_dtype.py::test_cached_and_uncached_decoding_keep_their_own_measurements"),
+             "auto's stored measurement is keyed by the machine only: the first model (or path) measured decides "
+             "for every other, so the lab's full-window step takes sample.py's one-token choice for good, on "
+             "every later run (they measured opposite winners on the AMD EPYC)"),
     Mutation("schedule_stops_at_the_step_cap", "attention_lab/training/loop.py",
              '    return (stop == "budget" and max_minutes is not None) or step < max_steps',
              "    return step < max_steps",

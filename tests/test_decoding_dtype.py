@@ -1,10 +1,15 @@
-"""dtype auto for decoding (attention_lab/runtime/decoding.py): chosen from a measurement, in both directions.
+"""dtype auto for decoding (attention_lab/runtime/decoding.py): chosen from a measurement, in both directions,
+and the measurement kept in a file that a later process reads instead of measuring again.
 
 Nothing here is timed: the measurement runs on a fake clock that each dtype's decode advances by a stated amount,
-and the decision is driven by stubbed timings. Speed itself lives in bench/decoding_dtype.py.
+and the decision is driven by stubbed timings. Speed itself lives in bench/decoding_dtype.py. A "second process"
+is this one with its memory forgotten (forget_measurements): what it knows then comes from the file.
 """
 
 from __future__ import annotations
+
+import json
+import os
 
 import pytest
 import torch
@@ -21,7 +26,9 @@ PLAIN_CPU = {"avx512_bf16": False, "amx_bf16": False, "avx2": True}
 
 
 @pytest.fixture(autouse=True)
-def fresh_measurements():
+def fresh_measurements(tmp_path, monkeypatch):
+    """A fresh process's memory and an empty cache folder of the test's own."""
+    monkeypatch.setenv(decoding.CACHE_DIR_ENV, str(tmp_path / "cache"))
     decoding.forget_measurements()
     yield
     decoding.forget_measurements()
@@ -156,3 +163,219 @@ def test_bf16_decoding_keeps_float32s_greedy_tokens_where_the_margin_is_clear():
     clear = (top2[:, 0] - top2[:, 1]) > 2 * bound
     assert clear.sum() >= 5, f"only {int(clear.sum())} positions with a clear margin: the check would be empty"
     assert torch.equal(low.argmax(-1)[clear], ref.argmax(-1)[clear]), "bf16 changed a token float32 chose clearly"
+
+
+# ------------------------------------------------------------------------ kept across processes, in a file
+
+
+def refuse(decode, device):
+    raise AssertionError("measured again, though a measurement of this key was stored")
+
+
+def counting(seconds: dict[torch.dtype, float]):
+    """A stub measurement and the list it appends to at each call."""
+    calls = []
+    return stub_measure(seconds, calls), calls
+
+
+F32_WINS, BF16_WINS = {F32: 1.0, BF16: 2.0}, {F32: 2.0, BF16: 1.0}
+
+
+def stored_entries() -> list[dict]:
+    data = json.loads(decoding.cache_file().read_text())
+    assert data["format"] == decoding.FORMAT, data
+    return data["entries"]
+
+
+@pytest.mark.parametrize("seconds, want", [(F32_WINS, F32), (BF16_WINS, BF16)])
+def test_a_second_process_with_the_same_key_reads_the_choice_without_measuring(monkeypatch, seconds, want):
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: BF16_CPU)
+    measure, calls = counting(seconds)
+    assert decoding_dtype("auto", CPU, lambda: None, "model-a", measure) == want
+    assert len(calls) == 1
+    (entry,) = stored_entries()
+    assert entry["seconds"] == {"float32": seconds[F32], "bfloat16": seconds[BF16]}, entry
+    key = entry["key"]
+    assert key["cpu"] == decoding.cpu_model() and key["torch"] == torch.__version__, key
+    assert key["threads"] == torch.get_num_threads() and key["avx512_bf16"] is True and key["amx_bf16"] is False
+    assert "model-a" in key["model"], key
+
+    decoding.forget_measurements()  # the next process
+    assert decoding_dtype("auto", CPU, lambda: None, "model-a", refuse) == want, "the stored choice, unmeasured"
+
+
+def other_torch(monkeypatch):
+    monkeypatch.setattr(torch, "__version__", "9.9.9+other")
+
+
+def other_cpu(monkeypatch):
+    monkeypatch.setattr(decoding, "cpu_model", lambda: "Some Other CPU @ 3.0GHz")
+
+
+def amx_too(monkeypatch):
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {**BF16_CPU, "amx_bf16": True, "amx_tile": True})
+
+
+def other_threads(monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 7)
+
+
+CHANGES = {"torch version": (other_torch, "model-a"), "CPU name": (other_cpu, "model-a"),
+           "AMX flags": (amx_too, "model-a"), "thread count": (other_threads, "model-a"),
+           "model shape": (None, "model-b")}
+
+
+@pytest.mark.parametrize("change", CHANGES)
+def test_a_changed_key_measures_afresh_and_both_measurements_are_kept(monkeypatch, change):
+    """Each thing the speed depends on, changed alone, is a new measurement: the CPU under another torch (or
+    another CPU sharing the home folder, another model) may decode faster in the other dtype."""
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: BF16_CPU)
+    first, _ = counting(F32_WINS)
+    assert decoding_dtype("auto", CPU, lambda: None, "model-a", first) == F32
+
+    alter, key = CHANGES[change]
+    with monkeypatch.context() as m:
+        if alter is not None:
+            alter(m)
+        decoding.forget_measurements()
+        second, calls = counting(BF16_WINS)
+        got = decoding_dtype("auto", CPU, lambda: None, key, second)
+        assert calls, f"another {change} read the stored measurement instead of measuring"
+        assert got == BF16, f"another {change}: its own measurement says bf16, auto gave {got}"
+        decoding.forget_measurements()
+        assert decoding_dtype("auto", CPU, lambda: None, key, refuse) == BF16, "the new key is stored too"
+    decoding.forget_measurements()
+    assert decoding_dtype("auto", CPU, lambda: None, "model-a", refuse) == F32, "the first key's entry survived"
+    assert len(stored_entries()) == 2
+
+
+def test_cached_and_uncached_decoding_keep_their_own_measurements(monkeypatch):
+    """sample.py (KV cache, one token a step) and the lab (a full window a step) measured opposite winners on
+    the AMD EPYC (docs/benchmarks.md): generate_text keys them apart, and a later process reads each."""
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: BF16_CPU)
+    model = tiny_model()
+    seconds = {True: F32_WINS, False: BF16_WINS}
+    measured = []
+
+    def measure(decode, device):
+        measured.append(use_cache)
+        return dict(seconds[use_cache])
+
+    monkeypatch.setattr(decoding, "time_decoding", measure)
+    seen = autocast_seen(model)
+    for use_cache in (True, False):
+        sampling.generate_text(model, None, PROMPT, 3, greedy=True, use_cache=use_cache, dtype="auto")
+    assert measured == [True, False], f"each path measured once: {measured}"
+
+    decoding.forget_measurements()  # the next process
+    monkeypatch.setattr(decoding, "time_decoding", refuse)
+    for use_cache, want in ((True, F32), (False, BF16)):
+        seen.clear()
+        sampling.generate_text(model, None, PROMPT, 3, greedy=True, use_cache=use_cache, dtype="auto")
+        assert set(seen) == {want}, f"use_cache={use_cache}: stored winner {want}, decoded in {set(seen)}"
+
+
+def warning_lines(err: str) -> list[str]:
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) <= 1 and all(line.startswith("warning: ") for line in lines), f"one warning line at most:\n{err}"
+    return lines
+
+
+CORRUPT = {"half a file": b'{"format": 1, "entries": [{"key": {"cpu"',
+           "not text": b"\x00\xff binary junk",
+           "another format": json.dumps({"format": 999, "entries": []}).encode(),
+           "a list": b"[1, 2, 3]",
+           "bad seconds": None}  # written by the test: the right key with a negative and a string time
+
+
+@pytest.mark.parametrize("kind", CORRUPT)
+def test_a_corrupt_file_is_measured_again_and_rewritten(monkeypatch, capsys, kind):
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: BF16_CPU)
+    path = decoding.cache_file()
+    path.parent.mkdir(parents=True)
+    if CORRUPT[kind] is None:
+        key = decoding.measurement_key("model-a")
+        path.write_text(json.dumps({"format": decoding.FORMAT, "entries": [
+            {"key": key, "seconds": {"float32": -1.0, "bfloat16": "fast"}}, {"key": "no dict", "seconds": 3}, 7]}))
+    else:
+        path.write_bytes(CORRUPT[kind])
+    measure, calls = counting(BF16_WINS)
+    assert decoding_dtype("auto", CPU, lambda: None, "model-a", measure) == BF16
+    assert len(calls) == 1, f"{kind}: measured {len(calls)} times"
+    warning_lines(capsys.readouterr().err)
+    assert len(stored_entries()) == 1, f"{kind}: the file is rewritten whole, with the new measurement"
+
+    decoding.forget_measurements()
+    assert decoding_dtype("auto", CPU, lambda: None, "model-a", refuse) == BF16
+    assert capsys.readouterr().err == "", "a good file is read in silence"
+
+
+@pytest.mark.parametrize("where", ["a file where the folder should be", "a folder where the file should be"])
+def test_an_unwritable_or_unreadable_cache_still_decodes(monkeypatch, capsys, tmp_path, where):
+    """Works as root too (permissions would not stop root): the folder's place is taken by a file, or the
+    file's by a folder."""
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: BF16_CPU)
+    if where.startswith("a file"):
+        (tmp_path / "blocked").write_text("")
+        monkeypatch.setenv(decoding.CACHE_DIR_ENV, str(tmp_path / "blocked" / "cache"))
+    else:
+        decoding.cache_file().mkdir(parents=True)
+    measure, calls = counting(BF16_WINS)
+    for _ in range(3):
+        assert decoding_dtype("auto", CPU, lambda: None, "model-a", measure) == BF16
+    assert len(calls) == 1, "this process keeps its measurement in memory"
+    assert len(warning_lines(capsys.readouterr().err)) == 1, "say once that the measurement is not kept"
+
+    decoding.forget_measurements()
+    assert decoding_dtype("auto", CPU, lambda: None, "model-a", measure) == BF16
+    assert len(calls) == 2, "nothing was stored: the next process measures again"
+
+
+def test_a_failed_write_leaves_the_previous_file_whole_and_no_temporary_file(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: BF16_CPU)
+    decoding_dtype("auto", CPU, lambda: None, "model-a", counting(F32_WINS)[0])
+    before = decoding.cache_file().read_bytes()
+
+    def crash(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", crash)
+    assert decoding_dtype("auto", CPU, lambda: None, "model-b", counting(BF16_WINS)[0]) == BF16
+    assert decoding.cache_file().read_bytes() == before, "the file was changed in place, not replaced whole"
+    assert sorted(p.name for p in decoding.cache_file().parent.iterdir()) == [decoding.FILE_NAME], "a temp file left"
+    assert "No space left" in warning_lines(capsys.readouterr().err)[0]
+
+
+def test_measuring_afresh_overwrites_the_stored_measurement(monkeypatch):
+    """How bench/decoding_dtype.py re-measures: the stored entry is replaced, not added to."""
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: BF16_CPU)
+    assert decoding_dtype("auto", CPU, lambda: None, "model-a", counting(F32_WINS)[0]) == F32
+    measure, calls = counting(BF16_WINS)
+    with decoding.measuring_afresh():
+        assert decoding_dtype("auto", CPU, lambda: None, "model-a", measure) == BF16
+    assert calls, "measuring_afresh read the stored measurement"
+    decoding.forget_measurements()
+    assert decoding_dtype("auto", CPU, lambda: None, "model-a", refuse) == BF16, "the new measurement is stored"
+    assert len(stored_entries()) == 1
+
+
+def test_the_file_keeps_the_most_recent_entries_only(monkeypatch):
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: BF16_CPU)
+    monkeypatch.setattr(decoding, "KEEP", 3)
+    for i in range(5):
+        decoding_dtype("auto", CPU, lambda: None, f"model-{i}", counting(F32_WINS)[0])
+    assert [e["key"]["model"] for e in stored_entries()] == ["model-2", "model-3", "model-4"]
+
+
+def test_the_cache_folder_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.delenv(decoding.CACHE_DIR_ENV)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    assert decoding.cache_file() == tmp_path / "home" / ".cache" / "attention-lab" / "decoding_dtype.json"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert decoding.cache_file() == tmp_path / "xdg" / "attention-lab" / "decoding_dtype.json"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/path")  # the XDG spec: ignored
+    assert decoding.cache_file() == tmp_path / "home" / ".cache" / "attention-lab" / "decoding_dtype.json"
+    monkeypatch.setenv(decoding.CACHE_DIR_ENV, str(tmp_path / "mine"))
+    assert decoding.cache_file() == tmp_path / "mine" / "decoding_dtype.json"

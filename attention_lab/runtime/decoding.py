@@ -4,11 +4,28 @@ Training picks bf16 on a CPU with native bf16 (pick_dtype): its matmuls are larg
 several times faster. A decoding step is different: one token, so each matmul is a matrix-vector product that
 bf16 units barely speed up, while autocast still casts every weight on every step. On a 2-core AMX Xeon bf16
 decoded at half float32's speed (issue 44). So on such a CPU auto times a few real decoding steps of the actual
-model in float32 and in bf16, once per process (per CPU and per model shape), and decodes in the faster one.
+model in float32 and in bf16, and decodes in the faster one.
+
+The measurement costs about half a second or more, so it is kept: in this process's memory, and in a small JSON
+file that later processes read instead of measuring again (sample.py would otherwise pay it inside every run).
+It is stored under a key of everything the speed depends on: the CPU's name, torch's version, the CPU's bf16 and
+AMX flags, the thread count, and the caller's key (the model's shape, cached or not). Any of these different: a
+new measurement. The file is
+
+    $ATTENTION_LAB_CACHE_DIR/decoding_dtype.json          when that variable is set (the tests set it)
+    $XDG_CACHE_HOME/attention-lab/decoding_dtype.json      else, when that one is set
+    ~/.cache/attention-lab/decoding_dtype.json             else
+
+Delete it (or run `python -m bench.decoding_dtype`, which measures afresh and overwrites its entries) to measure
+again, e.g. after the machine's load changed for good. The file is a cache, never a requirement: missing,
+corrupt, unreadable or unwritable, auto measures and decodes as before (one warning line at most). Writes are
+atomic (a temporary file, then os.replace), so a reader never sees half a file; two processes writing at once
+may drop one's new entry, which is then measured again.
 
     time_decoding(decode, device)   seconds per call of decode() under each dtype, interleaved, medians
     faster_dtype(seconds)           the decision, a pure function of those numbers
-    decoding_dtype(name, ...)       what sampling calls: a named dtype as asked, auto as measured
+    decoding_dtype(name, ...)       what sampling calls: a named dtype as asked, auto as measured (or as stored)
+    cache_file()                    where the measurements are stored
 
 GPUs keep pick_dtype's choice (bf16 where supported: nothing here measured one), and a CPU without bf16 units
 keeps float32 (emulated bf16 is slower, no need to time it).
@@ -16,9 +33,16 @@ keeps float32 (emulated bf16 is slower, no need to time it).
 
 from __future__ import annotations
 
+import contextlib
+import json
+import math
+import os
 import statistics
+import sys
+import tempfile
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from pathlib import Path
 
 import torch
 
@@ -29,7 +53,15 @@ CANDIDATES = (torch.float32, torch.bfloat16)
 # run gives), so a tie or a difference inside the noise of shared cores keeps it
 MARGIN = 0.05
 
-_measured: dict[Hashable, dict[torch.dtype, float]] = {}  # (CPU name, the caller's key) -> seconds per decode()
+CACHE_DIR_ENV = "ATTENTION_LAB_CACHE_DIR"
+FILE_NAME = "decoding_dtype.json"
+FORMAT = 1  # the file's layout; a file of another format is read as empty (and rewritten)
+KEEP = 64  # entries kept in the file, the most recently measured: one per machine setup, model shape and path
+CAPABILITIES = ("amx_bf16", "amx_tile", "avx512_bf16")  # the flags of torch.cpu.get_capabilities a key names
+
+_measured: dict[str, dict[torch.dtype, float]] = {}  # the full key (JSON text) -> seconds per decode()
+_warned: list[str] = []  # the warning this process printed: one line at most, whatever goes wrong after
+_afresh = False  # inside measuring_afresh(): ignore what is stored, measure, overwrite
 
 
 def time_decoding(decode: Callable[[], object], device: torch.device, dtypes=CANDIDATES, rounds: int = 5,
@@ -59,20 +91,129 @@ def faster_dtype(seconds: dict[torch.dtype, float], margin: float = MARGIN) -> t
     return best
 
 
+def cache_file() -> Path:
+    """Where measurements are stored (module docstring): read at each call, so a test's environment applies."""
+    if os.environ.get(CACHE_DIR_ENV):
+        return Path(os.environ[CACHE_DIR_ENV]) / FILE_NAME
+    xdg = Path(os.environ.get("XDG_CACHE_HOME") or "relative")
+    base = xdg if xdg.is_absolute() else Path.home() / ".cache"  # the XDG spec: a relative value is ignored
+    return base / "attention-lab" / FILE_NAME
+
+
+def measurement_key(key: Hashable) -> dict[str, object]:
+    """Everything a decoding step's speed depends on: this machine's setup and the caller's key."""
+    caps = torch.cpu.get_capabilities()
+    return {"cpu": cpu_model(), "torch": torch.__version__, **{flag: bool(caps.get(flag)) for flag in CAPABILITIES},
+            "threads": torch.get_num_threads(), "model": str(key)}
+
+
 def decoding_dtype(name: str, device: torch.device, decode: Callable[[], object], key: Hashable,
                    measure: Callable[..., dict[torch.dtype, float]] | None = None) -> torch.dtype:
     """The dtype to decode in. A name other than auto is pick_dtype's. auto: on a CPU with native bf16, the
     faster of float32 and bf16 for decode() (a few decoding steps of the model about to decode), measured once
-    per process for each (CPU, key): the key names what the speed depends on (the model's shape, cached or
-    not); measure: time_decoding unless given. Elsewhere auto is pick_dtype's (module docstring)."""
+    per measurement_key and kept (module docstring): the key names what the speed depends on beyond the machine
+    (the model's shape, cached or not); measure: time_decoding unless given. Elsewhere auto is pick_dtype's."""
     if name != "auto" or device.type != "cpu" or not cpu_has_native_bf16():
         return pick_dtype(name, device)
-    cache_key = (cpu_model(), key)
-    if cache_key not in _measured:
-        _measured[cache_key] = (measure or time_decoding)(decode, device)
+    cache_key = json.dumps(measurement_key(key), sort_keys=True)
+    if cache_key not in _measured or _afresh:
+        seconds = None if _afresh else _read_entries().get(cache_key)
+        if seconds is None:
+            seconds = (measure or time_decoding)(decode, device)
+            _store(cache_key, seconds)
+        _measured[cache_key] = seconds
     return faster_dtype(_measured[cache_key])
 
 
 def forget_measurements() -> None:
-    """Drop every measurement of this process (tests; a bench that times auto afresh)."""
+    """This process's memory as a fresh process's (tests): no measurement held, no warning printed yet. The file
+    stays (delete it, or measure afresh: measuring_afresh, `python -m bench.decoding_dtype`)."""
     _measured.clear()
+    _warned.clear()
+
+
+@contextlib.contextmanager
+def measuring_afresh() -> Iterator[None]:
+    """Inside, auto measures even where a measurement is kept, and overwrites it (bench/decoding_dtype.py)."""
+    global _afresh
+    before, _afresh = _afresh, True
+    try:
+        yield
+    finally:
+        _afresh = before
+
+
+# ------------------------------------------------------------------------------------------------ the file
+
+
+def _warn(message: str) -> None:
+    """One line on stderr, the first time only in a process: the cache never stops a sample, nor floods it."""
+    if not _warned:
+        _warned.append(message)
+        print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def _parse_seconds(raw: object) -> dict[torch.dtype, float] | None:
+    """{"float32": s, "bfloat16": s} -> {dtype: s}; None unless every candidate has a positive finite time."""
+    if not isinstance(raw, dict):
+        return None
+    seconds = {}
+    for dtype in CANDIDATES:
+        value = raw.get(str(dtype).removeprefix("torch."))
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
+            return None
+        seconds[dtype] = float(value)
+    return seconds
+
+
+def _read_entries() -> dict[str, dict[torch.dtype, float]]:
+    """The stored measurements by full key (JSON text), in the file's order (oldest first); empty when there is
+    no file, and when it cannot be read or is not ours (with a warning: it is then measured and rewritten)."""
+    path = "the cache file"
+    try:
+        path = cache_file()
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("entries"), list):
+            raise ValueError(f"not a format-{FORMAT} measurement file")
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, RuntimeError) as e:  # json's errors, UnicodeDecodeError: ValueErrors; no home
+        _warn(f"ignoring the decoding dtype measurements in {path} ({type(e).__name__}: {e}); "
+              f"measuring again")
+        return {}
+    entries = {}
+    for entry in data["entries"]:
+        seconds = _parse_seconds(entry.get("seconds")) if isinstance(entry, dict) else None
+        if seconds is not None and isinstance(entry.get("key"), dict):
+            entries[json.dumps(entry["key"], sort_keys=True)] = seconds
+    return entries
+
+
+def _store(cache_key: str, seconds: dict[torch.dtype, float]) -> None:
+    """Add (or replace) one measurement in the file, keeping the KEEP most recent, written atomically."""
+    entries = _read_entries()
+    entries.pop(cache_key, None)
+    entries[cache_key] = seconds  # last: the most recent
+    data = {"format": FORMAT,
+            "about": "attention-lab: seconds per few decoding steps in each dtype, what `--dtype auto` decodes in "
+                     "(attention_lab/runtime/decoding.py); delete this file to measure again",
+            "entries": [{"key": json.loads(k), "seconds": {str(d).removeprefix("torch."): s for d, s in v.items()}}
+                        for k, v in list(entries.items())[-KEEP:]]}
+    path, tmp = "the cache file", None
+    try:
+        path = cache_file()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, prefix=f".{FILE_NAME}.",
+                                         suffix=".tmp", delete=False) as f:
+            tmp = Path(f.name)
+            json.dump(data, f, indent=1)
+            f.write("\n")
+        os.replace(tmp, path)
+        tmp = None
+    except (OSError, RuntimeError) as e:  # RuntimeError: Path.home() with no home to find
+        _warn(f"could not keep the decoding dtype measurement in {path} ({type(e).__name__}: {e}); "
+              f"the next process measures again")
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
