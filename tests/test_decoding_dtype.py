@@ -78,7 +78,7 @@ def test_auto_follows_the_measurement_on_a_cpu_with_native_bf16(monkeypatch, sec
     measure = stub_measure(seconds, calls)
     for _ in range(3):
         assert decoding_dtype("auto", CPU, lambda: None, "model-a", measure) == want, seconds
-    assert len(calls) == 1, f"measured {len(calls)} times for one model: once per process and key"
+    assert len(calls) == 1, f"measured {len(calls)} times for one model: once per key"
     decoding_dtype("auto", CPU, lambda: None, "model-b", measure)
     assert len(calls) == 2, "another model (key) is measured on its own"
 

@@ -175,11 +175,10 @@ def _read_entries() -> dict[str, dict[torch.dtype, float]]:
         data = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("entries"), list):
             raise ValueError(f"not a format-{FORMAT} measurement file")
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # nothing stored yet (a write says so if it cannot store)
         return {}
     except (OSError, ValueError, RuntimeError) as e:  # json's errors, UnicodeDecodeError: ValueErrors; no home
-        _warn(f"ignoring the decoding dtype measurements in {path} ({type(e).__name__}: {e}); "
-              f"measuring again")
+        _warn(f"decoding dtype cache {path} unreadable ({type(e).__name__}): measuring again")
         return {}
     entries = {}
     for entry in data["entries"]:
@@ -211,8 +210,8 @@ def _store(cache_key: str, seconds: dict[torch.dtype, float]) -> None:
         os.replace(tmp, path)
         tmp = None
     except (OSError, RuntimeError) as e:  # RuntimeError: Path.home() with no home to find
-        _warn(f"could not keep the decoding dtype measurement in {path} ({type(e).__name__}: {e}); "
-              f"the next process measures again")
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
+        _warn(f"decoding dtype cache {path} not written ({reason}): the next process measures again")
     finally:
         if tmp is not None:
             with contextlib.suppress(OSError):
