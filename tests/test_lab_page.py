@@ -32,7 +32,7 @@ from attention_lab.viewer import page as viewer
 from data.tokenizer import Tokenizer
 from model import GPT, GPTConfig
 from test_viewer import (  # noqa: F401
-    STEP_INSIDE_TOL, _panel_rows, _same, assert_quiet, browser, css, hover, screenshot, shots)
+    STEP_INSIDE_TOL, _panel_rows, _same, assert_quiet, browser, css, hover, screenshot, shots, visible)
 
 CORPUS = "ROMEO:\nBut soft, what light through yonder window breaks? It is the east, and Juliet is the sun.\n"
 STEPS = (10, 20, 30)  # the checkpoints of each run; the last is the best, where the lab opens
@@ -107,10 +107,19 @@ def wait_for(driver, what: str, script: str, *args, timeout: float = WAIT):
 
 
 def open_lab(driver, lab: Lab) -> None:
+    """Load the page and wait for its first look: the model list and the example's maps (the page opens with
+    viewer.LAB_EXAMPLE analysed), so a test's own requests never race the example's."""
     driver.get(lab.url)
     wait_for(driver, "the page's script and the model list",
              "return document.body.dataset.ready === '1' && document.querySelectorAll('#lab-model option').length")
     assert driver.execute_script("return document.getElementById('error-banner').hidden"), "the page hit an error"
+    drawn(driver, lab, viewer.LAB_EXAMPLE)
+
+
+def clear_text(driver) -> None:
+    """An empty box, and the page's timings forgotten: what a person does before typing a text of their own."""
+    driver.execute_script("const t = document.getElementById('lab-text'); t.value = '';"
+                          "t.dispatchEvent(new Event('input')); window.labTimings.length = 0")
 
 
 def set_text(driver, text: str) -> None:
@@ -165,6 +174,26 @@ def no_console_errors(driver, what: str, expected: str | None = None) -> None:
     assert not errors, f"browser console errors after {what}: {errors}"
 
 
+def test_the_lab_opens_with_the_example_analysed_and_typing_replaces_it(browser, lab, shots, capsys):
+    """The first look shows maps (issue 42's walk found the page empty until one typed or pressed the example):
+    without a key pressed, the box holds viewer.LAB_EXAMPLE and the head view, model view and loss strip show its
+    tokens with the model's weights; a typed text replaces it, maps and all. Planted bug: lab_opens_empty."""
+    browser.get(lab.url)
+    wait_for(browser, "the example's maps, with no key pressed", "return !!(window.lab && window.lab.drawn)")
+    assert browser.execute_script("return document.getElementById('lab-text').value") == viewer.LAB_EXAMPLE
+    drawn(browser, lab, viewer.LAB_EXAMPLE)
+    ids = lab.tok.encode(viewer.LAB_EXAMPLE)
+    assert len(css(browser, "#tokens .tok")) == len(ids) and len(css(browser, "#lab-tokens [data-i]")) == len(ids)
+    assert css(browser, "#head-view")[0].is_displayed() and visible(browser, ".thumb") == 6, "the maps, shown"
+    assert_weights(browser, capture_attention(lab.model(), ids), "the example on the first look")
+    browser.execute_script("window.scrollTo(0, 0)")
+    screenshot(browser, shots, "lab_first_look.png", capsys)
+    set_text(browser, TEXT)
+    drawn(browser, lab, TEXT)
+    assert len(css(browser, "#tokens .tok")) == len(lab.tok.encode(TEXT)), "the typed text replaces the example"
+    no_console_errors(browser, "the first look")
+
+
 def test_typing_draws_the_texts_maps_and_step_inside_numbers_in_the_same_components(browser, lab):
     """Typed text -> /api/analyze -> the head view, model view and step-inside panel of the sample page, with this
     text's attention and step_inside's numbers; typing on re-renders them in place: the same objects, one of each
@@ -172,6 +201,7 @@ def test_typing_draws_the_texts_maps_and_step_inside_numbers_in_the_same_compone
     from selenium.webdriver.support.ui import Select
 
     open_lab(browser, lab)
+    clear_text(browser)
     box = css(browser, "#lab-text")[0]
     box.send_keys(TEXT)  # key by key: the page waits for the pause
     drawn(browser, lab, TEXT)
@@ -708,11 +738,13 @@ def test_a_click_on_a_head_says_its_result_above_the_grid_and_the_caption_follow
 
 def test_the_first_screen_has_an_example_and_byte_tokens_read_as_bytes(browser, lab):
     open_lab(browser, lab)
+    set_text(browser, TEXT)
+    drawn(browser, lab, TEXT)
     button = css(browser, "#lab-example")[0]
     assert button.is_displayed() and "ROMEO" in button.text, button.text
     button.click()
     text = browser.execute_script("return document.getElementById('lab-text').value")
-    assert text.startswith("ROMEO:"), text
+    assert text == viewer.LAB_EXAMPLE, f"the example button puts the example back in the box: {text!r}"
     drawn(browser, lab, text)
     assert browser.execute_script("return tokenText('\\\\xe2')") == "\u27e8E2\u27e9"
     assert browser.execute_script("return tokenText('a\\\\nb')") != "\u27e80A\u27e9", "a newline is no byte token"

@@ -243,6 +243,33 @@ def test_the_words_of_the_pages_and_the_commands_output_are_in_the_glossary(word
     assert all(len(entries[h].strip()) >= 80 for h in defined), f"the glossary's entry for {word!r} says nothing"
 
 
+def test_sample_pys_head_table_points_to_the_glossary_and_every_word_it_prints_has_an_entry():
+    """The table sample.py prints before it names the page (interp/heads.py format_head_table, every column on):
+    its footnote names docs/glossary.md, and each word of its header (prev·TL read as prev and ·TL) and the
+    footnote's own terms (OV circuit, nats) are glossary headings with a definition (issue 42's walk met `OV
+    circuit`, `copy`, `·TL`, `ent` there and could not look them up)."""
+    import numpy as np
+
+    from attention_lab.interp.heads import format_head_table, head_rows
+    from attention_lab.interp.roles import ROLES
+
+    grid = np.full((1, 2), 0.25)
+    table = format_head_table(head_rows({r: grid for r in ROLES}, grid, grid, grid))
+    header, footnote = table.splitlines()[0], table.splitlines()[-1]
+    assert "docs/glossary.md" in footnote, f"the table's footnote should point to docs/glossary.md: {footnote!r}"
+    words = set()
+    for column in header.split():
+        words |= {column} if "\u00b7" not in column else {column.split("\u00b7")[0], "\u00b7" + column.split("\u00b7")[1]}
+    words |= {w for w in ("OV circuit", "nats", "c_proj", "probe") if w in footnote}
+    assert {"copy", "copy@text", "ent", "\u00b7TL", "ablation", "OV circuit"} <= words, f"the table changed: {words}"
+    entries = glossary_entries()
+    for word in sorted(words):
+        pattern = re.compile(r"(?<![\w\u00b7])" + re.escape(word) + r"(?![\w])", re.I)
+        defined = [h for h in entries if pattern.search(h)]
+        assert defined, f"sample.py's head table prints {word!r} and docs/glossary.md has no entry for it"
+        assert all(len(entries[h].strip()) >= 80 for h in defined), f"the glossary's entry for {word!r} says nothing"
+
+
 # ------------------------------------------------------------------------------------ the claims section, the length
 
 def test_the_claims_section_comes_after_the_learners_material_and_states_the_method_catalog_runs():

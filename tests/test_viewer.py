@@ -582,7 +582,7 @@ def test_a_long_context_stays_usable(browser, tmp_path, shots, capsys):
     assert width <= 96, f"600 tokens should be max-pooled into a small heatmap, got {width} px"
     toks = css(browser, "#tokens .tok")
     browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", toks[450])
-    hover(browser, toks[450])
+    toks[450].click()  # pinned: the pointer's way to the map below crosses other tokens, which would move it
     assert "#449 1.000" in css(browser, '#weights tr[data-head="0"]')[0].text, "previous-token head at query 450"
     css(browser, '.thumb[data-layer="0"][data-head="0"]')[0].click()
     labels = visible(browser, ".big-ylabel")
@@ -1012,20 +1012,22 @@ def test_the_film_size_the_docs_state_is_what_the_default_run_builds(tmp_path):
         assert abs(n - kb) <= 0.1 * kb, f"the docs say {n} kB for the default film; it builds to {kb:.0f} kB: update them"
 
 
-def test_step_inside_opens_on_a_middle_query_with_its_future_masked_and_shows_the_values(browser, sampled_page):
+def test_step_inside_opens_on_the_pages_opening_query_with_its_future_masked_and_shows_the_values(browser,
+                                                                                                  sampled_page):
     """A learner who opens the page meets the mask before touching anything: the head view and step inside start
-    at the middle token, whose later keys are -inf with weight 0 in the panel, and the panel says why in one
-    sentence. The values: the island carries every head's v (the panel's data), and each row shows its v_j (first
-    channels and length) and w_j v_j, equal to that data. Planted bugs: inside_opens_on_the_last_query,
-    inside_value_column_dropped."""
+    at the page's opening query (page.py opening_view: three quarters into the text at most), whose later keys are
+    -inf with weight 0 in the panel, and the panel says why in one sentence. The values: the island carries every
+    head's v (the panel's data), and each row shows its v_j (first channels and length) and w_j v_j, equal to that
+    data. Planted bugs: sample_page_ignores_its_opening_view, inside_value_column_dropped."""
     import base64
 
     path, weights = sampled_page
     t = weights.shape[2]
     open_page(browser, path)
-    mid = (t - 1) // 2
+    mid = island(path)["start"]["query"]
+    assert mid < t - 1, f"the opening query #{mid} of {t} leaves no future key to see masked"
     what = css(browser, "#in-what")[0].text
-    assert f"query #{mid} " in what, f"step inside should open on the middle query #{mid} of {t}: {what!r}"
+    assert f"query #{mid} " in what, f"step inside should open on the opening query #{mid} of {t}: {what!r}"
     classes = [tok.get_attribute("class") for tok in css(browser, "#tokens .tok")]
     assert "query" in classes[mid] and all("future" in c for c in classes[mid + 1:]), (
         f"the head view should open on query #{mid}, later tokens greyed as the future")
@@ -1047,6 +1049,87 @@ def test_step_inside_opens_on_a_middle_query_with_its_future_masked_and_shows_th
         _check_vector_cell(rows[str(j)]["v"], v[layer, head, j].astype(np.float64), f"key {j}: v_j")
         _check_vector_cell(rows[str(j)]["wv"], w[j] * v[layer, head, j].astype(np.float64), f"key {j}: w_j v_j")
     assert_quiet(browser, "opening step inside")
+
+
+def test_a_sample_page_opens_on_a_later_layer_at_a_word_by_its_stated_rule():
+    """page.opening_view, the one-line rule a sample page opens by (issue 42's walk opened on layer 0 at a newline,
+    where heads read "self"): layer floor(2 L / 3); the query the last token of two or more letters at or before
+    three quarters of the text, never a newline, a space, punctuation or an escaped byte; one letter for a
+    character model; the middle token when no token has a letter."""
+    tokens = ["ROM", "EO", ":", "\\n", "But", " soft", ",", " what", " light", "\\n", "\\n", " through", "\\xe2"]
+    got = viewer.opening_view(tokens, 4)
+    assert got["layer"] == 2 and got["query"] == 8, f"4 layers, 13 tokens: layer 2 at ' light' (#8), got {got}"
+    assert "three quarters" in got["rule"] and "two thirds" in got["rule"], got["rule"]
+    late = ["The", " cat", ".", " \\xe2\\x80", "\\n", " ", "\\t", "!", "x", "?", "\\n", "\\n"]
+    assert viewer.opening_view(late, 4)["query"] == 1, "escapes, spaces and punctuation are no words: ' cat'"
+    assert viewer.opening_view(list("ab\ncd!\n?"), 2) == dict(got, layer=1, query=4), "a character model: 'd'"
+    assert viewer.opening_view(["\\n", ".", "\\n", " "], 1)["query"] == 1, "no letter anywhere: the middle"
+    assert [viewer.opening_view(["a"], n)["layer"] for n in (1, 2, 3, 6, 12)] == [0, 1, 2, 4, 8]
+
+
+def test_the_sample_page_opens_there_and_the_address_can_say_elsewhere(browser, sampled_page, shots, capsys):
+    """The page sample.py wrote opens its head view on opening_view's layer and query (a word, not layer 0) and
+    says where and why under the controls; '#layer=0&query=3' at the end of its address opens there instead, and
+    says so. Planted bug: sample_page_ignores_its_opening_view."""
+    path, weights = sampled_page
+    data = island(path)
+    want = viewer.opening_view(data["tokens"], data["L"])
+    assert data["start"] == want, f"the island's opening {data['start']} is not opening_view's {want}"
+    assert want["layer"] > 0 and re.search(r"[A-Za-z]", data["tokens"][want["query"]]), want
+    open_page(browser, path)
+    layer = css(browser, "#hv-layer")[0].get_attribute("value")
+    queries = [i for i, tok in enumerate(css(browser, "#tokens .tok")) if "query" in tok.get_attribute("class")]
+    assert (layer, queries) == (str(want["layer"]), [want["query"]]), (
+        f"the page opened on layer {layer}, query {queries}; opening_view says {want}")
+    note = css(browser, "#hv-start")[0]
+    assert note.is_displayed() and f"layer {want['layer']}, query #{want['query']}" in note.text, note.text
+    assert want["rule"] in note.text, f"the note should state the rule: {note.text!r}"
+    assert f"layer {want['layer']} (from the head view), query #{want['query']} " in css(browser, "#in-what")[0].text
+    browser.execute_script("document.getElementById('head-view').scrollIntoView()")
+    screenshot(browser, shots, "sample_opening.png", capsys)
+    browser.get("about:blank")
+    browser.get(path.resolve().as_uri() + "#layer=0&query=3")
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(browser, 10).until(lambda d: d.execute_script("return document.body.dataset.ready === '1'"))
+    layer = css(browser, "#hv-layer")[0].get_attribute("value")
+    queries = [i for i, tok in enumerate(css(browser, "#tokens .tok")) if "query" in tok.get_attribute("class")]
+    assert (layer, queries) == ("0", [3]), f"the address asks for layer 0, query 3; the page shows {layer}, {queries}"
+    assert "as the page's address asks" in css(browser, "#hv-start")[0].text
+    assert_quiet(browser, "opening at the page's start and at the address's")
+
+
+def test_the_model_view_says_each_row_sums_to_1_with_the_sums_it_checked(browser, sampled_page, tmp_path, shots,
+                                                                         capsys):
+    """Without hovering, the model view says each row sums to 1 with the head view's query's row summed in every
+    head (the exact weights: 1.0000 in all L x H), following the query under the pointer; a page that cut earlier
+    keys (its rows no longer sum to 1) says so instead of claiming 1. Planted bug: row_sums_not_shown."""
+    path, weights = sampled_page
+    n_layer, n_head, t, _ = weights.shape
+    open_page(browser, path)
+    line = css(browser, "#row-sums")[0]
+    q = island(path)["start"]["query"]
+    assert line.is_displayed() and "Each row sums to 1" in line.text, f"the model view's row-sum line: {line.text!r}"
+    assert f"query #{q} " in line.text and f"1.0000 in all {n_layer * n_head} heads" in line.text, line.text
+    sums = json.loads(line.get_attribute("data-sums"))
+    assert len(sums) == n_layer * n_head and all(abs(s - 1) < 1e-5 for s in sums), sums
+    np.testing.assert_allclose(sums, weights[:, :, q, : q + 1].sum(-1).ravel(), atol=1e-5,
+                               err_msg="the sums shown are attention.npy's rows")
+    hover(browser, css(browser, "#tokens .tok")[t - 1])
+    assert f"query #{t - 1} " in css(browser, "#row-sums")[0].text, "the line follows the head view's query"
+    browser.execute_script("document.getElementById('model-view').scrollIntoView()")
+    screenshot(browser, shots, "row_sums.png", capsys)
+    # the maps' 8-bit copy only (no step inside), and earlier keys cut off: the line says what it found
+    a = synthetic_attention(2, 2, 30, seed=4)
+    cut = viewer.write_sample_page(tmp_path / "cut.html", a, make_tokens(30), max_bytes=2 * 2 * 20 * 21 // 2)
+    open_page(browser, cut)
+    text = css(browser, "#row-sums")[0].text
+    assert "not 1" in text and "cut off" in text, f"rows that lost their earlier keys do not sum to 1: {text!r}"
+    full = viewer.write_sample_page(tmp_path / "full.html", a, make_tokens(30))
+    open_page(browser, full)
+    text = css(browser, "#row-sums")[0].text
+    assert "1.00 in all 4 heads" in text and "8-bit" in text, text
+    assert_quiet(browser, "the row sums")
 
 
 def test_the_head_view_and_step_inside_state_the_same_weight_for_the_same_head_and_query(browser, sampled_page):

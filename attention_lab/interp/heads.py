@@ -314,7 +314,8 @@ def format_head_table(rows: Sequence[dict]) -> str:
         if has_text:
             line += f"  {r['copying_text']:9.2f}"
         lines.append(line)
-    lines.append("prev, dup, ind: share of attention on the role's target over the queries that have one (the stripe); "
+    lines.append("each column's word is a docs/glossary.md entry; "
+                 "prev, dup, ind: share of attention on the role's target over the queries that have one (the stripe); "
                  "\u00b7TL: the same over every query, TransformerLens's detect_head (attention_lab/interp/roles.py); "
                  "ent: entropy, 1 = uniform"
                  + ("; ablation: loss change (nats/token) on this text when the head is zeroed (+ the model needs "

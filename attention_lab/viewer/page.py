@@ -174,15 +174,21 @@ def render_page(data: dict, title: str, *, lab: bool = False) -> str:
     return re.sub(r"\{\{(\w+)\}\}", lambda m: fills[m.group(1)], _asset("page.html"))
 
 
-def lab_page(limits: Mapping | None = None, *, title: str = "attention lab", text: str = "") -> str:
+# The lab's example text: in the box and analysed when the page opens (a first look with maps, issue 42's walk
+# found an empty page), and behind the "try an example" button. 57 characters: it fits a context of 64.
+LAB_EXAMPLE = "ROMEO: But soft, what light through yonder window breaks?"
+
+
+def lab_page(limits: Mapping | None = None, *, title: str = "attention lab", text: str = LAB_EXAMPLE) -> str:
     """The live lab's page (attention_lab/lab serves it at GET /): the sample page's template, style and
     components, with the lab's section and lab.js. Its data island holds no text's data, only {"kind": "lab",
-    "limits", "text"}: every answer of the server's /api/analyze (a sample page's island plus `live`, docs/lab.md)
-    is rendered into the same components in place. limits: the server's input bounds (shown next to the inputs);
-    text: what the text box holds when the page opens (analysed at once; empty: nothing until the user types).
-    Nothing is fetched but the lab's own /api."""
+    "limits", "text", "example"}: every answer of the server's /api/analyze (a sample page's island plus `live`,
+    docs/lab.md) is rendered into the same components in place. limits: the server's input bounds (shown next to
+    the inputs); text: what the text box holds when the page opens, analysed at once (default: LAB_EXAMPLE, so the
+    first look shows maps; typing replaces it; empty: nothing until the user types). Nothing is fetched but the
+    lab's own /api."""
     data = {"kind": "lab", "subtitle": "type a text: every pause redraws the maps", "notes": [],
-            "limits": json_safe(dict(limits or {})), "text": str(text)}
+            "limits": json_safe(dict(limits or {})), "text": str(text), "example": LAB_EXAMPLE}
     return render_page(data, title, lab=True)
 
 
@@ -203,6 +209,25 @@ def score_record(step, roles: dict) -> dict:
     """One evaluation's scores for the page: {"step", "roles": {role: L x nh}, "labels": L x nh role names (or
     "mixed"), roles.role_label of each head; [] when no labelling role was measured}."""
     return {"step": step, "roles": roles, "labels": role_labels(roles)}
+
+
+# where a sample page opens, in one line (the page says it under the head view; opening_view computes it)
+OPENING_RULE = ("two thirds of the way up the layers, at the last word (a token of two or more letters) at or "
+                "before three quarters of the text")
+_ESCAPE = re.compile(r"\\(?:x[0-9a-fA-F]{2}|[ntr])")  # token_strings' escapes: \n, \t, \r, \xe2 are no letters
+
+
+def opening_view(tokens: Sequence[str], n_layer: int) -> dict:
+    """Where a sample page opens: {"layer", "query", "rule"} (OPENING_RULE). Layer floor(2 L / 3): layer 0 mostly
+    reads the token itself (issue 42's walk opened on it, at a newline, and met heads reading "self"); a later
+    layer reads further back. The query: the last token with two or more letters at index <= 3 (T - 1) / 4, so it
+    is a word and keys after it stay to be seen at -inf in step inside; failing that the last with one letter
+    (a character model), else the middle token."""
+    t = len(tokens)
+    last = (3 * (t - 1)) // 4
+    letters = [sum(c.isalpha() for c in _ESCAPE.sub("", str(tok))) for tok in tokens[: last + 1]]
+    query = next((i for need in (2, 1) for i in range(last, -1, -1) if letters[i] >= need), max(0, (t - 1) // 2))
+    return {"layer": (2 * n_layer) // 3, "query": int(query), "rule": OPENING_RULE}
 
 
 def _check_attention(attention, tokens: Sequence[str]) -> np.ndarray:
@@ -278,6 +303,7 @@ def sample_data(attention, tokens: Sequence[str], head_scores: Mapping | None = 
         "frames": [{"step": None, "label": "this text", "attn": _b64(quantise(a))}],
         "scores": [score_record(None, scores)] if scores else [],
         "label_rule": label_rule(),
+        "start": opening_view(tokens, n_layer),  # the static page opens here (main.js bootSample); the lab does not
     }
     if inside is not None and keep == t:
         data["inside"] = inside

@@ -450,7 +450,18 @@ class Explorer {
     }
     this.drawLines();
     this.renderWeights();
+    this.renderRowSums();
     if (this.onChange) this.onChange();
+  }
+
+  // open the head view (and step inside, which follows it) on layer l at query q, either left out: a sample page's
+  // data.start or the address's #layer=..&query=.. (main.js bootSample); the query is not pinned, hovering moves it
+  openAt(layer, query) {
+    if (Number.isInteger(layer)) this.layer = Math.max(0, Math.min(this.L - 1, layer));
+    if (Number.isInteger(query)) { this.query = Math.max(0, Math.min(this.T - 1, query)); this.pinned = false; }
+    this.layerSelect.value = `${this.layer}`;
+    this.renderHeadView();
+    this.applyFilter();
   }
 
   // bertviz's lines: from the query (the token under the pointer) to every key it attends, one line per shown head
@@ -521,6 +532,36 @@ class Explorer {
         ...cells));
     }
     box.append(table);
+  }
+
+  // "each row sums to 1", seen without hovering (issue 42's walk found it only in tooltips and step inside): the
+  // head view's query's row summed in every head of the model, from the weights the page states in numbers
+  // (weightAt: the heads' q and k on a sample page, 4 decimals; else the maps' 8-bit copy, 2 decimals, within 0.01)
+  renderRowSums() {
+    const box = document.getElementById("row-sums");
+    if (!box) return;
+    const f = this.frame, q = this.query;
+    if (!f || q == null || q >= this.T) { box.replaceChildren(); box.dataset.sums = ""; return; }
+    const sums = [];
+    for (let l = 0; l < this.L; l++) {
+      for (let h = 0; h < this.H; h++) {
+        const row = f === this.frame && this.exactRow ? this.exactRow(l, h, q) : null;
+        let s = 0;
+        for (let k = 0; k <= q; k++) s += row ? row[k] : f.weight(l, h, q, k);
+        sums.push(s);
+      }
+    }
+    const exact = !!this.exactRow, digits = exact ? 4 : 2, tol = exact ? 1e-3 : 0.02;
+    const lo = Math.min(...sums), hi = Math.max(...sums);
+    const fmt = (x) => x.toFixed(digits), span = fmt(lo) === fmt(hi) ? fmt(lo) : `${fmt(lo)} to ${fmt(hi)}`;
+    const ones = sums.every((s) => Math.abs(s - 1) <= tol);
+    box.dataset.sums = JSON.stringify(sums.map((s) => +s.toFixed(6)));
+    box.replaceChildren(el("b", { text: "Each row sums to 1" }),
+      " (a softmax over the keys the query may see): the head view's query " +
+      `#${q} "${axisLabel(this.tokens[q], 16)}" sums to `, el("b", { class: ones ? "ok" : "off", text: span }),
+      ones ? ` in all ${sums.length} heads` + (exact ? "" : " (added up from the maps' 8-bit copy: within 0.01)")
+           : ` across the ${sums.length} heads, not 1: part of a row's weight goes elsewhere (an attention sink, ` +
+             "or earlier keys cut off: see the notes at the top)");
   }
 
   // --- model view: every layer x head as a small heatmap, its scores under it ------------------------------

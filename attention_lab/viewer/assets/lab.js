@@ -98,7 +98,6 @@ function nextPaint() {
 
 function fmtP(p) { return p >= 0.995 ? "1.00" : p.toFixed(2).replace(/^0/, ""); }
 function tokenText(t) { return typeof t === "number" ? `#${t}` : axisLabel(String(t), 16); } // bytes as ⟨E2⟩
-const LAB_EXAMPLE = "ROMEO: But soft, what light through yonder window breaks?"; // fits a context of 64 characters
 const STALE_VIEWS = ["head-view", "model-view", "inside", "lab-tokens", "lab-next"];
 function lossColour(v) { return v == null ? "" : `rgba(192, 57, 43, ${Math.min(1, Math.max(0, v) / 6).toFixed(3)})`; }
 function diffColour(d) {
@@ -151,11 +150,16 @@ class Lab {
     this.$ = $;
     $("lab").hidden = false;
     this.text = $("lab-text");
+    // the page opens with a text in the box (page.py LAB_EXAMPLE unless the server says otherwise), analysed as
+    // soon as the models are listed (pickModel), so the first look shows maps; typing replaces it
     this.text.value = config.text || "";
     this.text.addEventListener("input", () => this.changed(LAB_DEBOUNCE_MS));
-    // an example on the first screen: one click puts it in the box (and the maps follow)
-    $("lab-example").title = LAB_EXAMPLE;
-    $("lab-example").addEventListener("click", () => { this.text.value = LAB_EXAMPLE; this.changed(0); });
+    // the example, one click away after any edit: it goes back in the box (and the maps follow)
+    const example = config.example || "";
+    $("lab-example").hidden = !example;
+    $("lab-example").title = example;
+    $("lab-example").textContent = `try an example: \u201c${example.length > 44 ? `${example.slice(0, 43)}\u2026` : example}\u201d`;
+    $("lab-example").addEventListener("click", () => { this.text.value = example; this.changed(0); });
     $("lab-click").addEventListener("change", () => this.captionClick());
     this.captionClick();
     $("lab-model").addEventListener("change", () => this.pickModel($("lab-model").value));

@@ -47,9 +47,31 @@ class SampleView {
   }
 }
 
+// "#layer=2&query=40" at the end of the page's address: {layer, query}, each a number or null
+function addressView(hash) {
+  const params = new URLSearchParams(String(hash || "").replace(/^#/, ""));
+  const num = (name) => (/^\d+$/.test(params.get(name) || "") ? +params.get(name) : null);
+  return { layer: num("layer"), query: num("query") };
+}
+
+// A sample page opens where data.start says (page.py opening_view: a later layer, a word late in the text, not
+// layer 0 at a newline reading itself), unless the address asks for a layer or query; the line under the head
+// view's controls says where and why. The live lab (lab.js) keeps its own query.
 function bootSample(data) {
   window.sampleView = new SampleView();
   window.sampleView.show(data);
+  const ex = window.sampleView.explorer, note = document.getElementById("hv-start");
+  if (!ex || !ex.frame) return;
+  const start = data.start || {}, asked = addressView(window.location.hash);
+  const layer = asked.layer ?? start.layer ?? null, query = asked.query ?? start.query ?? null;
+  if (layer == null && query == null) return;
+  ex.openAt(layer, query);
+  const at = `layer ${ex.layer}, query #${ex.query} "${axisLabel(ex.tokens[ex.query], 16)}"`;
+  note.textContent = asked.layer != null || asked.query != null
+    ? `Opened on ${at}, as the page's address asks (#layer=\u2026&query=\u2026).`
+    : `Opened on ${at}: ${start.rule}. Layer 0 mostly reads the token itself; hover any token or pick another ` +
+      `layer (or add #layer=1&query=20 to the address).`;
+  note.hidden = false;
 }
 
 class Film {
