@@ -267,9 +267,9 @@ MUTATIONS = (
              "the sample page opens on layer 0 at the middle token again (a newline, heads reading 'self'), and "
              "#layer=..&query=.. in the address does nothing", browser=True),
     Mutation("opening_view_takes_any_token", "attention_lab/viewer/page.py",
-             "for need in (2, 1) for i in range(last, -1, -1)", "for need in (0,) for i in range(last, -1, -1)",
+             "for test in (whole_word, has_letter)", "for test in (has_letter,)",
              ("tests/test_viewer.py::test_a_sample_page_opens_on_a_later_layer_at_a_word_by_its_stated_rule",),
-             "the opening query is whatever token stands three quarters in: a newline, a space, a comma"),
+             "the opening query is the last token with a letter three quarters in: a piece of a word, an 'x'"),
     Mutation("row_sums_not_shown", "attention_lab/viewer/assets/explorer.js",
              "    this.renderRowSums();\n    if (this.onChange) this.onChange();", "    if (this.onChange) this.onChange();",
              ("tests/test_viewer.py::test_the_model_view_says_each_row_sums_to_1_with_the_sums_it_checked",),

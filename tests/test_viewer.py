@@ -1053,15 +1053,19 @@ def test_step_inside_opens_on_the_pages_opening_query_with_its_future_masked_and
 
 def test_a_sample_page_opens_on_a_later_layer_at_a_word_by_its_stated_rule():
     """page.opening_view, the one-line rule a sample page opens by (issue 42's walk opened on layer 0 at a newline,
-    where heads read "self"): layer floor(2 L / 3); the query the last token of two or more letters at or before
-    three quarters of the text, never a newline, a space, punctuation or an escaped byte; one letter for a
-    character model; the middle token when no token has a letter."""
+    where heads read "self"): layer floor(2 L / 3); the query the last whole word at or before three quarters of
+    the text (two or more letters, not glued to a letter of its neighbours), never a newline, a space,
+    punctuation, an escaped byte or a piece of a word; one letter for a character model; the middle token when no
+    token has a letter."""
     tokens = ["ROM", "EO", ":", "\\n", "But", " soft", ",", " what", " light", "\\n", "\\n", " through", "\\xe2"]
     got = viewer.opening_view(tokens, 4)
     assert got["layer"] == 2 and got["query"] == 8, f"4 layers, 13 tokens: layer 2 at ' light' (#8), got {got}"
     assert "three quarters" in got["rule"] and "two thirds" in got["rule"], got["rule"]
     late = ["The", " cat", ".", " \\xe2\\x80", "\\n", " ", "\\t", "!", "x", "?", "\\n", "\\n"]
     assert viewer.opening_view(late, 4)["query"] == 1, "escapes, spaces and punctuation are no words: ' cat'"
+    glued = ["And", " bear", " a", " tor", "ment", " un", "maw", "ors", ".", "\\n", "\\n", "X"]
+    assert viewer.opening_view(glued, 4)["query"] == 1, "pieces glued to a letter are no whole word: ' bear'"
+    assert viewer.opening_view(["I", "'ll", ",", " o", "\\n"], 1)["query"] == 1, "'ll after I: no letter glued"
     assert viewer.opening_view(list("ab\ncd!\n?"), 2) == dict(got, layer=1, query=4), "a character model: 'd'"
     assert viewer.opening_view(["\\n", ".", "\\n", " "], 1)["query"] == 1, "no letter anywhere: the middle"
     assert [viewer.opening_view(["a"], n)["layer"] for n in (1, 2, 3, 6, 12)] == [0, 1, 2, 4, 8]

@@ -212,21 +212,30 @@ def score_record(step, roles: dict) -> dict:
 
 
 # where a sample page opens, in one line (the page says it under the head view; opening_view computes it)
-OPENING_RULE = ("two thirds of the way up the layers, at the last word (a token of two or more letters) at or "
-                "before three quarters of the text")
+OPENING_RULE = ("two thirds of the way up the layers, at the last whole word (a token of two or more letters not "
+                "glued to a letter of the token before or after it) at or before three quarters of the text")
 _ESCAPE = re.compile(r"\\(?:x[0-9a-fA-F]{2}|[ntr])")  # token_strings' escapes: \n, \t, \r, \xe2 are no letters
 
 
 def opening_view(tokens: Sequence[str], n_layer: int) -> dict:
     """Where a sample page opens: {"layer", "query", "rule"} (OPENING_RULE). Layer floor(2 L / 3): layer 0 mostly
     reads the token itself (issue 42's walk opened on it, at a newline, and met heads reading "self"); a later
-    layer reads further back. The query: the last token with two or more letters at index <= 3 (T - 1) / 4, so it
-    is a word and keys after it stay to be seen at -inf in step inside; failing that the last with one letter
-    (a character model), else the middle token."""
-    t = len(tokens)
-    last = (3 * (t - 1)) // 4
-    letters = [sum(c.isalpha() for c in _ESCAPE.sub("", str(tok))) for tok in tokens[: last + 1]]
-    query = next((i for need in (2, 1) for i in range(last, -1, -1) if letters[i] >= need), max(0, (t - 1) // 2))
+    layer reads further back. The query: the last whole word at index <= 3 (T - 1) / 4 (two or more letters, not
+    glued to a letter of its neighbours: " bear" in " bear|,", not "ors" in "maw|ors"), so keys after it stay to
+    be seen at -inf in step inside; failing that the last token with a letter (a character model), else the
+    middle token."""
+    text = [_ESCAPE.sub("", str(tok)) for tok in tokens]
+    t, last = len(text), (3 * (len(text) - 1)) // 4
+
+    def whole_word(i: int) -> bool:
+        glued_before = i > 0 and text[i - 1][-1:].isalpha() and text[i][:1].isalpha()
+        glued_after = i + 1 < t and text[i][-1:].isalpha() and text[i + 1][:1].isalpha()
+        return sum(c.isalpha() for c in text[i]) >= 2 and not glued_before and not glued_after
+
+    def has_letter(i: int) -> bool:
+        return any(c.isalpha() for c in text[i])
+
+    query = next((i for test in (whole_word, has_letter) for i in range(last, -1, -1) if test(i)), max(0, (t - 1) // 2))
     return {"layer": (2 * n_layer) // 3, "query": int(query), "rule": OPENING_RULE}
 
 
