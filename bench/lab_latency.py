@@ -180,10 +180,12 @@ def run_latency(registry: Registry, sizes: list[int], repeats: int, warmup: int)
     with serving(registry) as url, chromium(chrome, driver_path) as driver:
         driver.get(url)
         deadline = time.monotonic() + 60
+        # the page opens with its example analysed (viewer.page.LAB_EXAMPLE): measured texts start after it
         while not driver.execute_script("return document.body.dataset.ready === '1' && window.lab && "
-                                        "window.lab.model !== null"):
+                                        "window.lab.model !== null && (window.lab.drawn !== null || "
+                                        "!document.getElementById('lab-error').hidden)"):
             if time.monotonic() > deadline:
-                raise RuntimeError("the lab's page did not list its models within 60 s")
+                raise RuntimeError("the lab's page did not list its models and draw its example within 60 s")
             time.sleep(0.05)
         browser = f"Chromium {driver.capabilities.get('browserVersion', '?')} (headless)"
         timings = {}
