@@ -130,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--skip-profile", action="store_true")
+    p.add_argument("--settings", default="bf16,math,ns,compile",
+                   help="which rows to time, comma-separated: bf16, math, ns, compile (default: all)")
+    p.add_argument("--dtypes", default="bfloat16,float32", help="the dtypes of the per-dtype rows (default: both)")
     args = p.parse_args(argv)
     rounds = 2 if args.quick else args.rounds
     gcfg, ocfg, batch = setup(args.quick, [])
@@ -161,17 +164,34 @@ def main(argv: list[str] | None = None) -> int:
 
     ns_f32 = dataclasses.replace(ocfg, muon_ns_dtype="float32")
     # (setting, the default's dtype, the default step, the setting's step)
-    rows = [("bf16 autocast (vs float32)", "float32 -> bf16", lambda: fresh(f32), lambda: fresh(bf16))]
-    for dtype in (bf16, f32):
+    wanted = set(args.settings.split(","))
+    rows = [("bf16", "bf16 autocast (vs float32)", "float32 -> bf16", lambda: fresh(f32), lambda: fresh(bf16))]
+    for dtype in [d for d in (bf16, f32) if str(d).removeprefix("torch.") in args.dtypes.split(",")]:
         name = str(dtype).removeprefix("torch.")
-        rows.append(("attention: the math path (vs sdpa's flash kernel)", name, lambda d=dtype: fresh(d),
+        rows.append(("math", "attention: the math path (vs sdpa's flash kernel)", name, lambda d=dtype: fresh(d),
                      lambda d=dtype: fresh(d, lambda m: set_backend(m, "math"))))
-        rows.append(("Newton-Schulz in float32 (vs the default's " + ocfg.muon_ns_dtype + ")", name,
+        rows.append(("ns", "Newton-Schulz in float32 (vs the default's " + ocfg.muon_ns_dtype + ")", name,
                      lambda d=dtype: fresh(d), lambda d=dtype: fresh(d, optim=ns_f32)))
-    for name, label, make_base, make_other in rows:
-        b, o, r = compare(make_base(), make_other(), rounds)
-        print(f"| {name} | {label} | {b:.0f} | {o:.0f} | {r:.2f}x |", flush=True)
+        rows.append(("compile", "torch.compile of the model (inductor; the step's optimizer stays eager)", name,
+                     lambda d=dtype: fresh(d), lambda d=dtype: compiled(fresh(d))))
+    for key, name, label, make_base, make_other in rows:
+        if key not in wanted:
+            continue
+        other = make_other()
+        b, o, r = compare(make_base(), other, rounds)
+        extra = f" (compiling took {other.compile_s:.0f} s, paid once a run)" if hasattr(other, "compile_s") else ""
+        print(f"| {name}{extra} | {label} | {b:.0f} | {o:.0f} | {r:.2f}x |", flush=True)
     return 0
+
+
+def compiled(step: Step) -> Step:
+    """The step with its model compiled by inductor, as train.compile=true does; the first step (the compile) is
+    timed here, so the table can say what a run pays for it before its first useful step."""
+    step.model = torch.compile(step.model)
+    start = time.perf_counter()
+    step()
+    step.compile_s = time.perf_counter() - start
+    return step
 
 
 def set_backend(model: GPT, backend: str) -> GPT:
