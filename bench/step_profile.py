@@ -131,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--skip-profile", action="store_true")
     p.add_argument("--settings", default="bf16,math,ns",
-                   help="which rows to time, comma-separated: bf16, math, ns, compile (default: all but compile, which takes minutes)")
+                   help="which rows to time, comma-separated: bf16, math, ns, compile "
+                        "(default: all but compile, which compiles for minutes)")
     p.add_argument("--dtypes", default="bfloat16,float32", help="the dtypes of the per-dtype rows (default: both)")
     args = p.parse_args(argv)
     rounds = 2 if args.quick else args.rounds
