@@ -185,6 +185,11 @@ def test_the_lab_opens_with_the_example_analysed_and_typing_replaces_it(browser,
     ids = lab.tok.encode(viewer.LAB_EXAMPLE)
     assert len(css(browser, "#tokens .tok")) == len(ids) and len(css(browser, "#lab-tokens [data-i]")) == len(ids)
     assert css(browser, "#head-view")[0].is_displayed() and visible(browser, ".thumb") == 6, "the maps, shown"
+    start = viewer.opening_view(lab.tok.token_strings(ids), 2)
+    layer = css(browser, "#hv-layer")[0].get_attribute("value")
+    queries = [i for i, tok in enumerate(css(browser, "#tokens .tok")) if "query" in tok.get_attribute("class")]
+    assert (layer, queries) == (str(start["layer"]), [start["query"]]), (
+        f"the first maps open where a sample page would ({start}), not on layer {layer}, query {queries}")
     assert_weights(browser, capture_attention(lab.model(), ids), "the example on the first look")
     browser.execute_script("window.scrollTo(0, 0)")
     screenshot(browser, shots, "lab_first_look.png", capsys)

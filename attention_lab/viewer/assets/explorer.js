@@ -274,9 +274,11 @@ class Explorer {
     this.cmapWords = data.colormap_words || null;
     this.frame = null; this.scores = null;
     this.layer = Math.min(this.layer, Math.max(0, this.L - 1));
-    // a pinned query stays where it is while it exists; otherwise a middle token, so that the page opens with
+    // a pinned query stays where it is while it exists, and any query while the text is the same (the lab shows
+    // one text again when its panel or Δloss arrives); otherwise a middle token, so that the page opens with
     // later keys to mask: the head view greys them, step inside shows them at -inf with weight 0
-    if (!(this.pinned && this.query < this.T)) { this.query = Math.max(0, Math.floor((this.T - 1) / 2)); this.pinned = false; }
+    const sameText = oldTokens.length === this.T && oldTokens.every((tok, i) => tok === this.tokens[i]);
+    if (!(this.pinned && this.query < this.T) && !sameText) { this.query = Math.max(0, Math.floor((this.T - 1) / 2)); this.pinned = false; }
     if (shape) this.shownHeads = new Array(this.H).fill(true);
     if (rolesChanged) this.buildRoleOptions();
     if (shape) this.buildHeadChips();

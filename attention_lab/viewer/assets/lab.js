@@ -423,6 +423,9 @@ class Lab {
     if (explorer) {
       explorer.onHeadClick = (l, h) => this.onHeadClick(l, h);
       explorer.setHeadMarks(this.headMarks());
+      // the first maps open where a sample page opens (data.start: a later layer, a whole word), not on layer 0
+      // reading itself; after that the layer is the learner's, and a new text's query its middle token
+      if (!this.opened && data.start) { this.opened = true; explorer.openAt(data.start.layer, data.start.query); }
     }
     this.renderStrip();
     this.renderAB();
