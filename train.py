@@ -32,6 +32,7 @@ from attention_lab.store.checkpoint import CheckpointError, find_checkpoint, sav
 from attention_lab.store.layout import RunLayout  # noqa: E402
 from attention_lab.store.logger import RunLogger  # noqa: E402
 from attention_lab.store.runlock import RunLock, RunLocked  # noqa: E402
+from attention_lab.training.backend import settle_attn_backend  # noqa: E402
 from attention_lab.training.callbacks import EvalContext, build_callbacks  # noqa: E402
 from attention_lab.training.config import Config, register_configs, to_config  # noqa: E402
 from attention_lab.training.learner import recorded_config  # noqa: E402
@@ -93,6 +94,9 @@ def setup_run(cfg: Config, run_dir: Path, overrides: list[str], info, device, dt
     """Data, model (fresh, resumed or from GPT-2), optimizer, batch streams and callbacks, ready to loop."""
     tc = cfg.train
     data = prepare_data(cfg.data, log=log.print)  # one process prepares; the others wait on the cache's lock
+    # model.attn_backend=auto becomes sdpa or math here (measured on a CPU, or as a resumed checkpoint recorded it):
+    # the model, config.json and every checkpoint get the concrete one
+    cfg, measuring = settle_attn_backend(cfg, run_dir, device, dtype, info, log.print)
     model, model_cfg, saved, saved_meta = load_model(cfg, resolve_model_config(cfg, data), data, run_dir, log.print)
     raw_model = model.to(device).train()
     model = wrap_model(raw_model, tc, device, info, log.print)  # compiled and/or DDP; raw_model stays plain
@@ -108,7 +112,8 @@ def setup_run(cfg: Config, run_dir: Path, overrides: list[str], info, device, dt
     run = Run(cfg, RunLayout(run_dir), overrides, info, device, dtype, log, data, model_cfg, raw_model, model, state,
               torch.amp.GradScaler(device.type) if dtype == torch.float16 else None,
               eval_batches(data.tokens("val"), model_cfg.block_size, tc.batch_size, tc.eval_batches),
-              build_callbacks(cfg, data, model_cfg, log.print) if info.is_main else [], n_params, peak)
+              build_callbacks(cfg, data, model_cfg, log.print) if info.is_main else [], n_params, peak,
+              counted_startup=measuring)
     if saved is not None:
         state.load_state_dict(saved)
         run.last_eval = {k: v for k, v in saved_meta.items() if k in ("val_loss", "val_bpb")}
@@ -134,7 +139,7 @@ def run_loop(run: Run) -> dict:
     """Step until max_steps, the time budget or a stop request; evaluate and save on the way. With
     train.stop=budget the time budget alone ends the run, on the run's clock (resumes included)."""
     tc, state, log, info = run.cfg.train, run.state, run.log, run.info
-    start_step, session_t0 = state.step, time.time()
+    start_step, session_t0 = state.step, time.time() - run.counted_startup  # from auto's measurement, if one ran
     run.run_start = session_t0 - state.seconds
     by_budget = tc.stop == "budget" and tc.max_minutes is not None
     t_start = run.run_start if by_budget else session_t0  # the budget's and the schedule's clock

@@ -67,7 +67,7 @@ def setup(quick: bool, overrides: list[str]):
     m = cfg.model
     gcfg = GPTConfig(vocab_size=4096 if not quick else 65, block_size=m.block_size, n_layer=m.n_layer,
                      n_head=m.n_head, n_embd=m.n_embd, dropout=m.dropout, bias=m.bias, pos_encoding=m.pos_encoding,
-                     qk_norm=m.qk_norm, attn_backend=m.attn_backend)
+                     qk_norm=m.qk_norm, attn_backend=m.gpt().attn_backend)  # auto: sdpa, the rows' reference
     return gcfg, cfg.optim, cfg.train.batch_size
 
 

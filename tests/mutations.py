@@ -1730,6 +1730,27 @@ MUTATIONS = (
              ("tests/test_train_budget.py::test_a_resume_on_a_budget_goes_on_from_the_time_already_spent",),
              "a resumed run on a time budget starts its clock again: a fresh budget and the schedule back at its "
              "start"),
+    # issue 44: model.attn_backend=auto (attention_lab/training/backend.py)
+    Mutation("attn_backend_auto_always_sdpa", "attention_lab/training/backend.py",
+             "    picked = faster_backend(seconds)", '    picked = "sdpa"',
+             ("tests/test_attn_backend.py::test_auto_on_a_cpu_picks_what_its_measurement_says_at_the_runs_shape_and_dtype",
+              "tests/test_attn_backend.py::test_a_debug_run_with_auto_trains_and_records_the_backend_it_picked"),
+             "auto measures sdpa against math and then trains with sdpa whatever it measured: the bf16 step on the "
+             "AMD EPYC stays on the flash kernel that was 1.09-1.32x slower"),
+    Mutation("attn_backend_auto_always_math", "attention_lab/training/backend.py",
+             "    picked = faster_backend(seconds)", '    picked = "math"',
+             ("tests/test_attn_backend.py::test_auto_on_a_cpu_picks_what_its_measurement_says_at_the_runs_shape_and_dtype",
+              "tests/test_attn_backend.py::test_a_debug_run_with_auto_trains_and_records_the_backend_it_picked"),
+             "auto trains with the math path whatever it measured: float32 steps 0.85x as fast"),
+    Mutation("attn_backend_auto_measures_again_on_resume", "attention_lab/training/backend.py",
+             "choice = choose_backend(cfg, device, dtype, recorded_backend(cfg, run_dir))",
+             "choice = choose_backend(cfg, device, dtype)",
+             ("tests/test_attn_backend.py::test_a_resumed_auto_run_keeps_its_backend_and_equals_the_uninterrupted_run",),
+             "a resumed auto run measures afresh and may switch backend half-way: no longer the uninterrupted run"),
+    Mutation("attn_backend_measurement_outside_the_budget", "train.py",
+             "session_t0 = state.step, time.time() - run.counted_startup", "session_t0 = state.step, time.time()",
+             ("tests/test_attn_backend.py::test_the_measurement_counts_in_the_runs_time_budget",),
+             "auto's measurement is left out of the run's clock: an 8-minute run takes 8 minutes plus the measurement"),
     # issue 42: `python -m attention_lab.ideas`, each idea on the learner's run
     Mutation("ideas_lookup_one_direction", "attention_lab/interp/ideas.py",
              "np_(s[..., a, b]), np_(s[..., b, a])", "np_(s[..., b, a]), np_(s[..., b, a])",

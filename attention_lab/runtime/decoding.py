@@ -22,9 +22,14 @@ corrupt, unreadable or unwritable, auto measures and decodes as before (one warn
 atomic (a temporary file, then os.replace), so a reader never sees half a file; two processes writing at once
 may drop one's new entry, which is then measured again.
 
+Training's `model.attn_backend=auto` keeps its measurement (sdpa against the math path, one attention layer's
+step: attention_lab/training/backend.py) in the same file, under keys of its own; `kept_seconds` is the file's
+interface for any such measurement of named candidates.
+
     time_decoding(decode, device)   seconds per call of decode() under each dtype, interleaved, medians
     faster_dtype(seconds)           the decision, a pure function of those numbers
     decoding_dtype(name, ...)       what sampling calls: a named dtype as asked, auto as measured (or as stored)
+    kept_seconds(key, measure)      any measurement of named candidates, kept the same way (training's backend)
     cache_file()                    where the measurements are stored
 
 GPUs keep pick_dtype's choice (bf16 where supported: nothing here measured one), and a CPU without bf16 units
@@ -60,6 +65,7 @@ KEEP = 64  # entries kept in the file, the most recently measured: one per machi
 CAPABILITIES = ("amx_bf16", "amx_tile", "avx512_bf16")  # the flags of torch.cpu.get_capabilities a key names
 
 _measured: dict[str, dict[torch.dtype, float]] = {}  # the full key (JSON text) -> seconds per decode()
+_kept: dict[str, dict[str, float]] = {}  # kept_seconds' memory: the full key -> seconds per candidate's name
 _warned: list[str] = []  # the warning this process printed: one line at most, whatever goes wrong after
 _afresh = False  # inside measuring_afresh(): ignore what is stored, measure, overwrite
 
@@ -117,18 +123,37 @@ def decoding_dtype(name: str, device: torch.device, decode: Callable[[], object]
         return pick_dtype(name, device)
     cache_key = json.dumps(measurement_key(key), sort_keys=True)
     if cache_key not in _measured or _afresh:
-        seconds = None if _afresh else _read_entries().get(cache_key)
+        seconds = None if _afresh else _parse_seconds(_read_entries().get(cache_key))
         if seconds is None:
             seconds = (measure or time_decoding)(decode, device)
-            _store(cache_key, seconds)
+            _store(cache_key, {str(d).removeprefix("torch."): s for d, s in seconds.items()})
         _measured[cache_key] = seconds
     return faster_dtype(_measured[cache_key])
+
+
+def kept_seconds(key: Hashable, names: tuple[str, ...], measure: Callable[[], dict[str, float]]
+                 ) -> tuple[dict[str, float], bool]:
+    """Seconds per candidate, by name, for this machine setup (measurement_key) and the caller's key: from this
+    process's memory, else from the file, else measure() (which returns {name: seconds}), then stored. Returns
+    (the seconds, whether measure() ran now). A stored entry that lacks one of `names` counts as none. What
+    decoding_dtype does for its two dtypes, for any caller: training's attention backend keeps sdpa vs math here."""
+    cache_key = json.dumps(measurement_key(key), sort_keys=True)
+    measured = False
+    if cache_key not in _kept or _afresh:
+        stored = None if _afresh else _read_entries().get(cache_key)
+        seconds = stored if stored is not None and set(names) <= set(stored) else None
+        if seconds is None:
+            seconds, measured = {name: float(s) for name, s in measure().items()}, True
+            _store(cache_key, seconds)
+        _kept[cache_key] = seconds
+    return dict(_kept[cache_key]), measured
 
 
 def forget_measurements() -> None:
     """This process's memory as a fresh process's (tests): no measurement held, no warning printed yet. The file
     stays (delete it, or measure afresh: measuring_afresh, `python -m bench.decoding_dtype`)."""
     _measured.clear()
+    _kept.clear()
     _warned.clear()
 
 
@@ -153,21 +178,26 @@ def _warn(message: str) -> None:
         print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
-def _parse_seconds(raw: object) -> dict[torch.dtype, float] | None:
-    """{"float32": s, "bfloat16": s} -> {dtype: s}; None unless every candidate has a positive finite time."""
-    if not isinstance(raw, dict):
+def _positive_seconds(raw: object) -> dict[str, float] | None:
+    """A stored {name: seconds}; None unless it is a non-empty dict of positive finite times."""
+    if not isinstance(raw, dict) or not raw:
         return None
-    seconds = {}
-    for dtype in CANDIDATES:
-        value = raw.get(str(dtype).removeprefix("torch."))
+    for value in raw.values():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
             return None
-        seconds[dtype] = float(value)
-    return seconds
+    return {str(name): float(value) for name, value in raw.items()}
 
 
-def _read_entries() -> dict[str, dict[torch.dtype, float]]:
-    """The stored measurements by full key (JSON text), in the file's order (oldest first); empty when there is
+def _parse_seconds(stored: dict[str, float] | None) -> dict[torch.dtype, float] | None:
+    """{"float32": s, "bfloat16": s} -> {dtype: s}; None unless every candidate dtype has a time."""
+    if stored is None or any(str(dtype).removeprefix("torch.") not in stored for dtype in CANDIDATES):
+        return None
+    return {dtype: stored[str(dtype).removeprefix("torch.")] for dtype in CANDIDATES}
+
+
+def _read_entries() -> dict[str, dict[str, float]]:
+    """The stored measurements ({name: seconds}) by full key (JSON text), in the file's order (oldest first); an
+    entry with a time that is not a positive number is left out. Empty when there is
     no file, and when it cannot be read or is not ours (with a warning: it is then measured and rewritten)."""
     path = "the cache file"
     try:
@@ -178,26 +208,28 @@ def _read_entries() -> dict[str, dict[torch.dtype, float]]:
     except (FileNotFoundError, NotADirectoryError):  # nothing stored yet (a write says so if it cannot store)
         return {}
     except (OSError, ValueError, RuntimeError) as e:  # json's errors, UnicodeDecodeError: ValueErrors; no home
-        _warn(f"decoding dtype cache {path} unreadable ({type(e).__name__}): measuring again")
+        _warn(f"measurement cache {path} unreadable ({type(e).__name__}): measuring again")
         return {}
     entries = {}
     for entry in data["entries"]:
-        seconds = _parse_seconds(entry.get("seconds")) if isinstance(entry, dict) else None
+        seconds = _positive_seconds(entry.get("seconds")) if isinstance(entry, dict) else None
         if seconds is not None and isinstance(entry.get("key"), dict):
             entries[json.dumps(entry["key"], sort_keys=True)] = seconds
     return entries
 
 
-def _store(cache_key: str, seconds: dict[torch.dtype, float]) -> None:
-    """Add (or replace) one measurement in the file, keeping the KEEP most recent, written atomically."""
+def _store(cache_key: str, seconds: dict[str, float]) -> None:
+    """Add (or replace) one measurement ({name: seconds}) in the file, keeping the KEEP most recent, written
+    atomically."""
     entries = _read_entries()
     entries.pop(cache_key, None)
     entries[cache_key] = seconds  # last: the most recent
     data = {"format": FORMAT,
             "about": "attention-lab: seconds per few decoding steps in each dtype, what `--dtype auto` decodes in "
-                     "(attention_lab/runtime/decoding.py); delete this file to measure again",
-            "entries": [{"key": json.loads(k), "seconds": {str(d).removeprefix("torch."): s for d, s in v.items()}}
-                        for k, v in list(entries.items())[-KEEP:]]}
+                     "(attention_lab/runtime/decoding.py), and per attention layer step in each backend, what "
+                     "`model.attn_backend=auto` trains with (attention_lab/training/backend.py); delete this file "
+                     "to measure again",
+            "entries": [{"key": json.loads(k), "seconds": v} for k, v in list(entries.items())[-KEEP:]]}
     path, tmp = "the cache file", None
     try:
         path = cache_file()
@@ -211,7 +243,7 @@ def _store(cache_key: str, seconds: dict[torch.dtype, float]) -> None:
         tmp = None
     except (OSError, RuntimeError) as e:  # RuntimeError: Path.home() with no home to find
         reason = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
-        _warn(f"decoding dtype cache {path} not written ({reason}): the next process measures again")
+        _warn(f"measurement cache {path} not written ({reason}): the next process measures again")
     finally:
         if tmp is not None:
             with contextlib.suppress(OSError):

@@ -18,12 +18,15 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from data.config import DataConfig
-from model import ARCHS, GPTConfig, LSTMConfig, arch_of, lstm_matching
+from model import ARCHS, ATTENTION_BACKENDS, GPTConfig, LSTMConfig, arch_of, lstm_matching
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"  # attention_lab/training/config.py -> the repo
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 STOPS = ("steps", "budget")  # train.stop: what ends a run with a time budget
+# model.attn_backend: GPTConfig's two, or auto, which train.py turns into one of them by a measurement on a CPU
+# (sdpa on a GPU) before the model is built (attention_lab/training/backend.py); the model never sees "auto"
+ATTN_BACKENDS = ("auto", *ATTENTION_BACKENDS)
 
 
 OPTIMIZERS = ("adamw", "muon")
@@ -148,7 +151,15 @@ class ModelConfig(GPTConfig):
     attn_impl: str = ""
 
     def __post_init__(self) -> None:
-        super().__post_init__()
+        if self.attn_backend not in ATTN_BACKENDS:
+            raise ValueError(f"model.attn_backend={self.attn_backend!r} is not one of {', '.join(ATTN_BACKENDS)} "
+                             "(auto: the faster of the two, measured on this machine at the run's shape and dtype)")
+        asked = self.attn_backend
+        self.attn_backend = "sdpa" if asked == "auto" else asked  # GPTConfig's checks know the concrete two only
+        try:
+            super().__post_init__()
+        finally:
+            self.attn_backend = asked
         if self.arch not in ARCHS:
             raise ValueError(f"model.arch={self.arch!r} is not one of {', '.join(ARCHS)}")
         if isinstance(self.lstm_hidden, bool) or not isinstance(self.lstm_hidden, int) or self.lstm_hidden < 0:
@@ -164,8 +175,13 @@ class ModelConfig(GPTConfig):
             refuse_unsupported(self)
 
     def gpt(self, **changes) -> GPTConfig:
-        """The GPT these fields describe, as a plain GPTConfig (without arch and lstm_hidden), with `changes`."""
-        return GPTConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(GPTConfig)} | changes)
+        """The GPT these fields describe, as a plain GPTConfig (without arch and lstm_hidden), with `changes`.
+        attn_backend auto, where nothing resolved it (a model built outside train.py, which measures first:
+        training/backend.py), is sdpa, the reference that auto keeps unless math measures faster."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(GPTConfig)}
+        if fields["attn_backend"] == "auto":
+            fields["attn_backend"] = "sdpa"
+        return GPTConfig(**fields | changes)
 
     def network(self, vocab_size: int) -> GPTConfig | LSTMConfig:
         """The config of the network to train, for a vocabulary of vocab_size tokens."""

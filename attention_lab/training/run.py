@@ -45,6 +45,9 @@ class Run:
     n_params: int
     peak_flops: float  # the matmul peak in the run's dtype: the MFU denominator
     last_eval: dict = field(default_factory=dict)  # the latest evaluation's metrics (also from a checkpoint)
+    # startup work the run's clocks count (the budget's, the schedule's, TrainState.seconds): auto's measurement of the
+    # attention backend (training/backend.py), so a run that measures trains for its budget less that time
+    counted_startup: float = 0.0
     session_start: float = field(default_factory=time.time)  # zero of the schedule's and the budget's clock
     run_start: float = field(default_factory=time.time)  # zero of the run's clock (TrainState.seconds), resumes included
 

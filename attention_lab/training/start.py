@@ -52,6 +52,14 @@ def check_resumable(saved: GPTConfig | LSTMConfig, wanted: GPTConfig | LSTMConfi
         )
 
 
+def resume_source(cfg: Config, run_dir: Path) -> Path | None:
+    """What this run resumes from: train.resume, else its own folder when that has checkpoints; None: a fresh
+    start."""
+    if cfg.train.resume:
+        return Path(cfg.train.resume)
+    return run_dir if RunLayout(run_dir).latest_pointer.exists() else None
+
+
 def load_model(cfg: Config, model_cfg: GPTConfig | LSTMConfig, data: PreparedData, run_dir: Path, say=print):
     """The model from this run's (or train.resume's) latest checkpoint, from GPT-2 weights, or fresh, with the
     learner's attention plugged in when model.attn_impl names one (this run's setting, also on resume).
@@ -73,8 +81,7 @@ def _load_model(cfg: Config, model_cfg: GPTConfig | LSTMConfig, data: PreparedDa
     if tc.init_from and arch_of(model_cfg) != "gpt":
         raise TrainingError(f"train.init_from={tc.init_from} loads GPT-2 weights into a GPT; model.arch=lstm "
                             "trains from scratch (leave train.init_from out)")
-    has_checkpoint = RunLayout(run_dir).latest_pointer.exists()
-    resume_from = Path(tc.resume) if tc.resume else (run_dir if has_checkpoint else None)
+    resume_from = resume_source(cfg, run_dir)
     if resume_from is not None:
         ckpt = load_checkpoint(resume_from, which="latest")
         if tc.init_from:  # the run began from GPT-2 weights: the checkpoint has that model's shape
@@ -85,7 +92,8 @@ def _load_model(cfg: Config, model_cfg: GPTConfig | LSTMConfig, data: PreparedDa
                 f"cannot resume from {ckpt.path}: it was trained with another tokenizer than the prepared data's "
                 f"({data.dir}). Use the same data settings as that run."
             )
-        # this run's dropout, backend and attention (load_model plugs it), the checkpoint's weights
+        # this run's dropout, backend (auto: the checkpoint's, training/backend.py) and attention (load_model plugs
+        # it), the checkpoint's weights
         model = ckpt.build_model("cpu", model_cfg, attn_impl="")
         state = ckpt.train_state()
         say(f"resuming from {ckpt.path} (step {state['step']})")
