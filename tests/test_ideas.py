@@ -191,6 +191,59 @@ def test_residual_contributions_add_up_to_the_stream_and_the_lens_ends_at_the_mo
     assert (res.lens.ids[-1, :, 0] == top).all(), "the lens's last row must be the model's own prediction"
 
 
+
+# --- the figures draw the block and head asked for -------------------------------------------------------------------
+
+
+def test_the_lookup_figure_draws_the_block_asked_for():
+    """`ideas lookup --layer 1`: the maps titled "block 1" are block 1's S - S^T, one per head, not block 0's.
+    Planted bug: idea_lookup_figure_draws_block0."""
+    from attention_lab.viewer import ideas as draw
+
+    model = tiny()
+    with torch.no_grad():
+        lk = ideas.lookup(model, IDS, 2, 9)
+    assert np.abs(lk.asymmetry_content[1] - lk.asymmetry_content[0]).max() > 0.05, "a control: the blocks differ"
+    fig = draw.lookup_figure(lk, [str(i) for i in IDS.tolist()], 1, "r")
+    maps = [ax for ax in fig.axes if ax.images and ax.get_title().startswith("L")]
+    assert [ax.get_title() for ax in maps] == ["L1H0", "L1H1"]
+    for h, ax in enumerate(maps):
+        np.testing.assert_array_equal(np.asarray(ax.images[0].get_array()), lk.asymmetry_content[1][h],
+                                      err_msg=f"the map titled L1H{h} is not block 1 head {h}'s asymmetry")
+
+
+def test_the_mask_figure_draws_the_block_and_head_asked_for():
+    """`ideas mask --layer 1 --head 1`: the score matrix drawn is that head's, as the model computed it."""
+    from attention_lab.viewer import ideas as draw
+
+    model = tiny()
+    row = ideas.mask_row(model, IDS, 1, 1)
+    _, cache = run_with_cache(model, IDS[None])
+    np.testing.assert_array_equal(row.scores_all, cache["scores", 1][0, 1].numpy(),
+                                  err_msg="the score matrix is not block 1 head 1's")
+    fig = draw.mask_figure(row, [str(i) for i in IDS.tolist()], "r")
+    drawn = np.asarray(fig.axes[0].images[0].get_array(), dtype=float)
+    assert fig.axes[0].get_title().startswith("block 1, head 1")
+    np.testing.assert_array_equal(drawn, np.where(np.isfinite(row.scores_all), row.scores_all, np.nan),
+                                  err_msg="the figure does not draw the row's scores (the future blank)")
+
+
+def test_the_residual_figure_draws_each_blocks_additions_under_its_name():
+    """`ideas residual`: the bar named "attn 1" is block 1's attention, "MLP 0" block 0's MLP, and so on."""
+    from attention_lab.viewer import ideas as draw
+
+    model = tiny()
+    res = ideas.residual(model, IDS, k=1)
+    fig = draw.residual_figure(res, [["x"] * len(IDS)] * 3, [str(i) for i in IDS.tolist()], "r")
+    ax = fig.axes[0]
+    names = [t.get_text() for t in ax.get_xticklabels()]
+    heights = [p.get_height() for p in ax.patches]
+    want = {"embedding": res.embed_norm, "attn 0": res.attn_norm[0], "MLP 0": res.mlp_norm[0],
+            "attn 1": res.attn_norm[1], "MLP 1": res.mlp_norm[1]}
+    assert names == list(want), names
+    np.testing.assert_allclose(heights, list(want.values()), rtol=1e-6,
+                               err_msg="a bar's height is not the addition its name says")
+
 # --- positions ----------------------------------------------------------------------------------------------------
 
 
