@@ -600,7 +600,16 @@ def test_each_claim_runs_end_to_end_quick(name, tmp_path, data_cache):
         cfg = json.loads((tmp_path / name / doc["results"]["lstm equal time"][0]["run"] / "config.json").read_text())
         assert cfg["train"]["max_minutes"] == pytest.approx(max(transformer / 60, 0.05), abs=1e-3), \
             "the equal-time LSTM trains for the transformer's wall time"
-        assert cfg["train"]["max_steps"] == 100000, "the arm's own values beat --quick's (its steps: no cap)"
+        assert cfg["train"]["stop"] == "budget", "the clock alone ends the equal-time LSTM"
+        steps = json.loads((tmp_path / name / doc["results"]["transformer"][0]["run"] / "config.json").read_text())
+        assert cfg["train"]["max_steps"] == steps["train"]["max_steps"], (
+            "the equal-time LSTM's schedule is the transformer's stretched over its time: the same planned steps, so "
+            "the same shares of warmup and decay")
+        first = json.loads((tmp_path / name / doc["results"]["lstm equal time"][0]["run"] / "metrics.jsonl")
+                           .read_text().splitlines()[0])
+        assert first["lr"] < 0.5 * cfg["optim"]["lr"], (
+            f"the equal-time LSTM starts at lr {first['lr']:.3g} of {cfg['optim']['lr']:.3g}: no warmup (a run "
+            "planned for 100,000 steps that the clock ends puts its warmup in the first fraction of a second)")
         assert cfg["model"]["block_size"] == 32, "--quick's sizes beat the claim's own context (512)"
     if name == "heads":  # two widths: the same head count at two head sizes
         widths = {json.loads((tmp_path / name / r["run"] / "config.json").read_text())["model"]["n_embd"]
