@@ -139,3 +139,23 @@ def test_every_kind_of_failure_is_reported_from_its_first_case(tmp_path):
     lines = r.message.splitlines()
     assert r.status == "error" and "line 12: a NaN appears there" in lines[0] and "B=1 nh=1 T=1" in lines[0], r.message
     assert any("also:" in line and "line 9: KeyError: 'bf16 only'" in line for line in lines[1:]), r.message
+
+
+@pytest.mark.parametrize("where", ["leading", "trailing"])
+@pytest.mark.parametrize("name", ["scores", "mask", "attention", "multi_head", "sinusoidal", "rope"])
+def test_an_output_with_an_extra_dimension_is_refused_and_both_shapes_named(name, where):
+    """The right values with one more dimension of size 1, (1, B, nh, T, T) for a mask, broadcast against the
+    reference: a checker comparing values alone would pass them, and the learner's model would break later.
+    Planted bug: checker_ignores_shape."""
+    ref = getattr(answers, name)
+
+    def extra(*args, **kwargs):
+        y = ref(*args, **kwargs)
+        return y[None] if where == "leading" else y[..., None]
+
+    r = check(name, extra, quiet=True)
+    assert r.status != "pass", f"{name} returning a {where} extra dimension passed the check"
+    got = re.search(r"returned a tensor of shape (\([\d, ]+\)); expected (\([\d, ]+\))", r.message)
+    assert got, r.message
+    mine, wanted = (tuple(int(d) for d in g.strip("()").split(",")) for g in got.groups())
+    assert len(mine) == len(wanted) + 1 and (mine[1:] if where == "leading" else mine[:-1]) == wanted, r.message
