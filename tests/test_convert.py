@@ -260,3 +260,21 @@ def test_load_gpt2_reads_the_layer_norm_epsilon_it_was_saved_with(tmp_path):
     ours = load_gpt2(tmp_path)
     assert ours.config.layer_norm_eps == 0.5, f"layer_norm_epsilon 0.5 read as {ours.config.layer_norm_eps}"
     assert_same_logits(ours, theirs, "load_gpt2 with layer_norm_epsilon=0.5")
+
+
+@pytest.mark.parametrize("overrides", [["model=gpt2"], ["experiment=gpt2_124m"]], ids=["model=gpt2", "gpt2_124m"])
+def test_the_gpt2_preset_is_gpt2s_architecture_and_exports_as_gpt2(overrides):
+    """model=gpt2 (and experiment=gpt2_124m) train GPT-2 small as transformers defines it: learned positions,
+    biases, tied embeddings, 12 x 12 x 768, 1024 positions; its run exports to GPT2LMHeadModel, not remote code.
+    Planted bug: gpt2_preset_rope."""
+    import dataclasses
+
+    from attention_lab.interop.convert import plan_export
+    from attention_lab.training.config import compose
+
+    want = config_from_hf(transformers.GPT2Config().to_dict())
+    got = compose(overrides).model.network(vocab_size=50257)
+    differ = {f.name: (getattr(got, f.name), getattr(want, f.name)) for f in dataclasses.fields(want)
+              if getattr(got, f.name) != getattr(want, f.name)}
+    assert not differ, f"{overrides[0]} differs from GPT-2 small (preset, GPT-2): {differ}"
+    assert plan_export(got).target == "gpt2", plan_export(got)
