@@ -153,6 +153,26 @@ def test_math_and_sdpa_backends_agree_forward_and_backward(pos_encoding):
         )
 
 
+
+@pytest.mark.parametrize("backend", ATTENTION_BACKENDS)
+def test_dropout_drops_while_training_and_never_in_eval(backend):
+    """model.dropout>0 (attention weights, residual and MLP outputs, embeddings) is random in training only: in
+    eval two passes give the same logits as the same weights at dropout 0, so validation loss, sampling and the
+    ideas are not random. Planted bug: attn_dropout_in_eval."""
+    idx = tokens()
+    plain = build(attn_backend=backend)
+    dropped = build(dropout=0.5, attn_backend=backend)
+    dropped.load_state_dict(plain.state_dict())
+    with torch.no_grad():
+        want = plain(idx).logits
+        for seed in (1, 2):
+            torch.manual_seed(seed)
+            torch.testing.assert_close(dropped(idx).logits, want, atol=0, rtol=0,
+                                       msg=lambda m: f"{backend}, eval: dropout=0.5 changed the logits\n{m}")
+        dropped.train()
+        torch.manual_seed(1)
+        assert not torch.equal(dropped(idx).logits, want), "a control: in training dropout=0.5 must change the logits"
+
 @pytest.mark.parametrize("backend", ATTENTION_BACKENDS)
 def test_the_tutorials_reference_equals_the_models_attention(backend):
     """model/attention.py's first function, reference_attention (the formula a learner reads first), computes what
