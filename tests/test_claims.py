@@ -430,6 +430,19 @@ def test_the_divergence_rule_flags_a_non_finite_or_rising_run_and_nothing_else()
     assert divergence([], []) is None
 
 
+def test_a_run_thrown_far_above_a_uniform_guess_early_is_diverged_even_when_it_recovers():
+    """The equal-time LSTM without warmup: 56-104 nats at step 10 on 4,096 tokens (a guess is ln 4096 = 8.3), then
+    back to 5.2 nats by its first evaluation and still improving, so the validation rules saw nothing (issue 43)."""
+    from attention_lab.claims.trained import divergence
+
+    recovered = [(200, 5.32), (400, 5.28), (600, 5.23)]
+    why = divergence([56.0, 76.0, 92.0, 6.9, 5.35, 5.25], recovered, vocab=4096)
+    assert why and why.startswith("training loss 92.0 (logged loss 3 of 6) above 1.5 x"), why
+    assert divergence([8.4, 7.9, 6.0, 5.3], recovered, vocab=4096) is None, "a fresh model starts near ln(vocab)"
+    assert divergence([12.0, 6.0, 5.3], recovered, vocab=4096) is None, "below 1.5 ln(vocab) = 12.48"
+    assert divergence([56.0, 5.3], recovered, vocab=4096, held_out=True), "the held-out rule reads it too"
+
+
 def test_a_rate_where_a_sweep_run_diverged_never_wins_and_all_diverged_steps_down():
     means = {"0.001": 2.60, "0.003": 2.50, "0.009": 2.45}  # 0.009 scores best on average, but one seed diverged there
     ok = experiment.pickable(means, {"0.009": {102: "final training loss 3.1 above the first evaluation's 3.0"}})
