@@ -96,6 +96,31 @@ def test_resume_is_exact_with_dropout_on(tmp_path, data_cache):
         "with dropout on, the resumed run must draw the same dropout masks: is torch's RNG state restored?"
 
 
+
+def test_a_resume_trains_with_this_runs_dropout_backend_and_qk_norm(tmp_path, data_cache):
+    """Settings that leave the weights' shapes alone may change on resume (docs/training.md; start.py: "this
+    run's dropout, backend and attention, the checkpoint's weights"): the resumed model uses them, as config.json
+    records. Planted bug: resume_ignores_this_runs_config (the checkpoint's own settings, silently)."""
+    from attention_lab.training.start import load_model, resolve_model_config
+    from data.prepare import prepare_data
+
+    common = ["experiment=debug", f"data.cache_dir={data_cache}", "train.eval_interval=2", "train.sample_tokens=0",
+              "train.head_roles=false"]
+    run = tmp_path / "run"
+    before = compose(common + ["train.max_steps=2", "model.dropout=0.0", "model.attn_backend=sdpa"])
+    train_mod.train(before, run)
+    changed = {"dropout": 0.1, "attn_backend": "math", "qk_norm": not before.model.qk_norm}
+    cfg = compose(common + ["train.max_steps=4", *(f"model.{k}={str(v).lower()}" for k, v in changed.items())])
+    data = prepare_data(cfg.data, log=lambda *a: None)
+    model, model_cfg, state, _ = load_model(cfg, resolve_model_config(cfg, data), data, run, say=lambda *a: None)
+    assert state is not None and state["step"] == 2, "a control: this must be a resume"
+    for name, value in changed.items():
+        assert getattr(model_cfg, name) == value, f"config.json would record {name}={getattr(model_cfg, name)!r}"
+        assert getattr(model.config, name) == value, \
+            f"the resumed model runs the checkpoint's {name}={getattr(model.config, name)!r}, not this run's {value!r}"
+    attn = model.transformer.h[0].attn
+    assert (attn.dropout_p, attn.backend, attn.qk_norm) == (0.1, "math", changed["qk_norm"])
+
 def test_init_from_really_starts_from_the_source_weights(tmp_path, data_cache):
     """Planted bug: init_from builds a fresh model of the source's shape instead of loading its weights."""
     from attention_lab.interop.hf import export_gpt2
