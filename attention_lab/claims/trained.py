@@ -85,4 +85,4 @@ def metrics_of(run_dir: Path, held_out: bool = False) -> dict:
             "seconds": done.get("seconds", float("nan")),
             "launch": done.get("launch"),
             "diverged": divergence([r["loss"] for r in train], val, done.get("stopped"), held_out,
-                                   json.loads(layout.config.read_text())["model"].get("vocab_size"))}
+                                   json.loads(layout.config.read_text()).get("model", {}).get("vocab_size"))}
