@@ -741,8 +741,9 @@ equivalence (±0.01 bits/byte unless stated) with the smallest region those seed
 word. Significance is read first: a significant difference on the wrong side reads **reversed** wherever it lies,
 and one inside the region says so ("by less than the region"). Along a variable (d_k, width, distance) the word
 at each value leads and one trend test per expectation comes second; a value where an arm sits at chance is left
-out of the trend. A run is **diverged** when its training loss became non-finite, when its final validation loss
-is more than 10% above the lowest it reached, or (on tasks without a noise floor) when its final training loss is
+out of the trend. A run is **diverged** when its training loss became non-finite or rose above 1.5 times a
+uniform guess's (1.5 ln vocab: a blow-up in its first steps that later steps partly hide), when its final
+validation loss is more than 10% above the lowest it reached, or (on tasks without a noise floor) when its final training loss is
 above its first evaluation's validation loss; a diverged seed is left out of its comparisons and named. A seed
 more than {outlier_k:g} scaled MADs from its arm's median is **flagged**: kept in the verdict, shown, and the
 verdict decided once more without it. The runs of a claim are one Hydra multirun (`train.py -m`), so any Hydra
