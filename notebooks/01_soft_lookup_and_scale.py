@@ -144,7 +144,10 @@ mine = torch.zeros_like(s)
 for i in range(s.size(-1)):
     mine[:, i, : i + 1] = torch.softmax(s[:, i, : i + 1], dim=-1)  # query i over keys 0..i
 theirs = cache["pattern", 0][0]  # (nh, T, T): the model's weights
-print(f"largest gap between your maps and the model's weights: {(mine - theirs).abs().max().item():.1e}")
+gap = (mine - theirs).abs().max().item()
+print(f"largest gap between your maps and the model's weights: {gap:.1e}")
+assert gap < 1e-5, (f"your maps differ from the model's weights by {gap:.1e}: each query i takes its softmax over "
+                    "keys 0..i only (itself and the earlier ones), never a later key")
 i = len(chars) - 1
 print(f"query {i} ({chars[i]!r}), head 0: its top keys",
       [(chars[j], round(mine[0, i, j].item(), 3)) for j in mine[0, i].argsort(descending=True)[:4].tolist()])

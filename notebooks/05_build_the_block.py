@@ -155,8 +155,10 @@ uniform = train_stage(1, "uniform average over the past", UniformAverage)
 # %%
 scores0 = torch.zeros(T, T).masked_fill(FUTURE, float("-inf"))
 w = torch.softmax(scores0, dim=-1)
-print("softmax of zeros with -inf on the future equals the uniform average:",
-      torch.allclose(w, torch.tril(torch.ones(T, T)) / torch.arange(1, T + 1)[:, None]))
+same = torch.allclose(w, torch.tril(torch.ones(T, T)) / torch.arange(1, T + 1)[:, None])
+print("softmax of zeros with -inf on the future equals the uniform average:", same)
+assert same, ("each query i should share its weight equally over keys 0..i: FUTURE must be True exactly where the "
+              "key comes after the query (j > i), hiding the future and nothing else")
 
 
 class LearnedPositionScores(nn.Module):
