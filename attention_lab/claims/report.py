@@ -895,6 +895,7 @@ def write_docs(root: Path = Path("claims"), docs: Path = REPO / "docs", readme: 
                 body = sections[name] if note in sections[name] else f"\n{note}\n" + sections[name]
                 parts += [f"## `{name}`\n\n" + body.strip("\n"), ""]  # the same page however often regenerated
             continue
+        claim = along(claim)  # the arms at each value of its variable, as the claim's own report names them
         if claim.arms:
             figure(claim, doc, docs / "claims" / f"{name}.png")
         body = report_lines(claim, doc, f"claims/{name}.png")[1:]  # below its own heading, one level down

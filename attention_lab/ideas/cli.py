@@ -415,7 +415,7 @@ def idea_rnn(args, opened: Opened, out: Path) -> None:
         print(f"the LSTM's loss minus the transformer's, per doubling of the position: {fmt(gap)} nats")
     recall = published.recall_by_distance(published.read_page())
     if recall:
-        print("claim 'recall' (docs/claims.md): bits per copied letter at distance d (4 = chance, 0 = perfect):")
+        print("claim 'recall' (docs/claims.md): bits per recalled item at distance d (4 = chance, 0 = perfect):")
         for arm, pts in recall.items():
             print(f"  {arm:<11} " + ", ".join(f"d={d}: {v:.3f}" for d, v in sorted(pts.items())))
     threads = torch.get_num_threads()

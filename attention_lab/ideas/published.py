@@ -15,7 +15,8 @@ def arms_table(markdown: str, claim: str) -> list[dict[str, str]]:
     section = re.search(rf"^## `{re.escape(claim)}`\n(.*?)(?=^## |\Z)", markdown, flags=re.S | re.M)
     if section is None:
         return []
-    arms = re.search(r"^### Arms\n+((?:\|.*\|\n?)+)", section.group(1), flags=re.M)
+    # "### Arms" in a claim's own report, "#### Arms" on docs/claims.md (one level down under "The fine print")
+    arms = re.search(r"^#{3,4} Arms\n+((?:\|.*\|\n?)+)", section.group(1), flags=re.M)
     if arms is None:
         return []
     lines = [line.strip() for line in arms.group(1).strip().splitlines()]
@@ -44,11 +45,12 @@ def positions_by_length(markdown: str) -> dict[str, dict[str, float]]:
 
 
 def recall_by_distance(markdown: str) -> dict[str, dict[int, float]]:
-    """The recall claim: "transformer" / "lstm" -> {distance: copy_bits (bits per copied letter, 4 = chance)}."""
+    """The recall claim: "transformer" / "lstm" -> {distance: bits per recalled item (4 = chance)}: recall_bits
+    (the one-item task) or copy_bits (the earlier copied block)."""
     out: dict[str, dict[int, float]] = {}
     for row in arms_table(markdown, "recall"):
         m = re.match(r"^(.*), distance=(\d+)$", row.get("arm", ""))
-        value = _number(row.get("copy_bits", ""))
+        value = _number(row.get("recall_bits", row.get("copy_bits", "")))  # the one-item task's, or the block's
         if m and value is not None:
             out.setdefault(m.group(1), {})[int(m.group(2))] = value
     return out

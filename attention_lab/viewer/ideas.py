@@ -223,7 +223,7 @@ def rnn_figure(curves: dict[str, np.ndarray], recall: dict[str, dict[int, float]
         b.text(min(min(p) for p in recall.values()), 3.85, "chance: 4 bits", fontsize=7, va="top")
         b.set_xscale("log", base=2)
         b.set_xlabel("distance d: letters to copy from d tokens back")
-        b.set_ylabel("bits per copied letter (0 = perfect)")
+        b.set_ylabel("bits per recalled item (0 = perfect)")
         b.set_title("claim 'recall' (docs/claims.md), 5 seeds", fontsize=9)
         b.legend(fontsize=7)
     else:
