@@ -19,6 +19,7 @@ import re
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -634,9 +635,12 @@ def arm_series(doc: dict, t: dict) -> dict[str, list[tuple[float, float, float]]
     """For one trend: each of its two arms' (value, mean, sd over seeds) of the trend's metric along the variable,
     from the arm's runs at each value (diverged seeds without the number left out)."""
     out = {}
+    # every value the comparisons were decided at: the trend may leave some out (an arm at chance there), the arms'
+    # own numbers are drawn at all of them
+    values = [at for at, _ in _per_value(doc, t)] or t["values"]
     for arm in (t["better"], t["worse"]):
         pts = [(v, [r[t["metric"]] for r in doc["results"].get(f"{arm}, {t['variable']}={v:g}", [])
-                    if r.get(t["metric"]) is not None]) for v in t["values"]]
+                    if r.get(t["metric"]) is not None]) for v in values]
         out[arm] = [(v, float(np.mean(ys)), float(np.std(ys))) for v, ys in pts if ys]
     return out
 
@@ -661,7 +665,8 @@ def plot_trends(claim: Claim, doc: dict, path: Path) -> None:
                 ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o",
                             capsize=3, label=arm)
         ax.set_xscale("log", base=2)
-        ax.set_xticks(list(t["values"]), [f"{v:g}" for v in t["values"]])
+        shown = sorted({p[0] for pts in arm_series(doc, t).values() for p in pts}) or list(t["values"])
+        ax.set_xticks(shown, [f"{v:g}" for v in shown])
         ax.set_xlabel(VARIABLE_WORDS.get(t["variable"], t["variable"]), fontsize=8)
         ax.set_ylabel(UNITS.get(t["metric"], t["metric"]).removeprefix("in ")[:60], fontsize=7)
         ax.set_title("each arm (mean ± sd over seeds)", fontsize=9)
@@ -685,8 +690,9 @@ def plot_trends(claim: Claim, doc: dict, path: Path) -> None:
         ax.set_title(f"at {'/'.join(f'{at:g}' for at, _ in pts)}: {each}\nalong {t['variable']}: {t['verdict']}{slope}",
                      fontsize=8)
         ax.set_xticks([at for at, _ in pts], [f"{at:g}" for at, _ in pts])
-    fig.suptitle(_title(claim) + "\nleft of each pair: the paired difference (dots: seeds; bars: the interval its "
-                 "verdict was read from); right: each arm's own number", fontsize=9)
+    fig.suptitle(_title(claim) + "\n" + textwrap.fill("left of each pair: the paired difference (dots: seeds; bars: "
+                                                      "the interval its verdict was read from); right: each arm's "
+                                                      "own number", 95), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
