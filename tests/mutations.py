@@ -1787,6 +1787,14 @@ MUTATIONS = (
              ("tests/test_claims.py::test_a_run_thrown_far_above_a_uniform_guess_early_is_diverged_even_when_it_recovers",),
              "a run thrown to 92 nats in its first steps that crept back to 5.2 counts as a working run and is "
              "averaged into its arm (issue 43's 3.97 seed)"),
+    Mutation("claims_positions_drawn_in_text_order", "attention_lab/claims/report.py",
+             "    return sorted(buckets, key=int)", "    return list(buckets)",
+             ("tests/test_claims_findings.py::test_the_figures_draw_positions_in_order_and_each_arm_at_every_value_decided",),
+             "the rnn figure draws its position buckets in the JSON's text order (1, 128, 16, ...): zigzag curves"),
+    Mutation("claims_arms_drawn_only_where_the_trend_is", "attention_lab/claims/report.py",
+             '    values = [at for at, _ in _per_value(doc, t)] or t["values"]', '    values = t["values"]',
+             ("tests/test_claims_findings.py::test_the_figures_draw_positions_in_order_and_each_arm_at_every_value_decided",),
+             "recall's figure draws no arm where the trend leaves out the distances at chance: an empty panel"),
     # code-only round 2 (2026-11-27: the ideas, the notebooks and exercises, training configurations), by a helper
     # who had not read the tests: 22 planted, 15 caught, 7 missed, each now closed by a test:
     # idea_lookup_figure_draws_block0, resume_ignores_this_runs_config, notebook05_mask_hides_past,

@@ -410,3 +410,20 @@ def test_a_claim_with_further_rates_is_checked_at_each_and_a_flip_at_any_says_so
             "minutes": 1.0, "diverged": {}}
     fine = "\n".join(report.report_lines(CLAIMS["rnn"], doc))
     assert "At 0.111 x each arm's rate (transformer at 0.009" in fine, fine[-3000:]
+
+
+def test_the_figures_draw_positions_in_order_and_each_arm_at_every_value_decided():
+    """Read back from results.json, position buckets are text keys ("1", "128", "16"): drawn in that order the
+    rnn figure's curves zigzagged. And recall's trend leaves out the distances where an arm is at chance: the
+    arms' own numbers must still be drawn at every distance the verdicts were decided at."""
+    import json
+
+    from attention_lab.claims import report
+
+    buckets = json.loads(json.dumps({1: 4.1, 2: 3.4, 16: 3.2, 128: 3.25, 4: 3.4}))
+    assert [int(k) for k in report.position_keys(buckets)] == [1, 2, 4, 16, 128]
+    doc = json.loads((report.REPO / "docs" / "claims" / "results_recall.json").read_text())
+    t = doc["trends"][0]
+    series = report.arm_series(doc, {**t, "values": []})
+    assert all(len(pts) == 4 for pts in series.values()), (
+        f"each arm drawn at d = 8, 32, 128, 512 even when the trend keeps none: {series}")

@@ -565,6 +565,12 @@ def write_bench(claim: Claim, out: Path, quick: bool) -> Path:
     return render(claim, out)
 
 
+def position_keys(buckets: dict) -> list:
+    """A run's position buckets in the order of the position: read back from JSON the keys are text, and "128"
+    sorts before "16"."""
+    return sorted(buckets, key=int)
+
+
 def plot(claim: Claim, results: dict, path: Path) -> None:
     import matplotlib
 
@@ -595,7 +601,7 @@ def plot(claim: Claim, results: dict, path: Path) -> None:
             r = results[arm][0]  # the first seed of each arm
             if claim.plot == "position" and all("position_buckets" in x for x in results[arm]):
                 rows = [x for x in results[arm] if not x.get("diverged")]
-                keys = sorted(rows[0]["position_buckets"], key=int)  # JSON keeps them as text: "1", "128", "16"
+                keys = position_keys(rows[0]["position_buckets"])
                 curves = np.array([[x["position_buckets"][k] for k in keys] for x in rows])
                 mean = curves.mean(0)
                 half = (stats.t.ppf(0.975, len(rows) - 1) * curves.std(0, ddof=1) / np.sqrt(len(rows))
