@@ -176,7 +176,7 @@ def arm_table(claim: Claim, doc: dict, key: str = "results") -> str:
 
 def _per_value(doc: dict, t: dict) -> list[tuple[float, dict]]:
     """The comparisons of one trend's expectation, one per value of the variable, ascending."""
-    return sorted(((at, c) for c, at, of in zip(doc["comparisons"], doc.get("at", []), doc.get("of", []))
+    return sorted(((at, c) for c, at, of in zip(doc.get("comparisons", []), doc.get("at", []), doc.get("of", []))
                    if of == [t["better"], t["worse"]] and c["metric"] == t["metric"]), key=lambda x: x[0])
 
 
