@@ -89,9 +89,9 @@ def main(argv: list[str] | None = None) -> int:
             start = time.perf_counter()
             decode("auto")
             first = time.perf_counter() - start
-        measured = list(decoding._measured.values())  # empty where auto needs no measurement (no bf16 units)
-        chosen = decoding.faster_dtype(measured[0]) if measured else decoding_dtype("auto", torch.device("cpu"),
-                                                                                     lambda: None, name)
+        measured = list(decoding._kept.values())  # empty where auto needs no measurement (no bf16 units)
+        chosen = (decoding.faster_dtype({d: measured[0][str(d).removeprefix("torch.")] for d in decoding.CANDIDATES})
+                  if measured else decoding_dtype("auto", torch.device("cpu"), lambda: None, name))
         cost = first - new / (f32 if chosen == torch.float32 else bf16)
         print(f"| {name} | {f32:,.0f} | {bf16:,.0f} | {ratio:.2f}x | {str(chosen).removeprefix('torch.')} | "
               f"{cost * 1e3:,.0f} ms |")

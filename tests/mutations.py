@@ -1702,7 +1702,8 @@ MUTATIONS = (
              "the formula on model/attention.py's first screen lets each query see the next token: the learner reads "
              "a reference the model does not compute"),
     Mutation("decoding_auto_ignores_its_measurement", "attention_lab/runtime/decoding.py",
-             "    return faster_dtype(_measured[cache_key])", "    return pick_dtype(name, device)",
+             "    return faster_dtype({dtype: seconds[name] for name, dtype in names.items()})",
+             "    return pick_dtype(name, device)",
              ("tests/test_decoding_dtype.py",),
              "sampling's dtype auto measures float32 against bf16 and then decodes in training's choice (bf16 on a "
              "CPU with native bf16), at half float32's speed on the AMX Xeon of issue 44"),

@@ -64,7 +64,6 @@ FORMAT = 1  # the file's layout; a file of another format is read as empty (and 
 KEEP = 64  # entries kept in the file, the most recently measured: one per machine setup, model shape and path
 CAPABILITIES = ("amx_bf16", "amx_tile", "avx512_bf16")  # the flags of torch.cpu.get_capabilities a key names
 
-_measured: dict[str, dict[torch.dtype, float]] = {}  # the full key (JSON text) -> seconds per decode()
 _kept: dict[str, dict[str, float]] = {}  # kept_seconds' memory: the full key -> seconds per candidate's name
 _warned: list[str] = []  # the warning this process printed: one line at most, whatever goes wrong after
 _afresh = False  # inside measuring_afresh(): ignore what is stored, measure, overwrite
@@ -121,14 +120,13 @@ def decoding_dtype(name: str, device: torch.device, decode: Callable[[], object]
     (the model's shape, cached or not); measure: time_decoding unless given. Elsewhere auto is pick_dtype's."""
     if name != "auto" or device.type != "cpu" or not cpu_has_native_bf16():
         return pick_dtype(name, device)
-    cache_key = json.dumps(measurement_key(key), sort_keys=True)
-    if cache_key not in _measured or _afresh:
-        seconds = None if _afresh else _parse_seconds(_read_entries().get(cache_key))
-        if seconds is None:
-            seconds = (measure or time_decoding)(decode, device)
-            _store(cache_key, {str(d).removeprefix("torch."): s for d, s in seconds.items()})
-        _measured[cache_key] = seconds
-    return faster_dtype(_measured[cache_key])
+    names = {str(dtype).removeprefix("torch."): dtype for dtype in CANDIDATES}  # the file names dtypes by text
+
+    def timed() -> dict[str, float]:
+        return {str(d).removeprefix("torch."): s for d, s in (measure or time_decoding)(decode, device).items()}
+
+    seconds, _ = kept_seconds(key, tuple(names), timed)
+    return faster_dtype({dtype: seconds[name] for name, dtype in names.items()})
 
 
 def kept_seconds(key: Hashable, names: tuple[str, ...], measure: Callable[[], dict[str, float]]
@@ -152,7 +150,6 @@ def kept_seconds(key: Hashable, names: tuple[str, ...], measure: Callable[[], di
 def forget_measurements() -> None:
     """This process's memory as a fresh process's (tests): no measurement held, no warning printed yet. The file
     stays (delete it, or measure afresh: measuring_afresh, `python -m bench.decoding_dtype`)."""
-    _measured.clear()
     _kept.clear()
     _warned.clear()
 
@@ -186,13 +183,6 @@ def _positive_seconds(raw: object) -> dict[str, float] | None:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
             return None
     return {str(name): float(value) for name, value in raw.items()}
-
-
-def _parse_seconds(stored: dict[str, float] | None) -> dict[torch.dtype, float] | None:
-    """{"float32": s, "bfloat16": s} -> {dtype: s}; None unless every candidate dtype has a time."""
-    if stored is None or any(str(dtype).removeprefix("torch.") not in stored for dtype in CANDIDATES):
-        return None
-    return {dtype: stored[str(dtype).removeprefix("torch.")] for dtype in CANDIDATES}
 
 
 def _read_entries() -> dict[str, dict[str, float]]:
