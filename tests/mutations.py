@@ -715,11 +715,18 @@ MUTATIONS = (
              ("tests/test_claims_findings.py::test_a_reversal_reads_as_a_reversal",),
              "a significant difference against the claim is written as the claim holding"),
     Mutation("plain_undecided_said_as_a_finding", "attention_lab/claims/plain.py",
-             'return (f"these seeds cannot tell {better} from {worse}{where} (a difference of {_sizes(metric, means)}, within "\n'
+             'return (f"these seeds cannot tell {better} from {worse}{where} (a difference of {bare}, within "\n'
              '            "what the seeds\' spread allows)")',
              'return f"{better} {verb} {worse}{where}, by {by}"',
              ("tests/test_claims_findings.py::test_an_undecided_comparison_never_reads_as_a_finding",),
              "an undecided comparison reads as a finding in the plain sentence"),
+    Mutation("plain_arm_words_lost_along_a_variable", "attention_lab/claims/plain.py",
+             "    arm = next((a for a in claim.arms if a.name == name), None) or next(\n"
+             "        (a for a in claim.arms if a.name in at_values), None)",
+             "    arm = next((a for a in claim.arms if a.name == name), None)",
+             ("tests/test_claims_findings.py::test_along_a_variable_the_arms_keep_their_words_in_every_sentence",),
+             "docs/claims.md reads a claim along its variable, so its sentences name 'transformer' and 'lstm' "
+             "where the catalog says 'the transformer' and 'the LSTM'"),
     Mutation("rate_flip_unsaid", "attention_lab/claims/plain.py",
              "            if changed:\n                was = ", "            if False:\n                was = ",
              ("tests/test_claims_findings.py::test_a_verdict_that_changes_with_the_rate_says_it_depends_on_the_rate",),

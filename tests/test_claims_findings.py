@@ -86,7 +86,9 @@ def test_a_verdict_that_changes_with_the_rate_says_it_depends_on_the_rate():
     claim, doc = _doc("qk", QK, second=QK | {"tied": 2.30})
     text = plain.found(claim, doc)
     assert doc["comparisons_second"][0]["verdict"] == "reversed" and doc["comparisons"][0]["verdict"] == "holds"
-    assert "At 0.001 instead of 0.003 the comparison" in text and "this finding depends on the rate." in text, text
+    assert ("At 0.001 instead of 0.003, separate query and key projections against one projection for both reads "
+            "otherwise (holds at the first rate): the reverse of the claim" in text), text
+    assert "this finding depends on the rate." in text, text
     assert "depends on the rate" in plain.headline(claim, doc)
     claim, same = _doc("qk", QK, second=QK)
     assert "every verdict reads the same" in plain.found(claim, same) and "depends" not in plain.found(claim, same)
@@ -180,7 +182,9 @@ def test_a_flagged_seed_is_shown_kept_in_the_verdict_and_the_verdict_decided_wit
     assert robust["left_out"] and "tied seed 3 (flagged" in robust["left_out"][0]
     assert kept["verdict"] == "undecided" and robust["verdict"] == "holds", (kept, robust)
     text = plain.found(claim, doc)
-    assert "tied seed 3" in text and "Without the flagged seeds: separate query and key projections predicted" in text
+    assert "One seed lies far from the other seeds of its arm (more than 10 scaled MADs" in text, text
+    assert "one projection for both, seed 3" in text and "Without the flagged seeds: separate query and key " \
+        "projections predicted" in text, text
     lines = "\n".join(report.report_lines(claim, doc))
     assert "### Seeds far from their arm" in lines and doc["outlier_rule"] in lines
 
@@ -403,13 +407,38 @@ def test_a_claim_with_further_rates_is_checked_at_each_and_a_flip_at_any_says_so
     doc = json.loads(json.dumps(doc | {"rates": {"transformer": None}, "quick": False}))
     assert [m["factor"] for m in doc["more_rates"]] == [pytest.approx(1 / 9)]
     text = plain.found(CLAIMS["rnn"], doc)
-    assert "At 0.11 x each arm's own rate instead of each arm's own rate the comparison of the transformer" in text, text
-    assert "depends on the rate" in text and "reverse of the claim" in text
+    assert "At a ninth of each arm's own rate, the transformer against an LSTM of the same size and steps" in text, text
+    assert "At a third of each arm's own rate every verdict reads the same as well." in text, text
+    assert "depend on the rate." in text and plain.depends_on_the_rate(CLAIMS["rnn"], doc), text
+    assert "reverse of the claim" in text
     doc |= {"machine": "a CPU", "launcher": [], "seeds": [1, 2, 3, 4, 5], "rate_rule": "fixed in advance",
             "common_rate": 0.003, "diverged_rule": "r", "sweep": {}, "split": {"test": ["b"]}, "run_seconds": [1.0],
             "minutes": 1.0, "diverged": {}}
     fine = "\n".join(report.report_lines(CLAIMS["rnn"], doc))
     assert "At 0.111 x each arm's rate (transformer at 0.009" in fine, fine[-3000:]
+
+
+def test_along_a_variable_the_arms_keep_their_words_in_every_sentence():
+    """docs/claims.md reads a claim along its variable (catalog.along: "transformer, distance=8"), while its
+    results name the base arm ("transformer"): the sentences say "the transformer", "the LSTM" all the same."""
+    claim = along(CLAIMS["recall"])
+    results = {}
+    for i, d in enumerate((8, 32, 128, 512)):
+        for j, (arm, m) in enumerate((("transformer", 0.1), ("lstm", 3.9))):
+            rng = np.random.default_rng(10 * i + j)
+            rows = [{"seed": s, "recall_bits": m + float(rng.normal(0, 0.05)), "val_loss": 1.0, "lr": 0.003,
+                     "step": 1000, "seconds": 5.0, "diverged": None} for s in range(1, 6)]
+            results[f"{arm}, distance={d}"] = rows
+    results["transformer, distance=512"][2]["recall_bits"] = 11.5  # a seed far from its arm
+    doc = json.loads(json.dumps(experiment.decided(claim, results) | {"rates": {}, "quick": False}))
+    text = plain.found(claim, doc)
+    assert "The transformer recalled the item better than the LSTM at distance = 8, 32 and 128" in text, text
+    assert "Without the flagged seeds: the transformer recalled the item better than the LSTM at distance = 512" in text
+    assert "the transformer at distance = 512, seed 3 (11.50 bits per recalled item" in text, text
+    assert not re.search(r"\blstm\b|Transformer recalled", text), text
+    line = plain.headline(claim, doc)
+    assert line.startswith("The transformer recalled the item better than the LSTM") and \
+        line.endswith(" — a seed flagged far from its arm."), line
 
 
 def test_the_figures_draw_positions_in_order_and_each_arm_at_every_value_decided():

@@ -21,7 +21,8 @@ import math
 
 import numpy as np
 
-from attention_lab.claims.catalog import Claim
+from attention_lab.claims import stats
+from attention_lab.claims.catalog import Claim, at_value
 
 # per metric: what the arm with the lower number did better, and the size in words (lower is the claim's side)
 VERBS = {"bpb": "predicted the test text better than",
@@ -55,9 +56,22 @@ def size(metric: str, value: float) -> str:
 
 
 def said(claim: Claim, name: str) -> str:
-    """An arm's plain words (Arm.said), else its name."""
-    arm = next((a for a in claim.arms if a.name == name), None)
+    """An arm's plain words (Arm.said), else its name. A claim along a variable (catalog.along) names its arms at
+    each value ("transformer, distance=8"), and a results doc names the expectation's base arm ("transformer"):
+    the words are the same at every value."""
+    at_values = [at_value(name, claim.variable, v) for v in claim.variable.values] if claim.variable else []
+    arm = next((a for a in claim.arms if a.name == name), None) or next(
+        (a for a in claim.arms if a.name in at_values), None)
     return (arm.said if arm and arm.said else name)
+
+
+def said_at(claim: Claim, name: str) -> str:
+    """An arm at one value of the claim's variable in words: "the transformer at distance = 512"."""
+    for v in claim.variable.values if claim.variable else ():
+        suffix = at_value("", claim.variable, v)  # ", distance=512"
+        if name.endswith(suffix):
+            return f"{said(claim, name[:-len(suffix)])} at {claim.variable.name} = {v:g}"
+    return said(claim, name)
 
 
 def _values(values) -> str:
@@ -124,6 +138,7 @@ def clause(claim: Claim, doc: dict, of: tuple[str, str], metric: str, items: lis
     elif spread_said and spread(doc, c0) > 0 and metric in VERBS:
         by += f" (the seeds of one arm spread by about {size(metric, spread(doc, c0)).split(' (')[0]})"
     region = f"±{c0['region']:g}"
+    bare = _sizes(metric, means).split(" (")[0]  # inside parentheses: no "(4: chance)" within them
     word = word_of(c0)
     if word == "holds":
         return f"{better} {verb} {worse}{where}, by {by}"
@@ -136,9 +151,9 @@ def clause(claim: Claim, doc: dict, of: tuple[str, str], metric: str, items: lis
         return (f"the reverse of the claim{where}: {worse} {verb} {better}, though only by {by}, inside the region "
                 f"{region} that we count as too small to matter")
     if word == "equivalent":
-        return (f"{better} and {worse} are equivalent{where}: their difference ({_sizes(metric, means)}) lies within "
+        return (f"{better} and {worse} are equivalent{where}: their difference ({bare}) lies within "
                 f"the region {region}, too small to matter")
-    return (f"these seeds cannot tell {better} from {worse}{where} (a difference of {_sizes(metric, means)}, within "
+    return (f"these seeds cannot tell {better} from {worse}{where} (a difference of {bare}, within "
             "what the seeds' spread allows)")
 
 
@@ -221,9 +236,20 @@ def rate_checks(doc: dict) -> list[tuple[float, dict]]:
     return [(f, d | {"at": doc.get("at"), "of": doc.get("of")}) for f, d in out]
 
 
+RATE_WORDS = {1 / 3: "a third of", 1 / 9: "a ninth of", 3.0: "three times", 9.0: "nine times"}
+
+
+def rate_said(factor: float, own: bool, common: float) -> str:
+    """A rate of the check in words: "a third of each arm's own rate", or the rate itself."""
+    if not own:
+        return f"{common * factor:g}"
+    words = next((w for f, w in RATE_WORDS.items() if math.isclose(f, factor, rel_tol=1e-6)), f"{factor:.2g} x")
+    return f"{words} each arm's own rate"
+
+
 def rate_sentences(claim: Claim, doc: dict) -> list[str]:
-    """The verdicts at the check's other fixed rates beside the first: a word that differs reads "depends on the
-    rate"."""
+    """The verdicts at the check's other fixed rates beside the first, one sentence per rate: a word that differs
+    reads "depends on the rate"."""
     checks = rate_checks(doc)
     if not checks:
         skipped = "second_rate" in doc and not doc.get("second_rate") and not doc.get("quick") and claim.second_rate
@@ -232,25 +258,31 @@ def rate_sentences(claim: Claim, doc: dict) -> list[str]:
     first = {_key(c): c for c in doc["comparisons"]}
     own = any(v is None for v in doc.get("rates", {}).values())
     common = doc.get("common_rate", float("nan"))
-    r1 = "each arm's own rate" if own else f"{common:g}"
     var = doc.get("variable")
-    flips, rates = [], []
+    out, same = [], []
     for factor, check in checks:
-        r2 = f"{factor:.2g} x each arm's own rate" if own else f"{common * factor:g}"
-        rates.append(r2)
+        r2 = rate_said(factor, own, common) + ("" if own else f" instead of {common:g}")
+        flips = []
         for of, metric, items in groups(check):
             changed = [(at, c) for at, c in items if _key(c) in first and first[_key(c)]["verdict"] != c["verdict"]]
             if changed:
                 was = "/".join(sorted({first[_key(c)]["verdict"] for _, c in changed}))
-                flips.append(f"at {r2} instead of {r1} the comparison of {said(claim, of[0])} with "
-                             f"{said(claim, of[1])} reads otherwise ({was} before): "
-                             + "; ".join(clause(claim, check, of, metric, same, var, spread_said=False)
-                                         for same in _by_word(changed)))
-    if not flips:
-        where = rates[0] if len(rates) == 1 else ", ".join(rates[:-1]) + " and " + rates[-1]
-        return [f"At {'a second fixed rate' if len(rates) == 1 else 'other fixed rates'} ({where} instead of {r1}) "
-                "every verdict reads the same."]
-    return [f"{f[0].upper() + f[1:]}: this finding depends on the rate." for f in flips]
+                flips.append(f"{said(claim, of[0])} against {said(claim, of[1])} reads otherwise ({was} at the first "
+                             "rate): " + "; ".join(clause(claim, check, of, metric, same_, var, spread_said=False)
+                                                   for same_ in _by_word(changed)))
+        if flips:
+            these = "this finding depends" if len(flips) == 1 else "these findings depend"
+            out.append(f"At {r2}, " + "; and ".join(flips) + f": {these} on the rate.")
+        else:
+            same.append(r2)
+    if same:
+        where = same[0] if len(same) == 1 else ", ".join(same[:-1]) + " and " + same[-1]
+        out.insert(0, f"At {where} every verdict reads the same{' as well' if out else ''}.")
+    return out
+
+
+def depends_on_the_rate(claim: Claim, doc: dict) -> bool:
+    return any(s.endswith("on the rate.") and "every verdict" not in s for s in rate_sentences(claim, doc))
 
 
 def outlier_sentences(claim: Claim, doc: dict) -> list[str]:
@@ -258,9 +290,12 @@ def outlier_sentences(claim: Claim, doc: dict) -> list[str]:
     flagged = doc.get("outliers") or []
     if not flagged:
         return []
-    named = "; ".join(f"{f['arm']} seed {f['seed']} ({f['value']:.4f} against its arm's median {f['median']:.4f}, "
-                      f"{f['mads']:.0f} MADs away)" for f in flagged)
-    text = [f"Flagged as far from the other seeds of its arm (kept in the verdicts above): {named}."]
+    named = "; ".join(f"{said_at(claim, f['arm'])}, seed {f['seed']} ({size(f['metric'], f['value']).split(' (')[0]} "
+                      f"against its arm's median {size(f['metric'], f['median']).split(' ')[0]}, {f['mads']:.0f} MADs "
+                      "away)" for f in flagged)
+    many = f"{len(flagged)} seeds lie" if len(flagged) > 1 else "One seed lies"
+    text = [f"{many} far from the other seeds of {'their arms' if len(flagged) > 1 else 'its arm'} (more than "
+            f"{stats.OUTLIER_K:g} scaled MADs from the arm's median; kept in the verdicts above): {named}."]
     robust = {_key(c): c for c in doc.get("comparisons_robust") or []}
     var = doc.get("variable")
     changed = []
@@ -290,8 +325,8 @@ def axis_sentences(claim: Claim, doc: dict) -> list[str]:
         items = [(v, c | {"metric": t["metric"]}) for v, c in pv]
         var = {"length": "the scored length (x the trained context)",
                "position": "the position in the context"}.get(axis.get("name"), t["variable"])
-        out.append(f"Along {var}: " + group_sentence(claim, {"results": {}}, (t["better"], t["worse"]), t["metric"],
-                                                       items, t["variable"], t))
+        out.append(f"Along {var}: " + lower_first(group_sentence(claim, {"results": {}}, (t["better"], t["worse"]), t["metric"],
+                                                                   items, t["variable"], t)))
     return out
 
 
@@ -310,9 +345,10 @@ def found(claim: Claim, doc: dict) -> str:
         lines.append(f"- {text}")
         notes += [cv for cv in caveats(claim, of, items) if cv not in notes]
     lines += [f"- {s}" for s in axis_sentences(claim, doc)]
-    tail = [f"{n[0].upper() + n[1:]}." for n in notes] + rate_sentences(claim, doc) + outlier_sentences(claim, doc)
-    if tail:
-        lines += [""] + [" ".join(tail)]
+    for paragraph in ([f"{n[0].upper() + n[1:]}." for n in notes], rate_sentences(claim, doc),
+                      outlier_sentences(claim, doc)):
+        if paragraph:
+            lines += ["", " ".join(paragraph)]
     return "\n".join(lines)
 
 
@@ -333,11 +369,12 @@ def headline(claim: Claim, doc: dict) -> str:
              for of, metric, items in picked]
     text = "; ".join([said_[0]] + [lower_first(x) for x in said_[1:]])
     flags = []
-    if any(s.endswith("depends on the rate.") for s in rate_sentences(claim, doc)):
+    if depends_on_the_rate(claim, doc):
         flags.append("depends on the rate")
     if any("we do not know why" in cv for of, _, items in gs for cv in caveats(claim, of, items)):
         flags.append("we do not know why")
     if doc.get("outliers"):
-        flags.append("a seed flagged far from its arm")
-    return text + (f" ({'; '.join(flags)})" if flags else "") + "."
+        n = len(doc["outliers"])
+        flags.append("a seed flagged far from its arm" if n == 1 else f"{n} seeds flagged far from their arms")
+    return text + (f" — {'; '.join(flags)}" if flags else "") + "."
 
