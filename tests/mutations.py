@@ -1810,6 +1810,11 @@ MUTATIONS = (
     # entry earlier in this list, now also caught directly). Seven of the 22 were already here, under these names:
     # grad_accum_not_divided, attn_dropout_in_eval, gqa_tiles_instead_of_groups, window_off_by_one,
     # budget_clock_restarts_on_resume, schedule_stops_at_the_step_cap, eval_batches_overlap.
+    Mutation("idea_recall_mean_not_median", "attention_lab/ideas/published.py",
+             "return float(np.median(self.values))", "return float(np.mean(self.values))",
+             ("tests/test_ideas.py::test_the_recall_curve_is_the_median_of_the_seeds_and_marks_the_flagged_ones",),
+             "`ideas rnn`'s recall panel draws the mean of the seeds: one flagged transformer seed at d = 512 (11.5 "
+             "bits) lifts the arm above chance and above the LSTM, a finding no verdict made"),
     Mutation("idea_mask_reads_head0", "attention_lab/interp/ideas.py",
              'w = cache["pattern", layer][0, head]',
              'w = cache["pattern", layer][0, 0]',

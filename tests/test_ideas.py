@@ -317,28 +317,51 @@ PAGE = """## `positions`
 |---|---|---|---|---|
 | none | 0.003 | 2.7178 | 2.7373 | 2.7505 |
 | learned | 0.003 | 2.6755 | - | - |
-
-## `recall`
-
-### Arms
-
-| arm | copy_bits | params |
-|---|---|---|
-| transformer, distance=8 | 0.0041 | 99,776 |
-| lstm, distance=8 | 1.0118 | 99,996 |
-| lstm, distance=32 | 4.0010 | 99,996 |
 """
+
+RECALL = {  # the shape of docs/claims/results_recall.json: every verdict seed's run, the flagged seeds apart
+    "results": {
+        "transformer, distance=8": [{"seed": s, "recall_bits": v} for s, v in ((1, 0.02), (2, 0.03), (3, 0.52))],
+        "transformer, distance=512": [{"seed": s, "recall_bits": v} for s, v in ((1, 4.02), (2, 4.03), (3, 11.48))],
+        "lstm, distance=8": [{"seed": s, "recall_bits": v} for s, v in ((2, 4.01), (1, 4.00), (3, 3.59))],
+    },
+    "outliers": [{"arm": "transformer, distance=512", "seed": 3, "metric": "recall_bits", "value": 11.48},
+                 {"arm": "lstm, distance=8", "seed": 3, "metric": "bpb", "value": 3.59}],
+}
 
 
 def test_published_numbers_are_read_from_the_claims_tables():
     assert published.positions_by_length(PAGE) == {"none": {"1x": 2.7178, "2x": 2.7373, "4x": 2.7505},
                                                     "learned": {"1x": 2.6755}}
-    assert published.recall_by_distance(PAGE) == {"transformer": {8: 0.0041}, "lstm": {8: 1.0118, 32: 4.001}}
     assert published.arms_table(PAGE, "rnn") == []
     real = published.read_page()
-    if real:  # the repository's own page: every arm of both claims is there
+    if real:  # the repository's own page: every arm of the claim is there
         assert set(published.positions_by_length(real)) >= {"none", "rope", "sinusoidal", "alibi", "learned"}
-        assert set(published.recall_by_distance(real)) == {"transformer", "lstm"}
+    results = published.read_results("recall")
+    if results:  # the repository's own results: both arms, at each distance
+        assert set(published.recall_seeds(results)) == {"transformer", "lstm"}
+
+
+def test_the_recall_curve_is_the_median_of_the_seeds_and_marks_the_flagged_ones():
+    """One far seed (11.48 bits where the others sit at 4) drags a mean to 6.5, above chance; the median stays at
+    the arm's 4.03. The flag is the claim's own (outliers, metric recall_bits), not one of another number."""
+    got = published.recall_seeds(RECALL)
+    assert list(got) == ["transformer", "lstm"] and list(got["transformer"]) == [8, 512]
+    far = got["transformer"][512]
+    assert far.values == (4.02, 4.03, 11.48) and far.flagged == (False, False, True)
+    assert far.median == pytest.approx(4.03)
+    assert got["lstm"][8].seeds == (1, 2, 3) and got["lstm"][8].flagged == (False, False, False)
+    from attention_lab.viewer import ideas as draw
+
+    fig = draw.rnn_figure({"transformer": np.ones(8), "LSTM": np.ones(8) * 2}, got, {"transformer": 1.0, "LSTM": 1.0},
+                          1, "r")
+    panel = fig.axes[1]
+    medians = [line for line in panel.get_lines() if line.get_label().endswith("median of the seeds")]
+    assert [list(line.get_ydata()) for line in medians] == [[pytest.approx(0.03), pytest.approx(4.03)],
+                                                            [pytest.approx(4.00)]]
+    crosses = [line for line in panel.get_lines() if line.get_marker() == "x" and len(line.get_xdata())]
+    assert len(crosses) == 1 and crosses[0].get_ydata()[0] == draw.RECALL_TOP, "the flagged seed, drawn at the top"
+    assert any("11.5" in t.get_text() for t in panel.texts), "a seed off the top says its value"
 
 
 # --- warmup --------------------------------------------------------------------------------------------------------

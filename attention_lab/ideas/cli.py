@@ -413,11 +413,18 @@ def idea_rnn(args, opened: Opened, out: Path) -> None:
               "attention. Train a fair one: python train.py model.arch=lstm name=lstm")
     else:
         print(f"the LSTM's loss minus the transformer's, per doubling of the position: {fmt(gap)} nats")
-    recall = published.recall_by_distance(published.read_page())
+    recall = published.recall_seeds(published.read_results("recall"))
     if recall:
-        print("claim 'recall' (docs/claims.md): bits per recalled item at distance d (4 = chance, 0 = perfect):")
+        print("claim 'recall' (docs/claims.md § recall: one letter to recall from d tokens back): bits per recalled "
+              "item (4 = chance, 0 = perfect), the median of the seeds, each seed in brackets (* a seed flagged as "
+              "far from its arm; the claim keeps it in its verdicts and says so):")
         for arm, pts in recall.items():
-            print(f"  {arm:<11} " + ", ".join(f"d={d}: {v:.3f}" for d, v in sorted(pts.items())))
+            print(f"  {arm:<11} " + "; ".join(
+                f"d={d}: {p.median:.2f} [" + ", ".join(f"{v:.2f}" + ("*" if bad else "")
+                                                        for v, bad in zip(p.values, p.flagged)) + "]"
+                for d, p in pts.items()))
+        print("  the verdicts (which differences these seeds can tell, and at a second rate) are in docs/claims.md "
+              "§ recall")
     threads = torch.get_num_threads()
     xb, yb = x[:4], y[:4]
     speed = {"transformer": measure.tokens_per_second(opened.model, xb, yb, args.repeats),

@@ -1,12 +1,19 @@
 """The claims' published numbers, read back from docs/claims.md (the page `python -m attention_lab.claims docs`
-assembles from the reports): a claim's "### Arms" table as rows of strings, and the two series the ideas plot."""
+assembles from the reports): a claim's "### Arms" table as rows of strings, and the positions series the ideas
+plot; the recall claim's seeds from its results file (docs/claims/results_recall.json), so the plot can show
+each seed and the median."""
 
 from __future__ import annotations
 
+import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 CLAIMS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "claims.md"
+RESULTS = CLAIMS_PAGE.parent / "claims"  # each claim's results_CLAIM.json, every seed's numbers
 
 
 def arms_table(markdown: str, claim: str) -> list[dict[str, str]]:
@@ -44,16 +51,45 @@ def positions_by_length(markdown: str) -> dict[str, dict[str, float]]:
     return {arm: v for arm, v in out.items() if v}
 
 
-def recall_by_distance(markdown: str) -> dict[str, dict[int, float]]:
-    """The recall claim: "transformer" / "lstm" -> {distance: bits per recalled item (4 = chance)}: recall_bits
-    (the one-item task) or copy_bits (the earlier copied block)."""
-    out: dict[str, dict[int, float]] = {}
-    for row in arms_table(markdown, "recall"):
-        m = re.match(r"^(.*), distance=(\d+)$", row.get("arm", ""))
-        value = _number(row.get("recall_bits", row.get("copy_bits", "")))  # the one-item task's, or the block's
-        if m and value is not None:
-            out.setdefault(m.group(1), {})[int(m.group(2))] = value
-    return out
+@dataclass(frozen=True)
+class SeedValues:
+    """One arm's number at one value of its variable: each verdict seed's, and which of them the claim's outlier
+    rule flagged (more than 10 scaled MADs from the arm's median; kept in the verdicts, said beside them)."""
+
+    seeds: tuple[int, ...]
+    values: tuple[float, ...]
+    flagged: tuple[bool, ...]
+
+    @property
+    def median(self) -> float:
+        """The median over the seeds: one far seed (a flagged one) moves it little, where it drags a mean."""
+        return float(np.median(self.values))
+
+
+def recall_seeds(results: dict) -> dict[str, dict[int, SeedValues]]:
+    """The recall claim's results (docs/claims/results_recall.json: "results" holds every verdict seed's run at
+    the rate the verdicts were read at) -> "transformer" / "lstm" -> {distance: each seed's recall_bits (bits per
+    recalled item, 4 = chance), the flagged ones marked}, the transformer first. {} when the results hold no
+    recall arms."""
+    flagged = {(o.get("arm"), o.get("seed")) for o in results.get("outliers", []) if o.get("metric") == "recall_bits"}
+    out: dict[str, dict[int, SeedValues]] = {}
+    for arm, runs in (results.get("results") or {}).items():
+        m = re.match(r"^(.*), distance=(\d+)$", arm)
+        runs = sorted((r for r in runs if isinstance(r.get("recall_bits"), (int, float))), key=lambda r: r["seed"])
+        if m and runs:
+            out.setdefault(m.group(1), {})[int(m.group(2))] = SeedValues(
+                tuple(r["seed"] for r in runs), tuple(float(r["recall_bits"]) for r in runs),
+                tuple((arm, r["seed"]) in flagged for r in runs))
+    return {arm: dict(sorted(out[arm].items())) for arm in sorted(out, key=lambda a: a != "transformer")}
+
+
+def read_results(claim: str, folder: Path = RESULTS) -> dict:
+    """docs/claims/results_CLAIM.json (what `python -m attention_lab.claims CLAIM` wrote), or {} where it is
+    absent or unreadable (a copy of the library without its docs)."""
+    try:
+        return json.loads((Path(folder) / f"results_{claim}.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
 
 
 def read_page(path: Path = CLAIMS_PAGE) -> str:

@@ -197,9 +197,11 @@ def _shuffle_bars(ax, sh: ShuffleTest) -> None:
     ax.legend(fontsize=7, loc="center right")
 
 
-def rnn_figure(curves: dict[str, np.ndarray], recall: dict[str, dict[int, float]] | None,
-               speed: dict[str, float], threads: int, run: str, behind: bool = False) -> Figure:
-    """Loss by position for the transformer and the LSTM, the recall claim's copy curve, tokens a second."""
+def rnn_figure(curves: dict[str, np.ndarray], recall: dict | None, speed: dict[str, float], threads: int, run: str,
+               behind: bool = False) -> Figure:
+    """Loss by position for the transformer and the LSTM; the recall claim's seeds by distance (recall: arm ->
+    {distance: an object with .seeds, .values, .flagged and .median}, attention_lab/ideas/published.py's
+    SeedValues), the median drawn; tokens a second."""
     fig = _figure(13, 4.4)
     a, b, c = fig.subplots(1, 3)
     for i, (name, curve) in enumerate(curves.items()):
@@ -216,18 +218,9 @@ def rnn_figure(curves: dict[str, np.ndarray], recall: dict[str, dict[int, float]
         a.text(0.5, 0.5, "the LSTM is too undertrained to compare:\nits loss is far above at every position",
                transform=a.transAxes, ha="center", fontsize=8, color="crimson")
     if recall:
-        for arm, pts in recall.items():
-            d = sorted(pts)
-            b.plot(d, [pts[x] for x in d], "o-", label=arm)
-        b.axhline(4.0, color="grey", ls="--", lw=0.8)
-        b.text(min(min(p) for p in recall.values()), 3.85, "chance: 4 bits", fontsize=7, va="top")
-        b.set_xscale("log", base=2)
-        b.set_xlabel("distance d: letters to copy from d tokens back")
-        b.set_ylabel("bits per recalled item (0 = perfect)")
-        b.set_title("claim 'recall' (docs/claims.md), 5 seeds", fontsize=9)
-        b.legend(fontsize=7)
+        _recall_panel(b, recall)
     else:
-        b.text(0.5, 0.5, "docs/claims.md has no recall table", ha="center", transform=b.transAxes)
+        b.text(0.5, 0.5, "docs/claims/ has no recall results", ha="center", transform=b.transAxes)
         b.set_axis_off()
     names = list(speed)
     c.bar(names, [speed[n] for n in names], color=["C0", "C1"][: len(names)])
@@ -237,6 +230,36 @@ def rnn_figure(curves: dict[str, np.ndarray], recall: dict[str, dict[int, float]
     c.set_title(f"training speed here, {threads} thread(s) each", fontsize=9)
     fig.suptitle(f"Attention against an LSTM of equal parameters ({run})", fontsize=10)
     return fig
+
+
+RECALL_TOP = 6.0  # bits per recalled item; a seed above it is drawn at the edge with its value written
+
+
+def _recall_panel(ax, recall: dict) -> None:
+    """Each arm's median over its seeds by distance (the line), every seed a dot, a seed the claim's outlier rule
+    flagged a cross; a seed off the top is drawn at the top with its value."""
+    for i, (arm, pts) in enumerate(recall.items()):
+        d = sorted(pts)
+        ax.plot(d, [pts[x].median for x in d], "o-", color=f"C{i}", label=f"{arm}: median of the seeds")
+        for x in d:
+            for k, (seed, v, bad) in enumerate(zip(pts[x].seeds, pts[x].values, pts[x].flagged)):
+                xs = x * 2 ** ((k - (len(pts[x].values) - 1) / 2) * 0.06)  # spread the seeds a little apart
+                ax.plot(xs, min(v, RECALL_TOP), "x" if bad else ".", color="crimson" if bad else f"C{i}",
+                        ms=7 if bad else 4, alpha=0.9 if bad else 0.5)
+                if v > RECALL_TOP:
+                    ax.annotate(f"seed {seed}: {v:.1f}", (xs, RECALL_TOP), textcoords="offset points", xytext=(-4, -10),
+                                ha="right", fontsize=7, color="crimson")
+    ax.plot([], [], "x", color="crimson", label="a flagged seed (far from its arm)")
+    ax.axhline(4.0, color="grey", ls="--", lw=0.8)
+    ax.text(min(min(p) for p in recall.values()), 4.1, "chance: 4 bits", fontsize=7, va="bottom")
+    ax.set_ylim(-0.2, RECALL_TOP + 0.2)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("distance d: the one letter to recall is d tokens back")
+    ax.set_ylabel("bits per recalled item (0 = perfect)")
+    seeds = max(len(p.values) for pts in recall.values() for p in pts.values())
+    ax.set_title(f"claim 'recall' (docs/claims.md), {seeds} seeds each:\nthe line is their median, a dot each seed",
+                 fontsize=9)
+    ax.legend(fontsize=7, loc="lower right")
 
 
 def mask_figure(row: MaskRow, labels: Sequence[str], run: str) -> Figure:
