@@ -727,6 +727,17 @@ MUTATIONS = (
              ("tests/test_claims_findings.py::test_along_a_variable_the_arms_keep_their_words_in_every_sentence",),
              "docs/claims.md reads a claim along its variable, so its sentences name 'transformer' and 'lstm' "
              "where the catalog says 'the transformer' and 'the LSTM'"),
+    Mutation("readme_rate_flag_on_the_wrong_finding", "attention_lab/claims/plain.py",
+             "    shown = moved & {(of, metric) for of, metric, _ in picked}", "    shown = moved",
+             ("tests/test_claims_findings.py::test_the_readme_line_puts_a_rate_flip_on_the_finding_it_belongs_to_and_says_how_it_reads",),
+             "the README's line tags 'depends on the rate' onto findings it gives when the flip is in another "
+             "comparison (qk's 0.021 tagged for the third comparison's flip)"),
+    Mutation("gap_inside_region_but_interval_past_it_unsaid", "attention_lab/claims/plain.py",
+             "                     and max(abs(c0[\"low\"]), abs(c0[\"high\"])) > c0[\"region\"])",
+             "                     and max(abs(c0[\"low\"]), abs(c0[\"high\"])) > 10 * c0[\"region\"])",
+             ("tests/test_claims_findings.py::test_a_gap_smaller_than_its_region_whose_interval_reaches_past_it_says_so",),
+             "positions' 0.040 gap reads as a plain 'holds' though it is inside Haviv's ±0.05 region and only its "
+             "interval reaches past it"),
     Mutation("rate_flip_unsaid", "attention_lab/claims/plain.py",
              "            if changed:\n                was = ", "            if False:\n                was = ",
              ("tests/test_claims_findings.py::test_a_verdict_that_changes_with_the_rate_says_it_depends_on_the_rate",),

@@ -95,6 +95,30 @@ def test_a_verdict_that_changes_with_the_rate_says_it_depends_on_the_rate():
     assert "## The rate check: a second fixed rate" in "\n".join(report.report_lines(claim, same))
 
 
+def test_the_readme_line_puts_a_rate_flip_on_the_finding_it_belongs_to_and_says_how_it_reads():
+    claim, doc = _doc("qk", QK, second=QK | {"separate, no self": 2.30})  # only the third comparison flips
+    assert [c["verdict"] for c in doc["comparisons_second"]] == ["holds", "holds", "reversed"], doc
+    line = plain.headline(claim, doc)
+    assert line.endswith(" — another of its comparisons depends on the rate."), line
+    claim, doc = _doc("qk", QK, second=QK | {"tied": 2.30})  # the first, which the line gives, flips
+    line = plain.headline(claim, doc)
+    assert line.endswith("— depends on the rate: at 0.001, one projection for both was better."), line
+
+
+def test_a_gap_smaller_than_its_region_whose_interval_reaches_past_it_says_so():
+    """positions' none vs learned is judged at Haviv's ±0.05: a gap of 0.04 whose interval reaches 0.06 holds, and
+    the sentence says it is less than the region yet cannot be called too small; a gap of 0.10 says neither."""
+    base = {"none": 2.70, "sinusoidal": 2.60, "rope": 2.40, "alibi": 2.42}
+    claim, doc = _doc("positions", base | {"learned": 2.66}, sd=0.012)
+    c = next(c for c in doc["comparisons"] if c["better"] == "learned")
+    assert c["verdict"] == "holds" and abs(c["mean"]) < 0.05 < c["high"], c
+    text = plain.found(claim, doc)
+    assert "that is less than the region ±0.05 that we count as too small to matter, but its interval" in text, text
+    assert "cannot call a causal model without positions competitive" in text, text
+    claim, doc = _doc("positions", base | {"learned": 2.60}, sd=0.012)
+    assert "less than the region" not in plain.found(claim, doc)
+
+
 def test_along_a_variable_the_verdict_at_each_value_leads_and_the_trend_comes_second():
     means = {f"{n} head{'s' * (n > 1)}, n_embd={w}": 2.42 - 0.03 * (n > 1) - 0.12 * (w == 256)
              for n in (1, 4, 8) for w in (128, 256)}

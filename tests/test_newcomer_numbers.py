@@ -133,10 +133,13 @@ def test_the_mask_claims_report_says_which_bits_per_byte_the_verdict_reads(tmp_p
     (tmp_path / "results.json").write_text(json.dumps(doc))
     text = report.render(claim, tmp_path).read_text()
     lines = {k: next((line for line in text.splitlines() if line.startswith(f"- {k}")), None)
-             for k in ("bits/byte (mean", "leaky_bpb", "honest_bpb")}
+             for k in ("bpb:", "leaky_bpb", "honest_bpb")}
     assert all(lines.values()), f"each of the mask claim's three numbers gets a line saying what it is: {lines}"
     assert "the verdict reads this one" in lines["honest_bpb"], "say which number the verdict reads, and why"
-    assert "verdict" not in lines["leaky_bpb"] and "verdict" not in lines["bits/byte (mean"]
+    assert "verdict" not in lines["leaky_bpb"] and "verdict" not in lines["bpb:"]
+    head = next(line for line in text.splitlines() if line.startswith("| arm |"))
+    assert head.index("honest_bpb, the verdicts' number") < head.index("| bpb |"), \
+        "the arm table leads with the number the verdict reads, not the leaky bits/byte that flatter a leak"
     # a claim with one bits/byte needs no such lines
     assert report.column_lines(CLAIMS["qk"], {"bpb", "seed"}) == []
 

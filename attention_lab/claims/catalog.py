@@ -291,10 +291,10 @@ CLAIMS = {c.name: c for c in (
           caveats=(Caveat("learned", "none", ("equivalent", "holds within", "reversed", "reversed within"),
                           "so this causal model without positions is "
                           "competitive with learned ones, the answer Haviv et al. 2022 found at 125M parameters"),
-                   Caveat("learned", "none", ("holds",), "so at this size and region a causal model without "
-                          "positions is not competitive with learned ones, where Haviv et al. 2022 found it was at "
-                          "125M parameters (their explanation of how it can: under the causal mask a model can still "
-                          "count how many tokens it sees)")),
+                   Caveat("learned", "none", ("holds",), "so at this size these seeds cannot call a causal model "
+                          "without positions competitive with learned ones at the stated region, where Haviv et al. "
+                          "2022 found it was at 125M parameters (their explanation of how it can: under the causal "
+                          "mask a model can still count how many tokens it sees)")),
           notes=(FIXED, f"learned vs none is judged at a region of ±{HAVIV_REGION:g} bits/byte (about 2% of these "
                  "models' loss), the question Haviv et al. ask: is a causal model without positions competitive? "
                  "Equivalent there means it is; the other expectations keep ±0.01",
@@ -314,7 +314,7 @@ CLAIMS = {c.name: c for c in (
           "Khandelwal et al. 2018: an LSTM language model uses about 200 words of context (PTB and WikiText-2, "
           "word-level), word order only within the last ~20-50 words; Kaplan et al. 2020: LSTM per-token loss "
           "plateaus after <100 tokens while transformers keep improving", plot="position", axis="position",
-          more_rates=(1 / 9,),
+          more_rates=(1 / 9,), headline=(0, 1),
           overrides=LONG, caveats=(Caveat("transformer", "lstm equal time",
                                           ("undecided", "equivalent", "reversed", "reversed within"),
                                           "\"trains in parallel\" is not what this arm measures: every run here has "

@@ -141,7 +141,12 @@ def clause(claim: Claim, doc: dict, of: tuple[str, str], metric: str, items: lis
     bare = _sizes(metric, means).split(" (")[0]  # inside parentheses: no "(4: chance)" within them
     word = word_of(c0)
     if word == "holds":
-        return f"{better} {verb} {worse}{where}, by {by}"
+        straddles = (len(items) == 1 and abs(c0["mean"]) < c0["region"] and "high" in c0
+                     and max(abs(c0["low"]), abs(c0["high"])) > c0["region"])
+        past = (f"; that is less than the region {region} that we count as too small to matter, but its interval "
+                f"({_sizes(metric, [c0['low']]).split(' ')[0]} to {size(metric, c0['high']).split(' (')[0]}) reaches "
+                "past it, so these seeds cannot call the gap too small" if straddles else "")
+        return f"{better} {verb} {worse}{where}, by {by}{past}"
     if word == "holds within":
         return (f"{better} {verb} {worse}{where}, but only by {by}, inside the region {region} that we count as too "
                 "small to matter")
@@ -281,8 +286,50 @@ def rate_sentences(claim: Claim, doc: dict) -> list[str]:
     return out
 
 
+def flipped(doc: dict) -> set[tuple[tuple[str, str], str]]:
+    """The expectations ((better, worse), metric) whose word differs at any checked rate from the first."""
+    first = {_key(c): c for c in doc.get("comparisons", [])}
+    return {(tuple(of), metric) for _, check in rate_checks(doc) for of, metric, items in groups(check)
+            if any(_key(c) in first and first[_key(c)]["verdict"] != c["verdict"] for _, c in items)}
+
+
+SHORT = {"holds": "{a} was better", "holds within": "{a} was better, by less than the region",
+         "reversed": "{b} was better", "reversed within": "{b} was better, by less than the region",
+         "equivalent": "{a} and {b} are equivalent", "undecided": "these seeds cannot tell {a} from {b}"}
+
+
+def flips_said(claim: Claim, doc: dict, pairs) -> str:
+    """How the words of `pairs` ((better, worse), metric) read at the rates where they differ, in short: "at a
+    third and a ninth of each arm's own rate, an LSTM given the transformer's wall time was better"."""
+    first = {_key(c): c for c in doc.get("comparisons", [])}
+    own = any(v is None for v in doc.get("rates", {}).values())
+    common = doc.get("common_rate", float("nan"))
+    said_at_rates: dict[str, list[str]] = {}
+    for factor, check in rate_checks(doc):
+        for of, metric, items in groups(check):
+            if (tuple(of), metric) not in pairs:
+                continue
+            changed = [(at, c) for at, c in items if _key(c) in first and first[_key(c)]["verdict"] != c["verdict"]]
+            for same in _by_word(changed):
+                w = word_of(same[0][1])
+                text = SHORT.get(w, w).format(a=said(claim, of[0]), b=said(claim, of[1]))
+                if doc.get("variable") and same[0][0] is not None:
+                    text += f" at {doc['variable']} = {_values([at for at, _ in same])}"
+                said_at_rates.setdefault(text, []).append(rate_said(factor, own, common))
+    parts = []
+    for text, rates in said_at_rates.items():
+        if own and len(rates) > 1:  # "a third and a ninth of each arm's own rate"
+            rates = [r.replace(" of each arm's own rate", "") for r in rates[:-1]] + rates[-1:]
+        parts.append(f"at {_values_said(rates)}, {text}")
+    return "; ".join(parts)
+
+
+def _values_said(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
 def depends_on_the_rate(claim: Claim, doc: dict) -> bool:
-    return any(s.endswith("on the rate.") and "every verdict" not in s for s in rate_sentences(claim, doc))
+    return bool(flipped(doc))
 
 
 def outlier_sentences(claim: Claim, doc: dict) -> list[str]:
@@ -369,8 +416,12 @@ def headline(claim: Claim, doc: dict) -> str:
              for of, metric, items in picked]
     text = "; ".join([said_[0]] + [lower_first(x) for x in said_[1:]])
     flags = []
-    if depends_on_the_rate(claim, doc):
-        flags.append("depends on the rate")
+    moved = flipped(doc)
+    shown = moved & {(of, metric) for of, metric, _ in picked}
+    if shown:
+        flags.append(f"depends on the rate: {flips_said(claim, doc, shown)}")
+    elif moved:  # a flip in a comparison this line does not give: said, but not on the findings it gives
+        flags.append("another of its comparisons depends on the rate")
     if any("we do not know why" in cv for of, _, items in gs for cv in caveats(claim, of, items)):
         flags.append("we do not know why")
     if doc.get("outliers"):

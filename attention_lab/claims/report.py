@@ -73,8 +73,7 @@ def _p(p: float) -> str:
 
 
 # what an arm table's columns mean, where the name alone does not say (the mask claim gives three bits/byte)
-COLUMNS = {"bpb": "bits/byte (mean ± sd): the whole test plays, as trained (a mask that leaks sees the future here "
-                  "too)",
+COLUMNS = {"bpb": "bpb: bits/byte on the whole test plays, as trained (a mask that leaks sees the future here too)",
            "leaky_bpb": "leaky_bpb: bits/byte on a few test windows, as trained: the whole window in view",
            "honest_bpb": "honest_bpb: bits/byte on the same windows with every later token cut off, what the model "
                          "predicts without the future; equal to leaky_bpb when the mask leaks nothing"}
@@ -150,20 +149,23 @@ def sentence(c: dict, n_compared: int) -> str:
 
 def arm_table(claim: Claim, doc: dict, key: str = "results") -> str:
     results = doc[key]
-    skip = {"bpb", "seed", "seconds", "step", "lr", "run", "sample"}
+    # the number the verdicts read leads (mask: honest_bpb, where bpb with the future visible flatters a leak)
+    main = next((e.metric for e in claim.expect if any(e.metric in r for rs in results.values() for r in rs)), "bpb")
+    skip = {main, "seed", "seconds", "step", "lr", "run", "sample"}
     keys = sorted({k for rs in results.values() for r in rs for k, v in r.items()
                    if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in skip})
-    head = ["arm", "rate", "step scored", "bits/byte (mean ± sd)", "per seed", "diverged"] + keys + ["seconds"]
+    said = "bits/byte (mean ± sd)" if main == "bpb" else f"{main}, the verdicts' number (mean ± sd)"
+    head = ["arm", "rate", "step scored", said, "per seed", "diverged"] + keys + ["seconds"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for arm in claim.arms:
         rs = results.get(arm.name, [])
         if not rs:
             continue
-        b = np.array([r["bpb"] for r in rs if r.get("bpb") is not None])
+        b = np.array([r[main] for r in rs if r.get(main) is not None])
         cells = [arm.name, ", ".join(sorted({f"{r['lr']:g}" for r in rs})),
                  ", ".join(sorted({str(r["step"]) for r in rs if "step" in r})) or "-",
                  f"{b.mean():.4f} ± {b.std(ddof=1):.4f}" if len(b) > 1 else f"{b.mean():.4f}" if len(b) else "-",
-                 ", ".join(f"{r['bpb']:.4f}" + ("†" if r.get("diverged") else "") if r.get("bpb") is not None
+                 ", ".join(f"{r[main]:.4f}" + ("†" if r.get("diverged") else "") if r.get(main) is not None
                            else "stopped†" for r in rs),
                  f"{sum(bool(r.get('diverged')) for r in rs)} of {len(rs)}"]
         for k in keys:
