@@ -119,6 +119,14 @@ def test_a_gap_smaller_than_its_region_whose_interval_reaches_past_it_says_so():
     assert "less than the region" not in plain.found(claim, doc)
 
 
+def test_the_quadratic_benchmark_s_line_gives_its_slopes_in_words():
+    row = ("(earlier rules: issue 35's, not re-run yet) sdpa causal: slope 1.89 [1.86, 1.93] over T = 2,048-16,384; "
+           "linear: slope 1.09 [0.71, 1.46] over T = 2,048-16,384", "-")
+    line = report.one_line("quadratic", None, True, "docs/claims.md", row)
+    assert "grew as T to the power 1.89 (sdpa causal) and 1.09 (linear) over T = 2,048-16,384 tokens" in line, line
+    assert "not re-run" not in line and "[1.86" not in line, line
+
+
 def test_along_a_variable_the_verdict_at_each_value_leads_and_the_trend_comes_second():
     means = {f"{n} head{'s' * (n > 1)}, n_embd={w}": 2.42 - 0.03 * (n > 1) - 0.12 * (w == 256)
              for n in (1, 4, 8) for w in (128, 256)}

@@ -862,13 +862,21 @@ def summary_table(root: Path, earlier: dict[str, tuple[str, str]] | None = None,
     return "\n".join(lines)
 
 
-def one_line(name: str, doc: dict | None, earlier: bool, link: str) -> str:
-    """A claim in one line: the tutorial's sentence, the finding in words (plain.headline), a link."""
+def one_line(name: str, doc: dict | None, earlier: bool, link: str, earlier_row: tuple[str, str] | None = None) -> str:
+    """A claim in one line: the tutorial's sentence, the finding in words (plain.headline), a link. A benchmark
+    (no arms) kept from the earlier rules gives its kept summary: issue 43's rules do not change a fitted slope."""
     claim = CLAIMS[name]
     if doc is not None:
         found = plain.headline(claim, doc)
         if doc.get("rules") != RULES and claim.arms:
             found += " (numbers from earlier rules)"
+    elif earlier and not claim.arms and earlier_row:
+        summary = re.sub(r"^\(earlier rules[^)]*\) ", "", earlier_row[0])
+        slopes = re.findall(r"([\w ]+): slope ([\d.]+) \[[^]]*\] over T = ([\d,]+-[\d,]+)", summary)
+        found = (("the time of one attention call grew as T to the power " + _and([f"{p} ({what.strip()})"
+                  for what, p, _ in slopes]) + f" over T = {slopes[0][2]} tokens (2 is quadratic, 1 linear; "
+                  "measured as published earlier: the seed rules do not apply to a benchmark)") if slopes else
+                 f"measured as published earlier (the seed rules do not apply to a benchmark): {summary}")
     elif earlier:
         found = "not re-run under the current rules yet: the earlier numbers are in the details"
     else:
@@ -876,6 +884,10 @@ def one_line(name: str, doc: dict | None, earlier: bool, link: str) -> str:
     found = plain.lower_first(found)
     return (f"- *{claim.statement[0].upper() + claim.statement[1:]}*: {found.rstrip('.')} "
             f"([`{name}`]({link}#{_anchor(name)})).")
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def _anchor(name: str) -> str:
@@ -897,7 +909,7 @@ def write_docs(root: Path = Path("claims"), docs: Path = REPO / "docs", readme: 
     found = {name: results_of(name, root, docs) for name in CLAIMS}
     swept = [f"`{c.name}`" for c in CLAIMS.values() if any(a.sweep for a in c.arms) and not c.fixed_rate]
     fixed = [f"`{c.name}`" for c in CLAIMS.values() if c.arms and (c.fixed_rate or not any(a.sweep for a in c.arms))]
-    lines = [one_line(name, found[name], name in sections, "") for name in CLAIMS]
+    lines = [one_line(name, found[name], name in sections, "", earlier_rows.get(name)) for name in CLAIMS]
     parts = [DOCS_INTRO.format(bracket=BRACKET, swept=", ".join(swept) or "none", fixed=", ".join(fixed) or "none",
                                words=WORDS_SAID, outlier_k=OUTLIER_K),
              "## Each claim in one line", "", *lines, "", "## The verdicts at a glance", "", table, ""]
@@ -923,7 +935,8 @@ def write_docs(root: Path = Path("claims"), docs: Path = REPO / "docs", readme: 
         if start in text and end in text:
             head, rest = text.split(start, 1)
             _, tail = rest.split(end, 1)
-            block = [README_LEAD, ""] + [one_line(name, found[name], name in sections, "docs/claims.md")
+            block = [README_LEAD, ""] + [one_line(name, found[name], name in sections, "docs/claims.md",
+                                                  earlier_rows.get(name))
                                            for name in CLAIMS]
             write_text(readme, head + start + "\n" + "\n".join(block) + "\n" + end + tail)
     return docs / "claims.md"
