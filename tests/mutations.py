@@ -1826,6 +1826,11 @@ MUTATIONS = (
              ("tests/test_ideas.py::test_the_recall_curve_is_the_median_of_the_seeds_and_marks_the_flagged_ones",),
              "`ideas rnn`'s recall panel draws the mean of the seeds: one flagged transformer seed at d = 512 (11.5 "
              "bits) lifts the arm above chance and above the LSTM, a finding no verdict made"),
+    Mutation("idea_mask_after_softmax_reads_masked_scores", "attention_lab/interp/ideas.py",
+             "after, grad = zero_after_softmax(open_row, query)", "after, grad = zero_after_softmax(s[query], query)",
+             ("tests/test_ideas.py::test_weights_zeroed_after_the_softmax_sum_below_one_and_still_move_with_the_future",),
+             "`ideas mask`'s 0-after-the-softmax case runs the softmax over the scores already masked with -inf: "
+             "the row sums to 1 and the future has no say, so zeroing after the softmax looks harmless"),
     Mutation("idea_mask_reads_head0", "attention_lab/interp/ideas.py",
              'w = cache["pattern", layer][0, head]',
              'w = cache["pattern", layer][0, 0]',

@@ -179,6 +179,32 @@ def test_a_score_of_zero_instead_of_minus_infinity_leaks_weight_to_the_future():
     assert (row.weights[q + 1:] == 0).all() and (row.weights_zero[q + 1:] > 0).all()
 
 
+def test_weights_zeroed_after_the_softmax_sum_below_one_and_still_move_with_the_future():
+    """Tutorial 4's warning: a 0 after the softmax. The softmax ran over every key, so each visible weight is the
+    -inf mask's weight times S (the visible keys' share, below 1), and the future keys' scores, q.k from the
+    recorded queries and keys, still move S through the denominator: dS/ds_j = -S w_j. Block 0, whose input does
+    not depend on the mask, so a model without one computes the same scores and shows the future's."""
+    row = ideas.mask_row(tiny(), IDS, 0, 1)
+    q = row.query
+    _, open_cache = run_with_cache(tiny(causal_mask="none"), IDS[None])  # the same weights, nothing masked
+    np.testing.assert_allclose(row.scores_open, open_cache["scores", 0][0, 1, q].numpy(), atol=1e-5,
+                               err_msg="the future keys' scores must be the head's own q.k, as with no mask")
+    np.testing.assert_allclose(row.scores_open[: q + 1], row.scores[: q + 1], atol=1e-5)
+    w_open = F.softmax(torch.from_numpy(row.scores_open).double(), -1).numpy()
+    visible_share = w_open[: q + 1].sum()
+    assert row.after_sum == pytest.approx(visible_share, rel=1e-5) and row.after_sum < 0.99
+    assert (row.weights_after[q + 1:] == 0).all()
+    np.testing.assert_allclose(row.weights_after[: q + 1], row.weights[: q + 1] * visible_share, rtol=1e-4,
+                               err_msg="each visible weight must be the -inf mask's weight times the visible share")
+    np.testing.assert_allclose(row.after_grad[q + 1:], -visible_share * w_open[q + 1:], rtol=1e-4, atol=1e-7)
+    assert row.after_grad[q + 1:].sum() == pytest.approx(-visible_share * (1 - visible_share), rel=1e-4)
+    from attention_lab.viewer import ideas as draw
+
+    sums = draw.mask_figure(row, [str(i) for i in IDS.tolist()], "r").axes[-2]  # the last panel (then a colorbar)
+    heights = [p.get_height() for p in sums.patches]
+    np.testing.assert_allclose(heights[:3], [1.0, row.after_sum, row.weights_zero[: q + 1].sum()], rtol=1e-5)
+
+
 def test_residual_contributions_add_up_to_the_stream_and_the_lens_ends_at_the_model():
     model = tiny()
     res = ideas.residual(model, IDS, k=1)

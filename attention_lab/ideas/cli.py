@@ -459,12 +459,23 @@ def idea_mask(args, opened: Opened, out: Path) -> None:
           f"{len(future)} are 0.0); the {q + 1} visible weights sum to {row.weights[: q + 1].sum():.6f}")
     zero = row.weights_zero[q + 1:]
     if len(zero):
-        print(f"had the future's scores been set to 0 instead of -inf (tutorial 4's slip: 0 is a score like any "
-              f"other, e^0 = 1), the softmax would give each of the {len(zero)} future keys {zero[0]:.4f}, "
+        after, grad = row.weights_after, row.after_grad[q + 1:]
+        vis, fut = np.exp(row.scores_open[: q + 1].astype(np.float64)), np.exp(row.scores_open[q + 1:].astype(np.float64))
+        raised = vis.sum() / (vis.sum() + np.e * fut.sum())
+        print(f"a 0 after the softmax instead (tutorial 4 warns against it): the softmax runs over every key, the "
+              f"future's own scores q.k included ({fmt(row.scores_open[q + 1:], 3)}, from the recorded queries and "
+              f"keys), and the {len(zero)} future weights are then set to 0. The visible weights sum to "
+              f"{row.after_sum:.3f}, not 1: each is the -inf mask's weight times {row.after_sum:.3f}. The future is "
+              f"out of the numerator but still in the denominator: the sum moves by {grad.sum():.3f} per unit of "
+              f"every future key's score together ({fmt(grad, 3)} each), so with each future score 1 higher it "
+              f"would be {raised:.3f}. What the query reads still depends on the tokens it must predict")
+        print(f"a score of 0 instead of -inf (the other mistake, which `exercises check mask` names: 0 is a score "
+              f"like any other, e^0 = 1): the softmax would give each of the {len(zero)} future keys {zero[0]:.4f}, "
               f"{zero.sum():.3f} of the row's weight in all: the query would read the tokens it must predict")
         first = measure.zero_instead_of_inf(torch.from_numpy(row.scores_all[0]), 0).numpy()
         print(f"  the first query (one visible key, score {row.scores_all[0, 0]:.3f}) would give the future "
-              f"{first[1:].sum():.3f} of its weight (e^score against e^0 = 1 for each future key: the lower a row's visible scores, the more leaks)")
+              f"{first[1:].sum():.3f} of its weight (e^score against e^0 = 1 for each future key: the lower a row's "
+              "visible scores, the more leaks)")
     print("why it matters: with the future hidden, the prediction at every position reads only the tokens before "
           "it, so one forward pass over a text trains all its next-token predictions at once, none of them "
           "able to copy its answer")
@@ -577,8 +588,8 @@ IDEAS: dict[str, tuple[Callable, str]] = {
     "positions": (idea_positions, "a shuffle with and without positions, the sinusoid table, RoPE's rotation, the "
                                   "positions claim's numbers"),
     "rnn": (idea_rnn, "the transformer against an LSTM of equal size: loss by position, recall, tokens/s"),
-    "mask": (idea_mask, "a middle query's row: the future keys at -inf and weight exactly 0, and what a score of 0 "
-                        "would give them"),
+    "mask": (idea_mask, "a middle query's row: the future keys at -inf and weight exactly 0, beside their weights "
+                        "zeroed after the softmax (the row no longer sums to 1) and a score of 0"),
     "residual": (idea_residual, "the residual stream through the blocks and the logit lens at each depth"),
     "warmup": (idea_warmup, "the schedule the run followed (its logged rates), the planned one, why it warms up"),
 }

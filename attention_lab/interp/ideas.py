@@ -187,7 +187,9 @@ def scale_stats(model, ids) -> ScaleStats:
 
 @dataclass
 class MaskRow:
-    """One query's row of one head: its scores (-inf on the future) and its weights (exactly 0 there)."""
+    """One query's row of one head: its scores (-inf on the future) and its weights (exactly 0 there), beside the
+    two ways of getting the mask wrong with a 0: the future's weights set to 0 after a softmax over every key
+    (tutorial 4 warns against it), and the future's scores set to 0 before the softmax."""
 
     layer: int
     head: int
@@ -195,12 +197,18 @@ class MaskRow:
     scores: np.ndarray  # (T,) softmax's input as the model computed it
     weights: np.ndarray  # (T,)
     scores_all: np.ndarray  # (T, T) the head's whole score matrix (for the picture)
-    weights_zero: np.ndarray  # (T,) the weights had the future's scores been 0 instead of -inf (tutorial 4's slip)
+    weights_zero: np.ndarray  # (T,) the weights had the future's scores been 0 instead of -inf
+    scores_open: np.ndarray  # (T,) q . k_j * scale for every key, the future's too (the recorded q and k, no mask)
+    weights_after: np.ndarray  # (T,) softmax over every key, then the future's weights set to 0 (after the softmax)
+    after_sum: float  # what the row of weights_after sums to: the visible keys' share of e^s, below 1
+    after_grad: np.ndarray  # (T,) d(after_sum) / d(score of key j): how the sum moves with each key's score,
+    #                         negative on the future (a future key's e^s sits in the denominator)
 
 
 def mask_row(model, ids, layer: int, head: int, query: int | None = None) -> MaskRow:
     """The row of `query` (default: the middle token) in head `head` of block `layer`, read from the recorded
-    scores and weights (hook_scores, hook_pattern)."""
+    scores and weights (hook_scores, hook_pattern) and, for the future keys' own scores, the recorded queries
+    and keys (hook_q, hook_k: what the dot products saw, after QK-norm and RoPE)."""
     model = plain_module(model)
     cfg = model.config
     idx = token_window(model, ids)
@@ -211,11 +219,32 @@ def mask_row(model, ids, layer: int, head: int, query: int | None = None) -> Mas
                          f"{layer}, {head}")
     if not 0 <= query < t:
         raise ValueError(f"the query must be a position in 0..{t - 1}, got {query}")
-    _, cache = one_pass(model, idx, names=[f"h.{layer}.attn.hook_scores", f"h.{layer}.attn.hook_pattern"])
+    names = [f"h.{layer}.attn.hook_{kind}" for kind in ("scores", "pattern", "q", "k")]
+    _, cache = one_pass(model, idx, names=names)
     s = cache["scores", layer][0, head]  # (T, T)
     w = cache["pattern", layer][0, head]
+    q = cache["q", layer][0, head]  # (T, hs)
+    k = expand_kv(cache["k", layer], cfg.n_head)[0, head]  # (T, hs)
+    open_row = scores_of(q[None], k[None], cfg.score_scale)[0, query]  # (T,)
+    after, grad = zero_after_softmax(open_row, query)
     return MaskRow(layer, head, query, s[query].numpy(), w[query].numpy(), s.numpy(),
-                   zero_instead_of_inf(s[query], query).numpy())
+                   zero_instead_of_inf(s[query], query).numpy(), open_row.numpy(), after.numpy(),
+                   float(after.sum()), grad.numpy())
+
+
+def zero_after_softmax(scores: Tensor, query: int) -> tuple[Tensor, Tensor]:
+    """A row's scores for every key (T,), the future's included -> (the weights when the softmax runs over every
+    key and the future's weights are then set to 0; d(their sum) / d(each score)).
+
+    The sum is S = sum_{j <= query} e^(s_j) / sum_j e^(s_j): below 1, and every visible weight is the -inf mask's
+    weight times S. The future keys are still in the denominator, so their scores move the row:
+    dS/ds_j = -S w_j for a future key j (w_j its softmax weight before zeroing), -S (1 - S) over all of them."""
+    with torch.enable_grad():  # a caller under no_grad still gets the derivative
+        s = scores.detach().double().requires_grad_(True)
+        w = torch.softmax(s, dim=-1)
+        kept = torch.cat([w[: query + 1], torch.zeros_like(w[query + 1:])])
+        (grad,) = torch.autograd.grad(kept.sum(), s)
+    return kept.detach().float(), grad.float()
 
 
 def zero_instead_of_inf(scores: Tensor, query: int) -> Tensor:

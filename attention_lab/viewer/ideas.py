@@ -263,11 +263,11 @@ def _recall_panel(ax, recall: dict) -> None:
 
 
 def mask_figure(row: MaskRow, labels: Sequence[str], run: str) -> Figure:
-    """Left: the head's scores with the future grey (-inf), the query's row boxed; middle: that row's scores;
-    right: its weights as the model gives them (the future exactly 0) beside the weights had the future's scores
-    been 0 instead of -inf, on a log scale so that a small leak shows."""
-    fig = _figure(15, 4.8)
-    a, b, c = fig.subplots(1, 3, width_ratios=(1, 1, 1.2))
+    """Left: the head's scores with the future grey (-inf), the query's row boxed; then that row's scores; its
+    weights three ways on a log scale (the model's -inf, the future's weights zeroed after a softmax over every
+    key, the future's scores 0); right: what each way's row sums to, the visible keys' part and the future's."""
+    fig = _figure(19, 4.8)
+    a, b, c, d = fig.subplots(1, 4, width_ratios=(1, 1, 1.3, 0.6))
     s = np.where(np.isfinite(row.scores_all), row.scores_all, np.nan)
     im = a.imshow(s, cmap="viridis", interpolation="nearest")
     a.set_facecolor("#d9d9d9")
@@ -293,22 +293,36 @@ def mask_figure(row: MaskRow, labels: Sequence[str], run: str) -> Figure:
     b.set_ylabel("score (softmax's input)")
     b.set_title(f"the row of query {row.query} '{token_label(labels[row.query])}': scores", fontsize=9)
     floor = 1e-5  # an exact 0 has no place on a log scale: drawn as a bar to the floor, labelled
-    c.bar(x - 0.2, np.maximum(row.weights, floor), 0.4, color="C1", label="the model: future scores -inf")
-    c.bar(x + 0.2, np.maximum(row.weights_zero, floor), 0.4, color="crimson", alpha=0.6,
-          label="had the future's scores been 0 instead")
+    ways = ((row.weights, "C1", "-inf before the softmax (the model)"),
+            (row.weights_after, "C4", "0 after the softmax (weights zeroed)"),
+            (row.weights_zero, "crimson", "a score of 0 before it, instead of -inf"))
+    for i, (w, color, label) in enumerate(ways):
+        c.bar(x + (i - 1) * 0.27, np.maximum(w, floor), 0.27, color=color, alpha=0.85, label=label)
     for j in x[future]:
-        c.text(j - 0.2, floor * 1.5, "0 exactly", rotation=90, fontsize=6, ha="center", va="bottom", color="C1")
+        c.text(j - 0.135, floor * 1.5, "0 exactly", rotation=90, fontsize=6, ha="center", va="bottom", color="C1")
     c.set_yscale("log")
     c.set_ylim(floor, 30)  # room above the tallest bar for the legend
     c.axvspan(row.query + 0.5, t - 0.5, color="#eeeeee", zorder=0)
     c.set_xticks(x, names, rotation=90, fontsize=6)
     c.set_xlabel("key (shaded: after the query)")
     c.set_ylabel("weight after softmax (log scale)")
-    leak = float(row.weights_zero[row.query + 1:].sum())
-    c.set_title(f"weights: the future gets exactly 0; with scores of 0\ninstead of -inf it would take {leak:.3f} "
-                "of the row", fontsize=9)
+    c.set_title("each key's weight: zeroed after the softmax, every visible\nweight shrinks; with scores of 0 the "
+                "future takes some", fontsize=9)
     c.legend(fontsize=7, loc="upper left")
-    fig.suptitle(f"The causal mask ({run})", fontsize=10)
+    kinds = ["-inf\nbefore", "0 after", "score 0\nbefore"]
+    seen = [float(w[~future].sum()) for w, _, _ in ways]
+    taken = [float(w[future].sum()) for w, _, _ in ways]
+    d.bar(kinds, seen, color="C0", label="the visible keys' weights")
+    d.bar(kinds, taken, bottom=seen, color="crimson", alpha=0.7, label="the future keys' weights")
+    for i, (v, f) in enumerate(zip(seen, taken)):
+        d.text(i, v + f + 0.02, f"{v:.3f}" + (f"\n+ {f:.3f}" if f > 0 else ""), ha="center", va="bottom", fontsize=7)
+    d.axhline(1.0, color="grey", ls="--", lw=0.8)
+    d.set_ylim(0, 1.35)
+    d.set_ylabel("the row's weights, summed")
+    d.set_title(f"what the row sums to; zeroed after,\nthe sum still moves with the future's\nscores "
+                f"(d sum / d scores = {row.after_grad[future].sum():.2f})", fontsize=8)
+    d.legend(fontsize=6, loc="upper right")
+    fig.suptitle(f"The causal mask: -inf before the softmax, not 0 after it ({run})", fontsize=10)
     return fig
 
 
