@@ -1831,6 +1831,10 @@ MUTATIONS = (
              ("tests/test_ideas.py::test_weights_zeroed_after_the_softmax_sum_below_one_and_still_move_with_the_future",),
              "`ideas mask`'s 0-after-the-softmax case runs the softmax over the scores already masked with -inf: "
              "the row sums to 1 and the future has no say, so zeroing after the softmax looks harmless"),
+    Mutation("exercise_folder_not_ignored", ".gitignore",
+             "\nmy_attention/\n", "\n",
+             ("tests/test_readme.py::test_the_file_exercises_start_writes_by_default_is_ignored_by_git",),
+             "`exercises start mask` leaves an untracked my_attention/ in a learner's clone (git status shows it)"),
     Mutation("idea_mask_reads_head0", "attention_lab/interp/ideas.py",
              'w = cache["pattern", layer][0, head]',
              'w = cache["pattern", layer][0, 0]',

@@ -293,3 +293,14 @@ def test_the_claims_section_comes_after_the_learners_material_and_states_the_met
 def test_the_readme_stays_short():
     n = len(readme().splitlines())
     assert n <= MAX_LINES, f"README.md has {n} lines; keep it to about 150 and move detail to docs/"
+
+
+def test_the_file_exercises_start_writes_by_default_is_ignored_by_git():
+    """`python -m attention_lab.exercises start mask` (the README's row 11) writes my_attention/mask.py in the
+    learner's clone: git must not list it as a change to commit."""
+    from attention_lab.exercises.checking import default_file
+
+    folder = default_file("mask").parent.as_posix()  # read from .gitignore: a copy of the tree need not be a clone
+    patterns = {line.strip().strip("/") for line in (REPO / ".gitignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")}
+    assert folder in patterns, f"{default_file('mask')} is not git-ignored: add {folder}/ to .gitignore"
