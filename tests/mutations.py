@@ -1835,6 +1835,12 @@ MUTATIONS = (
              "\nmy_attention/\n", "\n",
              ("tests/test_readme.py::test_the_file_exercises_start_writes_by_default_is_ignored_by_git",),
              "`exercises start mask` leaves an untracked my_attention/ in a learner's clone (git status shows it)"),
+    Mutation("idea_meaning_draws_will", "attention_lab/ideas/cli.py",
+             'MEANING_WORDS = ("bear", "light", "will", "mean", "state")',
+             'MEANING_WORDS = ("will", "bear", "light", "mean", "state")',
+             ("tests/test_ideas.py::test_the_meaning_figure_draws_a_word_whose_contexts_split_in_sense_by_default",),
+             "`ideas meaning` draws 'will' on the right, one sense in every context: the panel cannot show context "
+             "choosing a sense"),
     Mutation("idea_mask_reads_head0", "attention_lab/interp/ideas.py",
              'w = cache["pattern", layer][0, head]',
              'w = cache["pattern", layer][0, 0]',

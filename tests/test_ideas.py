@@ -327,6 +327,17 @@ def test_a_words_vector_starts_the_same_in_every_context_and_then_differs():
     assert c[-1] < 0.999, "after the blocks the contexts must have changed the vector"
 
 
+def test_the_meaning_figure_draws_a_word_whose_contexts_split_in_sense_by_default():
+    """The right panel is the first of --words: by default "bear" (the verb, and the animal), not "will", whose
+    contexts are nearly all the one modal verb and cannot show context choosing a sense."""
+    args = ideas_cli.parse_args(["meaning"])
+    assert args.words.split(",")[0] == "bear"
+    from attention_lab.viewer import ideas as draw
+
+    fig = draw.meaning_figure({"bear": np.ones(3), "will": np.ones(3)}, np.zeros(3), np.eye(4), "bear", "r")
+    assert "'bear'" in fig.axes[1].get_title()
+
+
 def test_position_buckets_average_each_doubling():
     ends, means = ideas.position_buckets(np.arange(1.0, 13.0))  # position p has loss p
     assert ends.tolist() == [1, 2, 4, 8, 12] and means.tolist() == [1.0, 2.0, 3.5, 6.5, 10.5]

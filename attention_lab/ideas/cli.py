@@ -38,7 +38,9 @@ from model.positions import RotaryPositions, sinusoidal_table
 from model.registry import build_model
 
 DEFAULT_TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?"
-MEANING_WORDS = ("will", "bear", "light", "mean", "state")
+# the first is drawn on the right: a word whose contexts split in sense ("bear" the verb, "the bear" the animal);
+# "will" stays for contrast: a modal verb in nearly every context
+MEANING_WORDS = ("bear", "light", "will", "mean", "state")
 
 
 @dataclass
@@ -251,6 +253,9 @@ def idea_meaning(args, opened: Opened, out: Path) -> None:
     for word, c in curves.items():
         print(f"  '{word}' ({len(contexts[word])} contexts): {fmt(c)}")
     print(f"  two unrelated tokens (the floor): {fmt(floor)}")
+    print("  (the floor is above 0 where the blocks have added to every token's vector a part they all share: a mean "
+          "cosine above 0 means the vectors' directions no longer average out to nothing; what that shared part "
+          "carries we have not measured)")
     for word, wins in contexts.items():
         (i, j, c), *_ = measure.nearest_pairs(last[word], 1)
         far = np.unravel_index(np.argmin(sims[word]), sims[word].shape)
