@@ -276,6 +276,12 @@ plt.show()
 # the most, because its residual connection keeps each character's own vector beside what attention brings in
 # (stages 1 to 4 replace it with the average).
 #
+# Why one head (stage 3, 2.60) still trails no mixing at all (stage 0, 2.58): stage 0 hands each position its
+# own character, which is most of what a bigram model needs. Stages 1 to 4 hand it only the mix, so one head must
+# learn to put nearly all its weight on the character itself just to get back what stage 0 had for free, and a
+# softmax never puts all of it there. What one head shows is that scores from the tokens beat fixed ones (stage 2);
+# beating stage 0 takes several heads, or the residual connection of stage 5.
+#
 # ## What each stage's weights look like
 # One line of Shakespeare through stages 1, 2 and 3: the uniform average (fixed), the scores learned by position
 # (the same for every text), and one head's weights, which depend on the characters.

@@ -1841,6 +1841,11 @@ MUTATIONS = (
              ("tests/test_ideas.py::test_the_meaning_figure_draws_a_word_whose_contexts_split_in_sense_by_default",),
              "`ideas meaning` draws 'will' on the right, one sense in every context: the panel cannot show context "
              "choosing a sense"),
+    Mutation("idea_sinusoid_halves_swapped", "attention_lab/viewer/ideas.py",
+             "np.concatenate([sinusoid[:, 0::2], sinusoid[:, 1::2]], axis=1)",
+             "np.concatenate([sinusoid[:, 1::2], sinusoid[:, 0::2]], axis=1)",
+             ("tests/test_ideas.py::test_the_sinusoid_panel_puts_the_sines_left_and_the_cosines_right_as_its_title_says",),
+             "`ideas positions` draws the cosines on the left under a title that puts the sines there"),
     Mutation("idea_mask_reads_head0", "attention_lab/interp/ideas.py",
              'w = cache["pattern", layer][0, head]',
              'w = cache["pattern", layer][0, 0]',

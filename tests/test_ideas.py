@@ -338,6 +338,23 @@ def test_the_meaning_figure_draws_a_word_whose_contexts_split_in_sense_by_defaul
     assert "'bear'" in fig.axes[1].get_title()
 
 
+def test_the_sinusoid_panel_puts_the_sines_left_and_the_cosines_right_as_its_title_says():
+    """The table interleaves sin (even columns) and cos (odd); the picture sorts them, and its title must say which
+    half is which (a title of PE[p, 2i] alone over a sorted picture misleads)."""
+    from attention_lab.viewer import ideas as draw
+    from model.positions import sinusoidal_table
+
+    table = sinusoidal_table(16, 8).numpy()
+    fig = draw.positions_figure(table, np.zeros((16, 2)), None, "r")
+    panel = fig.axes[0]
+    drawn = np.asarray(panel.images[0].get_array())
+    np.testing.assert_allclose(drawn[:, :4], np.sin(np.arange(16)[:, None] * 10000 ** (-np.arange(0, 8, 2) / 8)),
+                               atol=1e-5, err_msg="the left half must be the sines PE[p, 2i]")
+    np.testing.assert_allclose(drawn[:, 4:], table[:, 1::2], atol=1e-6)
+    title = panel.get_title()
+    assert "PE[p, 2i] = sin" in title and "(left)" in title and "PE[p, 2i+1] = cos" in title and "(right)" in title
+
+
 def test_position_buckets_average_each_doubling():
     ends, means = ideas.position_buckets(np.arange(1.0, 13.0))  # position p has loss p
     assert ends.tolist() == [1, 2, 4, 8, 12] and means.tolist() == [1.0, 2.0, 3.5, 6.5, 10.5]

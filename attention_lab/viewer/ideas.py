@@ -157,7 +157,8 @@ def positions_figure(sinusoid: np.ndarray, angles: np.ndarray, published: dict[s
     a.axvline(half - 0.5, color="black", lw=0.8)
     a.set_xlabel(f"pair i: sin(p·w_i) (left {half}), cos(p·w_i) (right {half})")
     a.set_ylabel("position in the text")
-    a.set_title("the sinusoid table: PE[p, 2i] = sin(p / 10000^(2i/d))", fontsize=9)
+    a.set_title("the sinusoid table, its columns sorted: PE[p, 2i] = sin(p·w_i)\n(left), PE[p, 2i+1] = cos(p·w_i) "
+                "(right), w_i = 10000^(-2i/d)", fontsize=9)
     fig.colorbar(im, ax=a, shrink=0.8)
     im = b.imshow(np.cos(angles), aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest")
     b.set_xlabel("channel pair i of a head (fast turning on the left)")
@@ -387,10 +388,12 @@ def warmup_figure(steps: np.ndarray, lr: np.ndarray, muon: np.ndarray | None, lo
     ax.set_ylabel("AdamW learning rate")
     if muon is not None:
         right = ax.twinx()
+        muon_label = ("Muon's rate, read on the right axis: the same shape,\nso it lies on AdamW's line"
+                      if muon_ratio is not None else "Muon's rate (right axis, the same shape)")
         if logged is not None and muon_ratio is not None:
-            right.plot(logged[0], logged[1] * muon_ratio, color="C2", lw=1, ls="--", label="Muon's rate (same shape)")
+            right.plot(logged[0], logged[1] * muon_ratio, color="C2", lw=1, ls="--", label=muon_label)
         else:
-            right.plot(steps, muon, color="C2", lw=1, ls="--", label="Muon's rate (same shape)")
+            right.plot(steps, muon, color="C2", lw=1, ls="--", label=muon_label)
         if muon_ratio is not None:  # the same shape: one curve read on either axis
             low, high = ax.get_ylim()
             right.set_ylim(low * muon_ratio, high * muon_ratio)
