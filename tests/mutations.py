@@ -1846,6 +1846,11 @@ MUTATIONS = (
              "np.concatenate([sinusoid[:, 1::2], sinusoid[:, 0::2]], axis=1)",
              ("tests/test_ideas.py::test_the_sinusoid_panel_puts_the_sines_left_and_the_cosines_right_as_its_title_says",),
              "`ideas positions` draws the cosines on the left under a title that puts the sines there"),
+    Mutation("readme_make_test_as_a_learners_step", "README.md",
+             "make test     # for developers, not a learner's step:", "make test     # then",
+             ("tests/test_readme.py::test_the_first_screen_marks_make_test_for_developers_and_names_the_cpu_the_docs_were_measured_on",),
+             "the README's first screen puts `make test` beside `make train` as a learner's step (the whole suite, "
+             "minutes of both cores, for nothing a learner needs)"),
     Mutation("idea_mask_reads_head0", "attention_lab/interp/ideas.py",
              'w = cache["pattern", layer][0, head]',
              'w = cache["pattern", layer][0, 0]',

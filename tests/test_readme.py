@@ -304,3 +304,18 @@ def test_the_file_exercises_start_writes_by_default_is_ignored_by_git():
     patterns = {line.strip().strip("/") for line in (REPO / ".gitignore").read_text().splitlines()
                 if line.strip() and not line.startswith("#")}
     assert folder in patterns, f"{default_file('mask')} is not git-ignored: add {folder}/ to .gitignore"
+
+
+def test_the_first_screen_marks_make_test_for_developers_and_names_the_cpu_the_docs_were_measured_on():
+    """A learner's first minute: `make train` is their step, `make test` (the whole suite, minutes of CPU) is not;
+    and the CPU kind every claim and docs/ideas.md number came from (AMD EPYC with AVX512-BF16) is listed with a
+    score docs/recipe.md records for it, so a learner on that machine can tell their run is normal."""
+    first = readme().split("\n## ", 1)[0]
+    line = next((x for x in first.splitlines() if x.startswith("make test")), "")
+    assert "for developers" in line, f"the first screen's `make test` line must say it is for developers: {line!r}"
+    said = re.search(r"\*\*(\d\.\d{3}) bits/byte\*\* in ([\d,]+) steps on a 2-core AMD EPYC with\s+AVX512-BF16", first)
+    assert said, "the first screen names the AMD EPYC with AVX512-BF16 and its make train score"
+    recipe = (REPO / "docs" / "recipe.md").read_text(encoding="utf-8")
+    rows = [r for r in recipe.splitlines() if r.startswith("| AMD EPYC, AVX512-BF16")]
+    assert any(f"| {said[2]} | {said[1]} |" in r for r in rows), \
+        f"{said[1]} bits/byte in {said[2]} steps is no AVX512-BF16 EPYC row of docs/recipe.md"
