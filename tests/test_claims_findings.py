@@ -95,6 +95,30 @@ def test_a_verdict_that_changes_with_the_rate_says_it_depends_on_the_rate():
     assert "## The rate check: a second fixed rate" in "\n".join(report.report_lines(claim, same))
 
 
+def test_a_trend_is_said_in_its_own_direction():
+    """A gap that grows along the width reads "rises", one that shrinks "falls", each with its signed slope."""
+    def heads(gap128: float, gap256: float) -> dict:
+        return {f"{n} head{'s' * (n > 1)}, n_embd={w}": 2.50 - 0.1 * (w == 256) - (gap128 if w == 128 else gap256) * (n > 1)
+                for n in (1, 4, 8) for w in (128, 256)}
+    claim, doc = _doc("heads", heads(0.02, 0.10), sd=0.003)
+    grows = next(t for t in doc["trends"] if (t["better"], t["worse"]) == ("8 heads", "1 head"))
+    assert grows["verdict"] == "grows", grows
+    text = plain.found(claim, doc)
+    assert "the difference (1 head minus 8 heads) rises along n_embd, +0.08" in text, text
+    claim, doc = _doc("heads", heads(0.10, 0.02), sd=0.003)
+    text = plain.found(claim, doc)
+    assert "the difference (1 head minus 8 heads) falls along n_embd, -0.07" in text, text
+
+
+def test_a_reversal_that_survives_the_second_rate_says_so():
+    claim, doc = _doc("qk", QK | {"tied": 2.30}, second=QK | {"tied": 2.30})
+    text = plain.found(claim, doc)
+    assert ("At 0.001 instead of 0.003 the reversal above reads the same: the reverse of the claim: one projection "
+            "for both predicted the test text better than separate query and key projections") in text, text
+    claim, doc = _doc("qk", QK, second=QK)
+    assert "reversal" not in plain.found(claim, doc)
+
+
 def test_the_readme_line_puts_a_rate_flip_on_the_finding_it_belongs_to_and_says_how_it_reads():
     claim, doc = _doc("qk", QK, second=QK | {"separate, no self": 2.30})  # only the third comparison flips
     assert [c["verdict"] for c in doc["comparisons_second"]] == ["holds", "holds", "reversed"], doc
@@ -417,7 +441,7 @@ def test_a_caveat_reads_the_word_with_the_region_so_a_tiny_significant_gap_is_no
     text = plain.found(claim, doc)
     assert "is competitive with learned ones" in text and "not competitive" not in text, text
     claim, doc = _doc("positions", means | {"learned": 2.50}, sd=0.001)
-    assert "is not competitive" in plain.found(claim, doc)
+    assert "cannot call a causal model without positions competitive" in plain.found(claim, doc)
     assert "RoPE predicted the test text better than no positions" in plain.found(claim, doc)
 
 

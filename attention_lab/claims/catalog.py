@@ -268,9 +268,10 @@ CLAIMS = {c.name: c for c in (
                  "learned", "the heads claim again with learned absolute positions added to the embeddings: the head "
                  "size no longer limits how positions are encoded",
                  caveats=tuple(Caveat(b, w, ("reversed", "reversed within"), "we do not know why; under RoPE (the heads claim) more "
-                                      "heads win at both widths. Guesses the runs have not tested: learned positions "
-                                      "may train more slowly at this fixed rate (the check at the second rate bears "
-                                      "on this), or a wide single head may use a learned position table better")
+                                      "heads win at both widths. Guesses: learned positions may train more slowly "
+                                      "at this fixed rate (the rate check below says whether the reversal survives a "
+                                      "third of the rate; a higher rate is untested), or a wide single head may use "
+                                      "a learned position table better (untested)")
                                for b, w in (("4 heads", "1 head"), ("8 heads", "1 head"), ("8 heads", "4 heads")))),
     Claim("positions", "self-attention has no notion of order, so positions are added (though they may not be "
           "needed)",

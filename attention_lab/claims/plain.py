@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from attention_lab.claims import stats
+from attention_lab.claims.stats import OUTLIER_K
 from attention_lab.claims.catalog import Claim, at_value
 
 # per metric: what the arm with the lower number did better, and the size in words (lower is the claim's side)
@@ -275,11 +275,19 @@ def rate_sentences(claim: Claim, doc: dict) -> list[str]:
                 flips.append(f"{said(claim, of[0])} against {said(claim, of[1])} reads otherwise ({was} at the first "
                              "rate): " + "; ".join(clause(claim, check, of, metric, same_, var, spread_said=False)
                                                    for same_ in _by_word(changed)))
+        kept = []  # a reversal is the finding a reader doubts first: say that it survives the other rate
+        for of, metric, items in groups(check):
+            still = [(at, c) for at, c in items if _key(c) in first and first[_key(c)]["verdict"] == "reversed"
+                     and c["verdict"] == "reversed"]
+            kept += [clause(claim, check, of, metric, same_, var, spread_said=False) for same_ in _by_word(still)]
         if flips:
             these = "this finding depends" if len(flips) == 1 else "these findings depend"
             out.append(f"At {r2}, " + "; and ".join(flips) + f": {these} on the rate.")
         else:
             same.append(r2)
+        if kept:
+            out.append(f"At {r2} the reversal{'s' * (len(kept) > 1)} above read{'s' * (len(kept) == 1)} the same: "
+                       + "; ".join(kept) + ".")
     if same:
         where = same[0] if len(same) == 1 else ", ".join(same[:-1]) + " and " + same[-1]
         out.insert(0, f"At {where} every verdict reads the same{' as well' if out else ''}.")
@@ -342,7 +350,7 @@ def outlier_sentences(claim: Claim, doc: dict) -> list[str]:
                       "away)" for f in flagged)
     many = f"{len(flagged)} seeds lie" if len(flagged) > 1 else "One seed lies"
     text = [f"{many} far from the other seeds of {'their arms' if len(flagged) > 1 else 'its arm'} (more than "
-            f"{stats.OUTLIER_K:g} scaled MADs from the arm's median; kept in the verdicts above): {named}."]
+            f"{OUTLIER_K:g} scaled MADs from the arm's median; kept in the verdicts above): {named}."]
     robust = {_key(c): c for c in doc.get("comparisons_robust") or []}
     var = doc.get("variable")
     changed = []
