@@ -465,7 +465,7 @@ def test_a_claim_with_further_rates_is_checked_at_each_and_a_flip_at_any_says_so
     text = plain.found(CLAIMS["rnn"], doc)
     assert "At a ninth of each arm's own rate, the transformer against an LSTM of the same size and steps" in text, text
     assert "At a third of each arm's own rate every verdict reads the same as well." in text, text
-    assert "depend on the rate." in text and plain.depends_on_the_rate(CLAIMS["rnn"], doc), text
+    assert "depend on the rate." in text and plain.flipped(doc), text
     assert "reverse of the claim" in text
     doc |= {"machine": "a CPU", "launcher": [], "seeds": [1, 2, 3, 4, 5], "rate_rule": "fixed in advance",
             "common_rate": 0.003, "diverged_rule": "r", "sweep": {}, "split": {"test": ["b"]}, "run_seconds": [1.0],

@@ -74,9 +74,13 @@ def said_at(claim: Claim, name: str) -> str:
     return said(claim, name)
 
 
+def joined(items: list[str]) -> str:
+    """"a", "a and b", "a, b and c"."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
 def _values(values) -> str:
-    vs = [f"{v:g}" for v in values]
-    return vs[0] if len(vs) == 1 else ", ".join(vs[:-1]) + " and " + vs[-1]
+    return joined([f"{v:g}" for v in values])
 
 
 def _sizes(metric: str, means: list[float]) -> str:
@@ -252,6 +256,11 @@ def rate_said(factor: float, own: bool, common: float) -> str:
     return f"{words} each arm's own rate"
 
 
+def _changed(first: dict, items) -> list:
+    """The (value, comparison) items whose word differs from the same comparison's at the first rate."""
+    return [(at, c) for at, c in items if _key(c) in first and first[_key(c)]["verdict"] != c["verdict"]]
+
+
 def rate_sentences(claim: Claim, doc: dict) -> list[str]:
     """The verdicts at the check's other fixed rates beside the first, one sentence per rate: a word that differs
     reads "depends on the rate"."""
@@ -269,7 +278,7 @@ def rate_sentences(claim: Claim, doc: dict) -> list[str]:
         r2 = rate_said(factor, own, common) + ("" if own else f" instead of {common:g}")
         flips = []
         for of, metric, items in groups(check):
-            changed = [(at, c) for at, c in items if _key(c) in first and first[_key(c)]["verdict"] != c["verdict"]]
+            changed = _changed(first, items)
             if changed:
                 was = "/".join(sorted({first[_key(c)]["verdict"] for _, c in changed}))
                 flips.append(f"{said(claim, of[0])} against {said(claim, of[1])} reads otherwise ({was} at the first "
@@ -289,8 +298,7 @@ def rate_sentences(claim: Claim, doc: dict) -> list[str]:
             out.append(f"At {r2} the reversal{'s' * (len(kept) > 1)} above read{'s' * (len(kept) == 1)} the same: "
                        + "; ".join(kept) + ".")
     if same:
-        where = same[0] if len(same) == 1 else ", ".join(same[:-1]) + " and " + same[-1]
-        out.insert(0, f"At {where} every verdict reads the same{' as well' if out else ''}.")
+        out.insert(0, f"At {joined(same)} every verdict reads the same{' as well' if out else ''}.")
     return out
 
 
@@ -298,7 +306,7 @@ def flipped(doc: dict) -> set[tuple[tuple[str, str], str]]:
     """The expectations ((better, worse), metric) whose word differs at any checked rate from the first."""
     first = {_key(c): c for c in doc.get("comparisons", [])}
     return {(tuple(of), metric) for _, check in rate_checks(doc) for of, metric, items in groups(check)
-            if any(_key(c) in first and first[_key(c)]["verdict"] != c["verdict"] for _, c in items)}
+            if _changed(first, items)}
 
 
 SHORT = {"holds": "{a} was better", "holds within": "{a} was better, by less than the region",
@@ -317,7 +325,7 @@ def flips_said(claim: Claim, doc: dict, pairs) -> str:
         for of, metric, items in groups(check):
             if (tuple(of), metric) not in pairs:
                 continue
-            changed = [(at, c) for at, c in items if _key(c) in first and first[_key(c)]["verdict"] != c["verdict"]]
+            changed = _changed(first, items)
             for same in _by_word(changed):
                 w = word_of(same[0][1])
                 text = SHORT.get(w, w).format(a=said(claim, of[0]), b=said(claim, of[1]))
@@ -328,16 +336,10 @@ def flips_said(claim: Claim, doc: dict, pairs) -> str:
     for text, rates in said_at_rates.items():
         if own and len(rates) > 1:  # "a third and a ninth of each arm's own rate"
             rates = [r.replace(" of each arm's own rate", "") for r in rates[:-1]] + rates[-1:]
-        parts.append(f"at {_values_said(rates)}, {text}")
+        parts.append(f"at {joined(rates)}, {text}")
     return "; ".join(parts)
 
 
-def _values_said(items: list[str]) -> str:
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
-
-
-def depends_on_the_rate(claim: Claim, doc: dict) -> bool:
-    return bool(flipped(doc))
 
 
 def outlier_sentences(claim: Claim, doc: dict) -> list[str]:

@@ -873,7 +873,7 @@ def one_line(name: str, doc: dict | None, earlier: bool, link: str, earlier_row:
     elif earlier and not claim.arms and earlier_row:
         summary = re.sub(r"^\(earlier rules[^)]*\) ", "", earlier_row[0])
         slopes = re.findall(r"([\w ]+): slope ([\d.]+) \[[^]]*\] over T = ([\d,]+-[\d,]+)", summary)
-        found = (("the time of one attention call grew as T to the power " + _and([f"{p} ({what.strip()})"
+        found = (("the time of one attention call grew as T to the power " + plain.joined([f"{p} ({what.strip()})"
                   for what, p, _ in slopes]) + f" over T = {slopes[0][2]} tokens (2 is quadratic, 1 linear; "
                   "measured as published earlier: the seed rules do not apply to a benchmark)") if slopes else
                  f"measured as published earlier (the seed rules do not apply to a benchmark): {summary}")
@@ -884,10 +884,6 @@ def one_line(name: str, doc: dict | None, earlier: bool, link: str, earlier_row:
     found = plain.lower_first(found)
     return (f"- *{claim.statement[0].upper() + claim.statement[1:]}*: {found.rstrip('.')} "
             f"([`{name}`]({link}#{_anchor(name)})).")
-
-
-def _and(items: list[str]) -> str:
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def _anchor(name: str) -> str:
