@@ -33,6 +33,7 @@ from attention_lab.training.loop import train_step  # noqa: E402
 from attention_lab.training.optim import configure_optimizer  # noqa: E402
 from data.batches import BatchSampler  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
+from model import gpt as gpt_module  # noqa: E402
 
 # op name -> the group the table shows (the issue's rows); anything else is "other"
 GROUPS = {
@@ -130,13 +131,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--skip-profile", action="store_true")
-    p.add_argument("--settings", default="bf16,math,ns",
-                   help="which rows to time, comma-separated: bf16, math, ns, compile "
+    p.add_argument("--settings", default="bf16,math,ns,ns3,loss",
+                   help="which rows to time, comma-separated: bf16, math, ns, ns3, loss, compile "
                         "(default: all but compile, which compiles for minutes)")
+    p.add_argument("--backend", choices=("sdpa", "math"), default="sdpa",
+                   help="the default step's attention backend (what model.attn_backend=auto picked on this CPU "
+                        "and dtype: train.py's console says)")
     p.add_argument("--dtypes", default="bfloat16,float32", help="the dtypes of the per-dtype rows (default: both)")
     args = p.parse_args(argv)
     rounds = 2 if args.quick else args.rounds
     gcfg, ocfg, batch = setup(args.quick, [])
+    gcfg = dataclasses.replace(gcfg, attn_backend=args.backend)
     torch.manual_seed(0)
     base_model = GPT(gcfg)
     print(f"## The default training step, profiled and compared\n\n{machine()}\n")
@@ -164,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         return Step(model_change(copy.deepcopy(base_model)), optim, batch, dtype)
 
     ns_f32 = dataclasses.replace(ocfg, muon_ns_dtype="float32")
+    ns3 = dataclasses.replace(ocfg, muon_ns_steps=3)
     # (setting, the default's dtype, the default step, the setting's step)
     wanted = set(args.settings.split(","))
     rows = [("bf16", "bf16 autocast (vs float32)", "float32 -> bf16", lambda: fresh(f32), lambda: fresh(bf16))]
@@ -173,6 +179,10 @@ def main(argv: list[str] | None = None) -> int:
                      lambda d=dtype: fresh(d, lambda m: set_backend(m, "math"))))
         rows.append(("ns", "Newton-Schulz in float32 (vs the default's " + ocfg.muon_ns_dtype + ")", name,
                      lambda d=dtype: fresh(d), lambda d=dtype: fresh(d, optim=ns_f32)))
+        rows.append(("ns3", f"Newton-Schulz steps 3 (vs {ocfg.muon_ns_steps})", name,
+                     lambda d=dtype: fresh(d), lambda d=dtype: fresh(d, optim=ns3)))
+        rows.append(("loss", "the loss 256 rows at a time (model.gpt.chunked_next_token_loss)", name,
+                     lambda d=dtype: fresh(d), lambda d=dtype: ChunkedLoss(fresh(d))))
         rows.append(("compile", "torch.compile of the model (inductor; the step's optimizer stays eager)", name,
                      lambda d=dtype: fresh(d), lambda d=dtype: compiled(fresh(d))))
     for key, name, label, make_base, make_other in rows:
@@ -193,6 +203,22 @@ def compiled(step: Step) -> Step:
     step()
     step.compile_s = time.perf_counter() - start
     return step
+
+
+class ChunkedLoss:
+    """The step with next_token_loss swapped for its chunked form while it runs (the model reads the name at call
+    time), so both sides of the comparison run the same model code otherwise."""
+
+    def __init__(self, step: Step):
+        self.step = step
+
+    def __call__(self) -> float:
+        plain = gpt_module.next_token_loss
+        gpt_module.next_token_loss = gpt_module.chunked_next_token_loss
+        try:
+            return self.step()
+        finally:
+            gpt_module.next_token_loss = plain
 
 
 def set_backend(model: GPT, backend: str) -> GPT:

@@ -116,6 +116,46 @@ def next_token_loss(logits: Tensor, targets: Tensor) -> Tensor:
     return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
 
 
+def chunked_next_token_loss(logits: Tensor, targets: Tensor, rows: int = 256) -> Tensor:
+    """next_token_loss, `rows` positions at a time: the same number, without the float32 copy of every logit.
+
+    The plain loss casts all B*T x V logits to float32, keeps their log-softmax for the backward pass and writes a
+    float32 gradient of the same size (three arrays of 32 MB at batch 4 x 512, vocab 4096). Here each block of
+    rows is cast, reduced to its log-sum-exp and dropped; the backward pass recomputes its softmax from the
+    logits and the saved log-sum-exps. loss_i = logsumexp(z_i) - z_i[y_i]; d loss / d z_i = softmax(z_i) - onehot(y_i).
+    """
+    return _ChunkedNextTokenLoss.apply(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), rows)
+
+
+class _ChunkedNextTokenLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, z: Tensor, y: Tensor, rows: int) -> Tensor:
+        keep = y != -1
+        n = keep.sum()
+        lse = torch.empty(z.size(0), dtype=torch.float32, device=z.device)
+        total = torch.zeros((), dtype=torch.float32, device=z.device)
+        for s in range(0, z.size(0), rows):
+            block, yb, kb = z[s:s + rows].float(), y[s:s + rows], keep[s:s + rows]
+            lse[s:s + rows] = torch.logsumexp(block, dim=-1)
+            picked = block.gather(1, yb.clamp_min(0).unsqueeze(1)).squeeze(1)
+            total += torch.where(kb, lse[s:s + rows] - picked, 0.0).sum()
+        ctx.save_for_backward(z, y, lse, n)
+        ctx.rows = rows
+        return total / n  # nan when every target is ignored, as F.cross_entropy gives
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        z, y, lse, n = ctx.saved_tensors
+        rows, scale = ctx.rows, grad.float() / n
+        dz = torch.empty_like(z)
+        for s in range(0, z.size(0), rows):
+            yb, kb = y[s:s + rows], (y[s:s + rows] != -1)
+            p = torch.exp(z[s:s + rows].float() - lse[s:s + rows, None])  # softmax, recomputed
+            p.scatter_add_(1, yb.clamp_min(0).unsqueeze(1), -kb.float().unsqueeze(1))  # minus the one-hot
+            dz[s:s + rows] = (p * (kb.float() * scale).unsqueeze(1)).to(z.dtype)
+        return dz, None, None
+
+
 class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
