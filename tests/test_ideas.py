@@ -445,6 +445,34 @@ def test_the_followed_schedule_is_read_off_the_logged_rates():
     assert (planned.get_alpha() or 1.0) < 0.5 and "not followed" in planned.get_label(), "the plan is drawn faint"
 
 
+def test_evaluations_are_marked_where_a_clock_schedule_drops_and_muons_line_shows(tmp_path):
+    rows = [{"step": s, "lr": 2e-3 - 1e-5 * s} for s in range(10, 110, 10)]
+    rows.insert(5, {"step": 50, "val_loss": 4.0, "seconds_val": 2.0, "seconds_HeadRoles": 4.5, "seconds_Film": 0.5})
+    rows.append({"step": 100, "val_loss": 3.9, "seconds_val": 2.0})
+    rows.insert(3, {"step": 33, "seconds_snapshot": 0.02})  # a snapshot is no evaluation
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pauses = ideas_cli.evaluation_pauses(metrics)
+    assert pauses == [(50, pytest.approx(7.0)), (100, pytest.approx(2.0))], \
+        f"an evaluation's seconds are all of its row's seconds_* (the loss and every callback): {pauses}"
+    assert ideas_cli.evaluation_pauses(tmp_path / "none.jsonl") == []
+    from attention_lab.viewer import ideas as draw
+
+    logged = ideas_cli.logged_rates(metrics)
+    plan_steps, plan = ideas_cli.schedule(OptimConfig(lr=2e-3, warmup_steps=20), 300)
+    fig = draw.warmup_figure(plan_steps, plan, plan * 10, logged, 20, "r", None, 10.0, pauses)
+    marks = [line for line in fig.axes[0].lines if line.get_marker() == "v"]
+    assert len(marks) == 1 and list(marks[0].get_xdata()) == [50], \
+        "the evaluation inside the logged steps is marked, the last (nothing follows it) is not"
+    assert any("evaluation (about 7 s" in t.get_text() for t in fig.legends[0].get_texts())
+    adamw, muon = fig.axes[0].lines[0], fig.axes[1].lines[0]
+    assert np.allclose(muon.get_ydata(), adamw.get_ydata() * 10), "Muon's rate is AdamW's times muon_lr / lr"
+    assert np.allclose(np.array(fig.axes[1].get_ylim()), np.array(fig.axes[0].get_ylim()) * 10)
+    assert muon.get_linestyle() == "--" and muon.get_linewidth() < adamw.get_linewidth() / 2 \
+        and muon.get_color() != adamw.get_color(), \
+        "Muon's line lies on AdamW's: it must be thin, dashed and of another colour on a wide one, or it is hidden"
+
+
 # --- the command on a debug run -----------------------------------------------------------------------------------
 
 

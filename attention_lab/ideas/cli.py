@@ -523,6 +523,18 @@ def logged_rates(metrics: Path) -> tuple[np.ndarray, np.ndarray] | None:
     return (np.array([p[0] for p in pts]), np.array([p[1] for p in pts])) if pts else None
 
 
+def evaluation_pauses(metrics: Path) -> list[tuple[int, float]]:
+    """(step, seconds) of each evaluation a run's metrics.jsonl records (a row with val_loss): the seconds are the
+    sum of that row's seconds_* entries (the validation loss and each evaluation callback). No steps are taken
+    meanwhile, but a schedule that follows a time budget's clock moves on: a drop in the logged rate there."""
+    try:
+        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return []
+    return [(int(r["step"]), float(sum(v for k, v in r.items() if k.startswith("seconds_"))))
+            for r in rows if "val_loss" in r and "step" in r]
+
+
 def schedule(oc: OptimConfig, max_steps: int) -> tuple[np.ndarray, np.ndarray]:
     """(steps 0..max_steps - 1, the AdamW rate lr_at gives at each)."""
     steps = np.arange(max_steps)
@@ -576,13 +588,24 @@ def idea_warmup(args, opened: Opened, out: Path) -> None:
                                                                  if stop == "steps" else "")
                   + f", so on this machine the {max_steps}-step plan (faint) was squeezed into "
                   f"{int(logged[0][-1])} steps")
+            pauses = [(s, sec) for s, sec in evaluation_pauses(layout.metrics) if s < logged[0][-1]]
+            if pauses:
+                per_second = max_steps / (60 * budget)
+                print("the evaluations at step " + ", ".join(f"{s} ({sec:.1f} s)" for s, sec in pauses)
+                      + " take no training step, but the clock runs on" + (" (where it leads the step)"
+                                                                            if stop == "steps" else "")
+                      + f": the schedule moves on about {per_second * np.mean([p[1] for p in pauses]):.0f} of its "
+                      "steps during each, so the rate drops at once there: the small steps in the decaying line "
+                      "(marked in the figure)")
     else:
         print("the run logged no rates (metrics.jsonl): the figure shows the plan alone")
     print("why warmup: at the start the weights are random and Adam's running estimate of each gradient's size "
           "rests on a handful of steps, so full-size steps can throw the model into a region it never recovers "
           "from (a loss spike); growing the rate over the first steps lets those estimates settle first")
+    budgeted = logged is not None and config.get("train", {}).get("max_minutes")
     fig = draw.warmup_figure(steps, lr, muon, logged, oc.warmup_steps, opened.label, phases,
-                             oc.muon_lr / oc.lr if muon is not None else None)
+                             oc.muon_lr / oc.lr if muon is not None else None,
+                             evaluation_pauses(layout.metrics) if budgeted else None)
     print(f"figure: {save(fig, out)}")
 
 

@@ -367,20 +367,29 @@ def residual_figure(res: Residual, lens_words: Sequence[Sequence[str]], labels: 
 
 def warmup_figure(steps: np.ndarray, lr: np.ndarray, muon: np.ndarray | None, logged: tuple | None,
                   warmup_steps: int, run: str, phases: tuple[int, int] | None = None,
-                  muon_ratio: float | None = None) -> Figure:
+                  muon_ratio: float | None = None, pauses: Sequence[tuple[int, float]] | None = None) -> Figure:
     """The schedule the run followed (the rates it logged) as the main curve, the planned one (lr_at at every
-    step of max_steps) faint behind it; Muon's rate (the same shape) on the right axis. Without logged rates the
-    plan is all there is and is drawn plainly."""
-    fig = _figure(9, 4.2)
+    step of max_steps) faint behind it; Muon's rate (the same shape, muon_ratio times larger) on the right axis,
+    scaled so it lies on AdamW's curve: AdamW's is drawn wide and pale, Muon's thin and dashed on top, so both
+    show. pauses: (step, seconds) of the evaluations of a run whose schedule followed a time budget's clock,
+    marked where the logged rate drops across one. Without logged rates the plan is drawn plainly."""
+    fig = _figure(9, 4.8)
     ax = fig.subplots()
     if logged is not None:
-        ax.plot(logged[0], logged[1], "-", lw=2, color="C0", label="AdamW's rate as the run followed it (logged)")
+        ax.plot(logged[0], logged[1], "-", lw=4, color="C0", alpha=0.5, solid_capstyle="butt",
+                label="AdamW's rate as the run followed it (logged)")
         ax.plot(steps, lr, lw=1.2, color="C0", alpha=0.35, ls="--",
                 label=f"the plan, step by step over {len(steps)} steps (lr_at): not followed")
         if phases is not None:
             ax.axvspan(0, phases[0], color="#fde7c8", zorder=0, label=f"warmup as followed: to step {phases[0]}")
             ax.axvline(phases[1], color="grey", lw=0.8, ls=":")
-            ax.text(phases[1], ax.get_ylim()[1] * 0.95, f" decay from about step {phases[1]}", fontsize=7, va="top")
+            ax.text(phases[1], ax.get_ylim()[1] * 0.5, f"decay from about step {phases[1]} ", fontsize=7, ha="right")
+        marked = [(s, sec) for s, sec in (pauses or ()) if logged[0][0] <= s < logged[0][-1]]
+        if marked:
+            at = np.interp([s for s, _ in marked], logged[0], logged[1])  # a little above, not on the drop
+            ax.plot([s for s, _ in marked], at + 0.06 * float(np.max(logged[1])), "v", color="black", ms=6, ls="none",
+                    label=f"an evaluation (about {np.mean([sec for _, sec in marked]):.0f} s, no training step): the "
+                          "schedule follows\nthe clock and moves on meanwhile, so in the decay the rate drops there")
     else:
         ax.plot(steps, lr, label="AdamW's rate (lr_at; the run logged none)", lw=1.6)
         ax.axvspan(0, warmup_steps, color="#fde7c8", zorder=0, label=f"warmup: {warmup_steps} steps")
@@ -388,20 +397,19 @@ def warmup_figure(steps: np.ndarray, lr: np.ndarray, muon: np.ndarray | None, lo
     ax.set_ylabel("AdamW learning rate")
     if muon is not None:
         right = ax.twinx()
-        muon_label = ("Muon's rate, read on the right axis: the same shape,\nso it lies on AdamW's line"
-                      if muon_ratio is not None else "Muon's rate (right axis, the same shape)")
+        times = f" ({muon_ratio:g}x AdamW's)" if muon_ratio is not None else ""
+        muon_label = (f"Muon's rate{times}, read on the right axis:\nthe same shape, dashed on AdamW's"
+                      if muon_ratio is not None else "Muon's rate (right axis)")
         if logged is not None and muon_ratio is not None:
-            right.plot(logged[0], logged[1] * muon_ratio, color="C2", lw=1, ls="--", label=muon_label)
+            right.plot(logged[0], logged[1] * muon_ratio, color="C3", lw=1.2, ls="--", label=muon_label)
         else:
-            right.plot(steps, muon, color="C2", lw=1, ls="--", label=muon_label)
+            right.plot(steps, muon, color="C3", lw=1.2, ls="--", label=muon_label)
         if muon_ratio is not None:  # the same shape: one curve read on either axis
             low, high = ax.get_ylim()
             right.set_ylim(low * muon_ratio, high * muon_ratio)
         right.set_ylabel("Muon learning rate (the blocks' matrices)")
-        right.legend(fontsize=7, loc="upper right")
-    if logged is not None:  # right of the followed curve, below the plan's flat stretch
-        ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.32, 0.02))
-    else:
-        ax.legend(fontsize=7, loc="lower left")
+    # one legend below the plot, for both axes: inside it would cover the curves' ends
+    handles = [h for a in fig.axes for h in a.get_legend_handles_labels()[0]]
+    fig.legend(handles=handles, fontsize=7, loc="outside lower center", ncols=2)
     ax.set_title(f"The learning-rate schedule of {run}", fontsize=10)
     return fig
