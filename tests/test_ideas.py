@@ -154,6 +154,17 @@ def test_scale_stats_compare_the_same_scores_with_and_without_the_scale():
     assert (st.max_weight_raw >= st.max_weight_scaled).all(), "8x larger scores must make the softmax peakier"
 
 
+def test_the_scale_figure_names_qk_norms_bound_in_its_legend():
+    from attention_lab.viewer import ideas as draw
+
+    st = ideas.scale_stats(tiny(), IDS)
+    left = draw.scale_figure(st, "r").axes[0]
+    bounds = [line for line in left.get_lines() if sorted(set(line.get_xdata())) in ([-st.bound], [st.bound])]
+    assert len(bounds) == 2, "the bound is drawn at -bound and +bound"
+    legend = [t.get_text() for t in left.get_legend().get_texts()]
+    assert sum("QK-norm's bound" in t for t in legend) == 1, f"the dashed bound lines need one legend entry: {legend}"
+
+
 # --- mask, residual --------------------------------------------------------------------------------------------------
 
 

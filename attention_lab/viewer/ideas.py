@@ -86,15 +86,15 @@ def scale_figure(st: ScaleStats, run: str) -> Figure:
     bins = np.linspace(min(st.raw_sample.min(), -1), max(st.raw_sample.max(), 1), 80)
     left.hist(st.raw_sample, bins=bins, alpha=0.6, label=f"q·k (std {st.std_raw.mean():.2f})")
     left.hist(st.scaled_sample, bins=bins, alpha=0.6, label=f"q·k / sqrt({st.d_k}) (std {st.std_scaled.mean():.2f})")
-    if st.bound is not None:
+    if st.bound is not None:  # one legend entry for the pair of lines
         for sign in (-1, 1):
-            left.axvline(sign * st.bound, color="crimson", ls="--", lw=1)
-        left.text(st.bound, left.get_ylim()[1] * 0.9, f" QK-norm's bound ±{st.bound:g}", color="crimson",
-                  fontsize=7)
+            left.axvline(sign * st.bound, color="crimson", ls="--", lw=1,
+                         label=f"±{st.bound:g}: QK-norm's bound on q·k / sqrt({st.d_k})" if sign > 0 else None)
     left.set_xlabel("score of a query and a key it sees")
     left.set_ylabel("how many (query, key) pairs")
     left.set_title("the scores' spread", fontsize=9)
-    left.legend(fontsize=7)
+    left.set_ylim(0, left.get_ylim()[1] * 1.4)  # room for the legend above the scaled scores' tall peak
+    left.legend(fontsize=7, loc="upper left")
     layers = np.arange(len(st.std_raw))
     mid.plot(layers, st.max_weight_raw, "o-", label="without the scale")
     mid.plot(layers, st.max_weight_scaled, "o-", label="with 1/sqrt(d_k) (the model)")
