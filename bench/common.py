@@ -35,14 +35,14 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-def describe_machine(device: torch.device) -> dict:
+def describe_machine(device: torch.device, dtype: torch.dtype | None = None) -> dict:
     info = {
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "device": str(device),
-        "dtype": str(default_dtype(device)).replace("torch.", ""),
+        "dtype": str(dtype or default_dtype(device)).replace("torch.", ""),
         # how OpenMP threads wait (attention_lab/runtime/omp.py): spinning or sleeping changes a 2-core machine's speed
         # several-fold, idle or beside another process
         "openmp": omp.describe(),
@@ -212,9 +212,15 @@ class Context:
     quick: bool
     machine: dict
     peak_flops: float | None = None
+    asked_dtype: torch.dtype | None = None  # bench.run --dtype; None: default_dtype's
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the peak and the training step compute in (bf16 under autocast, both sides alike)."""
+        return self.asked_dtype or default_dtype(self.device)
 
     def peak(self) -> float:
         if self.peak_flops is None:
             log("measuring the matmul peak (MFU denominator) ...")
-            self.peak_flops = measure_peak_flops(self.device, default_dtype(self.device), quick=self.quick)
+            self.peak_flops = measure_peak_flops(self.device, self.dtype, quick=self.quick)
         return self.peak_flops

@@ -1,7 +1,7 @@
 """The machine's matmul peak as a table: the denominator of MFU (model FLOPs utilisation).
 
 The measurement itself is the trainer's (attention_lab/runtime/flops.py), in the dtype the benchmarks compute
-in (float32 on CPU, bf16 on GPU). On a shared CPU the peak read during a busy moment is low, which overstates
+in (float32 on CPU, bf16 on GPU; `bench.run --dtype` asks for another). On a shared CPU the peak read during a busy moment is low, which overstates
 MFU; the training benchmark therefore also divides by a matmul timed in the same round as each step ("paired"
 MFU).
 """
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from attention_lab.runtime.flops import MIN_SAMPLE_S, QUICK_SAMPLE_S, QUICK_SIZES, matmul_rates
 
-from .common import Column, Context, Table, default_dtype, median
+from .common import Column, Context, Table, median
 
 
 def run(ctx: Context) -> Table:
-    dtype = default_dtype(ctx.device)
+    dtype = ctx.dtype
     if ctx.quick:
         rates = matmul_rates(ctx.device, dtype, QUICK_SIZES, samples=2, min_s=QUICK_SAMPLE_S)
     else:

@@ -4,6 +4,7 @@
     python -m bench.run --quick             tiny settings, seconds: checks that every benchmark still runs
     python -m bench.run --only train,peak   a subset (names: peak, train, generate, attention, data)
     python -m bench.run --out r.json --md last_run.md
+    python -m bench.run --only peak,train --dtype auto    the bf16 step and its MFU where the CPU has native bf16
 
 Progress goes to stderr; stdout carries only the tables.
 """
@@ -26,7 +27,7 @@ bound_spinning()
 
 import torch  # noqa: E402
 
-from attention_lab.runtime.device import pick_device  # noqa: E402
+from attention_lab.runtime.device import pick_device, pick_dtype  # noqa: E402
 
 from .common import Context, describe_machine, log  # noqa: E402
 
@@ -56,10 +57,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", default=os.path.join("bench", "results.json"), help="JSON file to write")
     parser.add_argument("--md", default=None, help="also write the markdown tables to this file")
     parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu or cuda")
+    parser.add_argument("--dtype", choices=("default", "auto", "float32", "bfloat16"), default="default",
+                        help="what the peak and the training step compute in: default float32 on a CPU (comparable "
+                             "across CPU kinds) and bf16 on a GPU; auto what train.dtype=auto trains in (bf16 "
+                             "autocast on a CPU with native bf16); bfloat16 under autocast, ours and HF's alike")
     args = parser.parse_args(argv)
 
     device = pick_device(args.device, "--device")
-    ctx = Context(device=device, quick=args.quick, machine=describe_machine(device))
+    dtype = None if args.dtype == "default" else pick_dtype(args.dtype, device)
+    ctx = Context(device=device, quick=args.quick, machine=describe_machine(device, dtype), asked_dtype=dtype)
     results = {"machine": ctx.machine, "quick": args.quick, "tables": {}}
     sections = []
     start = time.perf_counter()

@@ -58,14 +58,14 @@ QUICK_CASES = [Case("tiny", _cfg(256, 16, 2, 2, 32), batch=2, reps=2, warmup=1)]
 PROBE_N = {"cpu": 1024, "cuda": 8192}
 
 
-def make_steps(case: Case, device: torch.device):
+def make_steps(case: Case, device: torch.device, dtype: torch.dtype | None = None):
     """Two closures doing one AdamW training step each (ours, Hugging Face's), and the initial |loss diff|.
 
     Each side trains the way its users train it. Ours: attention_lab.training.optim.configure_optimizer (AdamW,
     decay on matrices, the fused kernel) and `model(x, y).loss`. Hugging Face: `torch.optim.AdamW(model.parameters())` and
     `model(input_ids=x, labels=x).loss`, which shifts the labels inside. Both process B x T tokens per step.
     """
-    cfg, dtype = case.cfg, default_dtype(device)
+    cfg, dtype = case.cfg, dtype or default_dtype(device)  # bf16 runs under autocast on both sides alike
     gen = torch.Generator().manual_seed(1)
     x = torch.randint(0, cfg.vocab_size, (case.batch, cfg.block_size), generator=gen).to(device)
     y = torch.randint(0, cfg.vocab_size, (case.batch, cfg.block_size), generator=gen).to(device)
@@ -102,11 +102,11 @@ def make_steps(case: Case, device: torch.device):
 def run(ctx: Context) -> Table:
     peak = ctx.peak()
     probe_n = 256 if ctx.quick else PROBE_N[ctx.device.type]
-    probe, probe_flops = matmul_probe(probe_n, ctx.device, default_dtype(ctx.device))
+    probe, probe_flops = matmul_probe(probe_n, ctx.device, ctx.dtype)
     rows, hf_attn = [], None
     for case in QUICK_CASES if ctx.quick else CASES:
         log(f"train step: {case.name} ...")
-        ours_step, hf_step, loss_diff, hf_attn, n_params = make_steps(case, ctx.device)
+        ours_step, hf_step, loss_diff, hf_attn, n_params = make_steps(case, ctx.device, ctx.dtype)
         times = interleaved(
             {"ours": ours_step, "hf": hf_step, "probe": probe},
             ctx.device,
@@ -150,7 +150,8 @@ def run(ctx: Context) -> Table:
     }
     return Table(
         name="train",
-        title="Training step (forward + backward + AdamW): ours vs transformers.GPT2LMHeadModel",
+        title="Training step (forward + backward + AdamW): ours vs transformers.GPT2LMHeadModel"
+        + ("" if ctx.dtype == torch.float32 else f", {str(ctx.dtype).removeprefix('torch.')} autocast"),
         machine=ctx.machine,
         columns=[
             Column("config", "config"),

@@ -32,3 +32,35 @@ def test_the_step_profile_prints_the_groups_and_the_settings(capsys):
     assert "| attention backward (sdpa flash) |" in out and "| ms a step (under the profiler) |" in out, out
     settings = [line for line in out.splitlines() if line.startswith("| attention: the math path")]
     assert len(settings) == 2, "the attention setting in both dtypes"
+
+
+def test_the_bf16_training_step_runs_both_sides_under_autocast(tmp_path, monkeypatch):
+    """bench.run --dtype bfloat16: the peak is bf16's, and ours and Hugging Face's steps both run under bf16
+    autocast (a planted bench that times float32 while its title says bf16 fails here)."""
+    import json
+
+    from bench import train_step
+    from bench.run import main
+
+    seen = []
+    real = train_step.autocast
+
+    def spy(device, dtype):
+        seen.append(dtype)
+        return real(device, dtype)
+
+    monkeypatch.setattr(train_step, "autocast", spy)
+    out = tmp_path / "r.json"
+    main(["--quick", "--only", "peak,train", "--dtype", "bfloat16", "--device", "cpu", "--out", str(out)])
+    results = json.loads(out.read_text())
+    assert results["machine"]["dtype"] == "bfloat16"
+    assert "(bfloat16)" in results["tables"]["peak"]["title"]
+    assert results["tables"]["train"]["title"].endswith("bfloat16 autocast")
+    assert seen and set(seen) == {torch.bfloat16}, f"the steps ran under {set(seen)}"
+
+
+def test_the_step_profile_times_the_chunked_loss_and_three_newton_schulz_steps(capsys):
+    assert step_profile.main(["--quick", "--skip-profile", "--settings", "loss,ns3", "--dtypes", "float32",
+                              "--backend", "math"]) == 0
+    out = capsys.readouterr().out
+    assert "| the loss 256 rows at a time" in out and "| Newton-Schulz steps 3 (vs 5) | float32 |" in out, out
