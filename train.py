@@ -213,7 +213,7 @@ def optimizer_step(run: Run) -> tuple[float, float, float]:
     state.optimizer.set_lr_multiplier(lr_multiplier(at, oc, tc.max_steps))
     lr = lr_at(at, oc, tc.max_steps)  # AdamW's; Muon's follows the same multiplier
     loss, grad_norm = train_step(run.model, state.optimizer, state.sampler, tc.grad_accum, run.device, run.dtype,
-                                 oc.grad_clip, run.scaler)
+                                 oc.grad_clip, run.scaler, tc.loss_chunk)
     loss = distributed.mean(loss, run.info, run.device)
     if not math.isfinite(loss):
         where = find_checkpoint(run.layout.root, "latest") if run.layout.latest_pointer.exists() else None

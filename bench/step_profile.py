@@ -33,7 +33,6 @@ from attention_lab.training.loop import train_step  # noqa: E402
 from attention_lab.training.optim import configure_optimizer  # noqa: E402
 from data.batches import BatchSampler  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from model import gpt as gpt_module  # noqa: E402
 
 # op name -> the group the table shows (the issue's rows); anything else is "other"
 GROUPS = {
@@ -75,14 +74,15 @@ def setup(quick: bool, overrides: list[str]):
 class Step:
     """One trainer (model, optimizer, sampler) whose call is one train_step."""
 
-    def __init__(self, model: GPT, optim_cfg, batch: int, dtype: torch.dtype):
-        self.model, self.dtype = model.train(), dtype
+    def __init__(self, model: GPT, optim_cfg, batch: int, dtype: torch.dtype, loss_chunk: int = 0):
+        self.model, self.dtype, self.loss_chunk = model.train(), dtype, loss_chunk
         self.opt = configure_optimizer(model, optim_cfg, torch.device("cpu"))
         tokens = np.random.default_rng(0).integers(0, model.config.vocab_size, 200_000).astype(np.uint16)
         self.sampler = BatchSampler(tokens, model.config.block_size, batch, seed=0)
 
     def __call__(self) -> float:
-        return train_step(self.model, self.opt, self.sampler, 1, torch.device("cpu"), self.dtype, 1.0)[0]
+        return train_step(self.model, self.opt, self.sampler, 1, torch.device("cpu"), self.dtype, 1.0,
+                          loss_chunk=self.loss_chunk)[0]
 
 
 def profile_table(step: Step, steps: int = 3) -> tuple[dict[str, float], float]:
@@ -165,8 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"### Settings against the default step ({rounds} interleaved rounds; ratio = default / setting, "
           "> 1 is faster)\n")
     print("| setting | dtype | default ms | setting ms | ratio |\n|---|---|--:|--:|--:|")
-    def fresh(dtype, model_change=lambda m: m, optim=ocfg) -> Step:
-        return Step(model_change(copy.deepcopy(base_model)), optim, batch, dtype)
+    def fresh(dtype, model_change=lambda m: m, optim=ocfg, loss_chunk=0) -> Step:
+        return Step(model_change(copy.deepcopy(base_model)), optim, batch, dtype, loss_chunk)
 
     ns_f32 = dataclasses.replace(ocfg, muon_ns_dtype="float32")
     ns3 = dataclasses.replace(ocfg, muon_ns_steps=3)
@@ -181,8 +181,8 @@ def main(argv: list[str] | None = None) -> int:
                      lambda d=dtype: fresh(d), lambda d=dtype: fresh(d, optim=ns_f32)))
         rows.append(("ns3", f"Newton-Schulz steps 3 (vs {ocfg.muon_ns_steps})", name,
                      lambda d=dtype: fresh(d), lambda d=dtype: fresh(d, optim=ns3)))
-        rows.append(("loss", "the loss 256 rows at a time (model.gpt.chunked_next_token_loss)", name,
-                     lambda d=dtype: fresh(d), lambda d=dtype: ChunkedLoss(fresh(d))))
+        rows.append(("loss", "the loss 256 rows at a time (train.loss_chunk=256)", name,
+                     lambda d=dtype: fresh(d), lambda d=dtype: fresh(d, loss_chunk=256)))
         rows.append(("compile", "torch.compile of the model (inductor; the step's optimizer stays eager)", name,
                      lambda d=dtype: fresh(d), lambda d=dtype: compiled(fresh(d))))
     for key, name, label, make_base, make_other in rows:
@@ -203,22 +203,6 @@ def compiled(step: Step) -> Step:
     step()
     step.compile_s = time.perf_counter() - start
     return step
-
-
-class ChunkedLoss:
-    """The step with next_token_loss swapped for its chunked form while it runs (the model reads the name at call
-    time), so both sides of the comparison run the same model code otherwise."""
-
-    def __init__(self, step: Step):
-        self.step = step
-
-    def __call__(self) -> float:
-        plain = gpt_module.next_token_loss
-        gpt_module.next_token_loss = gpt_module.chunked_next_token_loss
-        try:
-            return self.step()
-        finally:
-            gpt_module.next_token_loss = plain
 
 
 def set_backend(model: GPT, backend: str) -> GPT:

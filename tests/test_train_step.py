@@ -39,11 +39,13 @@ def batch(n: int, seed: int = 1):
     return torch.randint(64, (n, 16), generator=gen), torch.randint(64, (n, 16), generator=gen)
 
 
-def step_with(model: GPT, batches, grad_accum: int, dtype=torch.float32, scaler=None, grad_clip: float = 0.0):
+def step_with(model: GPT, batches, grad_accum: int, dtype=torch.float32, scaler=None, grad_clip: float = 0.0,
+              loss_chunk: int = 0):
     """One train_step with SGD at lr 1, so each parameter moves by exactly minus its (clipped) gradient."""
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    loss, norm = train_mod.train_step(model, opt, FixedBatches(batches), grad_accum, CPU, dtype, grad_clip, scaler)
+    loss, norm = train_mod.train_step(model, opt, FixedBatches(batches), grad_accum, CPU, dtype, grad_clip, scaler,
+                                      loss_chunk)
     moves = {n: p.detach() - before[n] for n, p in model.named_parameters()}
     return loss, norm, moves
 
@@ -169,3 +171,48 @@ def test_mfu_divides_by_the_matmul_peak_of_the_runs_own_dtype(tmp_path, data_cac
     assert asked == [torch.bfloat16], f"the peak was measured in {asked}, the run computes in bfloat16"
     provenance = json.loads((run / "provenance.json").read_text())
     assert provenance["peak_flops"] == 4e11 and provenance["peak_dtype"] == "bfloat16", provenance
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("grad_accum", [1, 2])
+def test_the_chunked_loss_step_equals_the_plain_step(dtype, grad_accum):
+    """train.loss_chunk: the loss a block of positions at a time gives the plain step's loss, gradient norm and
+    update (float32: to rounding; bf16 autocast: both sides' bf16 logits are the same, the loss is reduced in
+    float32 on both, and the bf16 gradient of the logits may differ by one rounding step)."""
+    x, y = batch(8)
+    y[0, :3] = -1  # ignored targets, as a masked claim gives
+    micro = [(x, y)] if grad_accum == 1 else [(x[:4], y[:4]), (x[4:], y[4:])]
+    plain = step_with(tiny(), micro, grad_accum, dtype=dtype, grad_clip=1.0)
+    chunked = step_with(tiny(), list(micro), grad_accum, dtype=dtype, grad_clip=1.0, loss_chunk=5)
+    exact = dtype == torch.float32
+    assert chunked[0] == pytest.approx(plain[0], rel=1e-6 if exact else 1e-4)
+    assert chunked[1] == pytest.approx(plain[1], rel=1e-5 if exact else 1e-2)
+    for name, move in plain[2].items():
+        tol = 1e-6 if exact else 2e-2 * move.abs().max().item() + 1e-6
+        torch.testing.assert_close(chunked[2][name], move, atol=tol, rtol=1e-4 if exact else 5e-2,
+                                   msg=lambda m: f"{name}: the chunked loss's update differs: {m}")
+
+
+def test_a_debug_run_with_the_chunked_loss_resumes_exactly(tmp_path, data_cache, monkeypatch):
+    """train.loss_chunk on: the trainer computes its loss that way, and a run stopped at step 6 and resumed logs
+    the uninterrupted run's losses."""
+    from attention_lab.training import loop
+
+    chunks = []
+    real = loop.chunked_next_token_loss
+    monkeypatch.setattr(loop, "chunked_next_token_loss", lambda z, y, rows: chunks.append(rows) or real(z, y, rows))
+    overrides = ["experiment=debug", f"data.cache_dir={data_cache}", "train.loss_chunk=37", "train.max_steps=12",
+                 "optim.schedule=wsd", "optim.decay_steps=6", "train.log_interval=1", "train.head_roles=false",
+                 "train.sample_tokens=0"]
+    full, part = tmp_path / "full", tmp_path / "part"
+    train_mod.train(compose(overrides), full)
+    train_mod.train(compose(overrides + ["train.max_steps=6"]), part)
+    train_mod.train(compose(overrides), part)
+
+    def losses(run):
+        return {r["step"]: r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+                if "loss" in r}
+
+    a, b = losses(full), losses(part)
+    assert sorted(a) == list(range(1, 13)) and [a[s] for s in range(7, 13)] == [b[s] for s in range(7, 13)]
+    assert chunks and set(chunks) == {37}, "train.loss_chunk=37 did not reach the training step"

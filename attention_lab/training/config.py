@@ -82,6 +82,9 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model (CUDA; slow to start on CPU; never by default on MPS)
     batch_size: int = 16  # sequences per micro-batch per process
     grad_accum: int = 1  # micro-batches per optimizer step
+    # the training loss over this many positions' logits at a time (model.gpt.chunked_next_token_loss): the same
+    # number and gradient without a float32 copy of every logit; 0 = all at once (model(x, y).loss)
+    loss_chunk: int = 0
     repeat_frac: float = 0.0  # share of training windows that hold a passage twice (induction curriculum)
     max_steps: int = 2000
     max_minutes: Optional[float] = None  # wall-clock budget: evaluate, save and stop once it is spent
@@ -121,7 +124,7 @@ class TrainConfig:
             raise ValueError(f"train.dtype={self.dtype!r} is not one of {', '.join(DTYPES)}")
         _positive("train", self, ("batch_size", "grad_accum", "max_steps", "eval_interval", "eval_batches",
                                   "log_interval", "keep_checkpoints", "head_roles_every", "probe_batch"))
-        _non_negative("train", self, ("sample_tokens", "snapshots"))
+        _non_negative("train", self, ("sample_tokens", "snapshots", "loss_chunk"))
         if self.peak_flops is not None and self.peak_flops <= 0:
             raise ValueError(f"train.peak_flops={self.peak_flops} must be positive FLOP/s, or null to measure it")
         if self.stop not in STOPS:

@@ -15,12 +15,15 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from attention_lab.runtime.device import autocast, eval_mode
 from data.batches import BatchSampler
 from model import GPT
+from model.gpt import chunked_next_token_loss
 
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, sampler: BatchSampler, grad_accum: int,
                device: torch.device, dtype: torch.dtype, grad_clip: float,
-               scaler: torch.amp.GradScaler | None = None) -> tuple[float, float]:
-    """One optimizer step over grad_accum micro-batches -> (mean loss, gradient norm before clipping)."""
+               scaler: torch.amp.GradScaler | None = None, loss_chunk: int = 0) -> tuple[float, float]:
+    """One optimizer step over grad_accum micro-batches -> (mean loss, gradient norm before clipping).
+
+    loss_chunk > 0: the same loss over that many positions' logits at a time (train.loss_chunk)."""
     total = 0.0
     for micro in range(grad_accum):
         x, y = sampler.next_batch()
@@ -28,7 +31,10 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, sampler: Batc
         # DDP averages gradients across processes on every backward; only the last micro-batch needs it
         sync = micro == grad_accum - 1 or not isinstance(model, DDP)
         with (contextlib.nullcontext() if sync else model.no_sync()), autocast(device, dtype):
-            loss = model(x, y).loss / grad_accum
+            if loss_chunk:
+                loss = chunked_next_token_loss(model(x).logits, y, loss_chunk) / grad_accum
+            else:
+                loss = model(x, y).loss / grad_accum
         (scaler.scale(loss) if scaler else loss).backward()
         total += loss.item()
     optimizers = getattr(optimizer, "optimizers", [optimizer])  # attention_lab.training.optim.Optimizers: 1 or 2
