@@ -1908,6 +1908,18 @@ MUTATIONS = (
              'if sign > 0 else None)', 'if sign > 2 else None)',
              ("tests/test_ideas.py::test_the_scale_figure_names_qk_norms_bound_in_its_legend",),
              "`ideas scale` draws QK-norm's bound as two red dashed lines that nothing on the figure names"),
+    Mutation("film_role_chart_opens_on_the_highest_score", "attention_lab/viewer/page.py",
+             "moved = np.fmax.reduce(stack, axis=0) - np.fmin.reduce(stack, axis=0)",
+             "moved = np.fmax.reduce(stack, axis=0)",
+             ("tests/test_viewer.py::test_the_role_chart_opens_on_the_role_whose_curves_moved_most",),
+             "the film's role chart opens on the role with the highest score (self, flat at 0.8 from the start), "
+             "not on the one whose curves move"),
+    Mutation("film_loss_chart_draws_the_probe_with_the_text", "attention_lab/viewer/assets/main.js",
+             "this.lossChart.draw(drawn(which.value).map(",
+             "this.lossChart.draw([...drawn(\"text\"), ...drawn(\"probe\")].map(",
+             ("tests/test_viewer.py::test_film_slider_moves_through_training",),
+             "the film's loss chart draws the probe's 11-12 nats beside train and validation's 4 on one axis: the "
+             "text's curves are squashed flat at the bottom", browser=True),
     Mutation("idea_sinusoid_halves_swapped", "attention_lab/viewer/ideas.py",
              "np.concatenate([sinusoid[:, 0::2], sinusoid[:, 1::2]], axis=1)",
              "np.concatenate([sinusoid[:, 1::2], sinusoid[:, 0::2]], axis=1)",

@@ -236,6 +236,21 @@ def test_film_reads_the_contract(tmp_path):
     assert data["notes"] == [], f"nothing is missing, yet: {data['notes']}"
 
 
+def test_the_role_chart_opens_on_the_role_whose_curves_moved_most():
+    """Walk 3: the film opened on induction, a flat line near 0.01 in a default run. It opens on the labelling role
+    with the largest change of any head's score over the evaluations."""
+    flat, rising = [[0.01, 0.01]], [[0.1, 0.02]]
+    scores = [{"step": 1, "roles": {"induction": flat, "self": [[0.5, 0.4]], "previous_token": rising,
+                                    "entropy": [[0.9, 0.9]], "ablation_probe": [[0.0, 0.0]]}},
+              {"step": 2, "roles": {"induction": flat, "self": [[0.6, 0.45]], "previous_token": [[0.1, 0.3]],
+                                    "entropy": [[0.1, 0.9]], "ablation_probe": [[3.0, 0.0]]}}]
+    assert viewer.moving_role(scores) == "previous_token", \
+        "previous_token's head 1 moved 0.28, self's head 0 0.10; entropy and ablations label no head"
+    scores[1]["roles"]["previous_token"] = [[None, 0.03]]  # a score not measured is no movement
+    assert viewer.moving_role(scores) == "self"
+    assert viewer.moving_role(scores[:1]) is None, "one evaluation: nothing moved yet"
+
+
 @pytest.mark.parametrize("parts", ["nothing", "metrics only", "frames only", "scores only"])
 def test_film_of_an_old_or_partial_run_still_builds(tmp_path, parts):
     run = tmp_path / "run"
@@ -686,7 +701,19 @@ def test_film_slider_moves_through_training(browser, film, shots, capsys):
     slider.send_keys(Keys.ARROW_RIGHT)
     assert label.text.startswith("step 200"), label.text
     assert visible(browser, ".phase-mark") == 2, "one mark per phase change on the slider"
-    assert visible(browser, "#loss-chart .series") == 4, "train, validation and the probe's two halves"
+    from selenium.webdriver.support.ui import Select
+
+    def drawn(chart):
+        return [n.get_attribute("data-name") for n in css(browser, f"{chart} .series")]
+
+    assert drawn("#loss-chart") == ["train", "validation"], \
+        "the loss chart opens on train and validation alone: the probe's losses sit on another scale"
+    Select(css(browser, "#loss-which")[0]).select_by_value("probe")
+    assert drawn("#loss-chart") == ["first half", "repeated half"], "the probe's two halves, on an axis of their own"
+    Select(css(browser, "#loss-which")[0]).select_by_value("text")
+    opened = Select(css(browser, "#chart-role")[0]).first_selected_option.get_attribute("value")
+    assert opened == island(film)["chart_role"] == "previous_token", \
+        f"the role chart opens on the role whose curves moved most (head 0 becomes previous-token): {opened}"
     assert visible(browser, "#role-chart .series") == 6, "one line per head"
     assert visible(browser, "#loss-chart .mark") == 2
     css(browser, "#phase-list button")[0].click()

@@ -211,6 +211,25 @@ def score_record(step, roles: dict) -> dict:
     return {"step": step, "roles": roles, "labels": role_labels(roles)}
 
 
+def moving_role(scores: Sequence[Mapping]) -> str | None:
+    """The role the film's head-role chart opens on: of the roles that label heads (LABEL_ROLES), the one whose
+    curves move most over the run, max over heads of (largest - smallest score across the evaluations). A role
+    no head moves in is a flat line near 0 (induction, in a default run that grows no induction head); None
+    without two evaluations to compare."""
+    best, best_range = None, 0.0
+    for role in LABEL_ROLES:
+        series = [np.asarray(r["roles"][role], dtype=float) for r in scores if role in r.get("roles", {})]
+        if len(series) < 2:
+            continue
+        stack = np.stack(series)  # (evaluations, L, nh); a score not measured is NaN and left out
+        moved = np.fmax.reduce(stack, axis=0) - np.fmin.reduce(stack, axis=0)
+        moved = moved[np.isfinite(moved)]
+        spread = float(moved.max()) if moved.size else 0.0
+        if spread > best_range:
+            best, best_range = role, spread
+    return best
+
+
 # where a sample page opens, in one line (the page says it under the head view; opening_view computes it)
 OPENING_RULE = ("two thirds of the way up the layers, at the last whole word (a token of two or more letters not "
                 "glued to a letter of the token before or after it) at or before three quarters of the text")
@@ -497,6 +516,7 @@ def film_data(run_dir, *, max_bytes: int = FILM_MAX_BYTES) -> tuple[dict, str]:
         "colormap": _colormap(),
         "colormap_words": COLOUR_SCALE[1],
         "roles": role_info(role_names),
+        "chart_role": moving_role(scores),
         "frames": encoded,
         "frames_total": total,
         "scores": scores,

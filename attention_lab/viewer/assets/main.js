@@ -171,18 +171,33 @@ class Film {
     this.roleChart = new LineChart(document.getElementById("role-chart"), pick);
     const marks = this.changes.map((c) => ({ step: c.step, label: c.head || c.metric, title: c.message }));
     this.marks = marks;
+    // the probe's losses (random tokens: above ln(vocab), and they may rise) sit far above train and validation,
+    // so each pair gets the chart's axis to itself: train and validation first, the probe when picked
     const curves = this.data.curves || {};
-    const styles = [
-      ["train_loss", "train", "#9aa3ad", 1, null],
-      ["val_loss", "validation", "#1f5fbf", 2.2, null],
-      ["probe_first_loss", "probe, first half", "#e08a1e", 1.8, "5 3"],
-      ["probe_repeat_loss", "probe, repeated half", "#c0392b", 1.8, null],
-    ];
-    this.lossChart.draw(styles.filter(([key]) => curves[key] && curves[key].length).map(([key, name, colour, width, dash]) =>
-      ({ name, colour, width, dash, points: curves[key], legend: true })), marks);
+    const styles = {
+      text: [["train_loss", "train", "#9aa3ad", 1, null], ["val_loss", "validation", "#1f5fbf", 2.2, null]],
+      probe: [["probe_first_loss", "first half", "#e08a1e", 1.8, "5 3"],
+              ["probe_repeat_loss", "repeated half", "#c0392b", 1.8, null]],
+    };
+    const drawn = (which) => styles[which].filter(([key]) => curves[key] && curves[key].length);
+    const which = document.getElementById("loss-which");
+    const drawLoss = () => {
+      this.lossChart.draw(drawn(which.value).map(([key, name, colour, width, dash]) =>
+        ({ name, colour, width, dash, points: curves[key], legend: true })), marks);
+      if (this.steps.length) this.lossChart.setCursor(this.steps[this.index]);
+    };
+    which.value = drawn("text").length || !drawn("probe").length ? "text" : "probe";
+    if (!drawn("text").length || !drawn("probe").length) {  // one pair or none: nothing to pick
+      which.hidden = true;
+      document.getElementById("loss-note").hidden = true;
+    }
+    which.addEventListener("change", drawLoss);
+    drawLoss();
     const select = document.getElementById("chart-role");
     for (const role of this.roles) select.append(el("option", { value: role, text: this.data.roles[role].label }));
-    select.value = this.roles.includes("induction") ? "induction" : this.roles[0] || "";
+    // the role whose curves moved most (page.py moving_role), not one no head took (a flat line near 0)
+    const open = this.data.chart_role;
+    select.value = open && this.roles.includes(open) ? open : this.roles[0] || "";
     select.addEventListener("change", () => this.drawRoleChart());
     if (!this.roles.length) select.hidden = true;
   }
