@@ -1920,6 +1920,11 @@ MUTATIONS = (
              ("tests/test_viewer.py::test_film_slider_moves_through_training",),
              "the film's loss chart draws the probe's 11-12 nats beside train and validation's 4 on one axis: the "
              "text's curves are squashed flat at the bottom", browser=True),
+    Mutation("sample_page_query_out_of_sight", "attention_lab/viewer/assets/explorer.js",
+             "    this.applyFilter();\n    this.revealQuery();\n", "    this.applyFilter();\n",
+             ("tests/test_viewer.py::test_a_long_texts_page_opens_with_its_query_in_view",),
+             "a long text's sample page opens on a query far down its scrolled box, which shows the first lines: "
+             "the query and its lines are out of sight", browser=True),
     Mutation("idea_sinusoid_halves_swapped", "attention_lab/viewer/ideas.py",
              "np.concatenate([sinusoid[:, 0::2], sinusoid[:, 1::2]], axis=1)",
              "np.concatenate([sinusoid[:, 1::2], sinusoid[:, 0::2]], axis=1)",

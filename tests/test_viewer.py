@@ -1130,6 +1130,28 @@ def test_the_sample_page_opens_there_and_the_address_can_say_elsewhere(browser, 
     assert_quiet(browser, "opening at the page's start and at the address's")
 
 
+def test_a_long_texts_page_opens_with_its_query_in_view(browser, tmp_path, shots, capsys):
+    """Walk 3: the default run's sample page (205 tokens) opened on query #152, far down the text's scrolled box,
+    which showed only the first lines: the query was out of sight. The box scrolls to the query; the page does
+    not move."""
+    t = 240
+    path = viewer.write_sample_page(tmp_path / "attention.html", synthetic_attention(2, 2, t, seed=2),
+                                    make_tokens(t), title="a long text")
+    query = island(path)["start"]["query"]
+    open_page(browser, path)
+    seen = browser.execute_script(
+        "const box = document.getElementById('tokens'), r = box.getBoundingClientRect();"
+        f"const q = box.querySelector('.tok[data-i=\"{query}\"]').getBoundingClientRect();"
+        "return {scrolls: box.scrollHeight > box.clientHeight, top: box.scrollTop, inside: q.top >= r.top && "
+        "q.bottom <= r.bottom, page: window.scrollY};")
+    assert seen["scrolls"], f"the fixture's text should overflow its box, or this test cannot fail: {seen}"
+    assert seen["inside"] and seen["top"] > 0, f"query #{query} should be in view in the text's box: {seen}"
+    assert seen["page"] == 0, "the page itself stays at its top"
+    browser.execute_script("document.getElementById('head-view').scrollIntoView()")
+    screenshot(browser, shots, "long_text_opening.png", capsys)
+    assert_quiet(browser, "opening a long text")
+
+
 def test_the_model_view_says_each_row_sums_to_1_with_the_sums_it_checked(browser, sampled_page, tmp_path, shots,
                                                                          capsys):
     """Without hovering, the model view says each row sums to 1 with the head view's query's row summed in every

@@ -464,6 +464,16 @@ class Explorer {
     this.layerSelect.value = `${this.layer}`;
     this.renderHeadView();
     this.applyFilter();
+    this.revealQuery();
+  }
+
+  // the query's token in view inside the text's own scrolled box (the page itself does not move): a page opening
+  // on a word three quarters of the way down a long text showed only the text's first lines, the query out of sight
+  revealQuery() {
+    const box = this.tokenBox, node = box && box.querySelector(`.tok[data-i="${this.query}"]`);
+    if (!node || box.scrollHeight <= box.clientHeight) return;
+    const top = node.getBoundingClientRect().top - box.getBoundingClientRect().top + box.scrollTop;
+    box.scrollTop = Math.max(0, top - box.clientHeight / 3);  // a third down: the lines before it show too
   }
 
   // bertviz's lines: from the query (the token under the pointer) to every key it attends, one line per shown head
