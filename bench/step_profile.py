@@ -138,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the default step's attention backend (what model.attn_backend=auto picked on this CPU "
                         "and dtype: train.py's console says)")
     p.add_argument("--dtypes", default="bfloat16,float32", help="the dtypes of the per-dtype rows (default: both)")
+    p.add_argument("--loss-chunk", type=int, default=0,
+                   help="the default step's train.loss_chunk (the profile's and the comparisons' base)")
     args = p.parse_args(argv)
     rounds = 2 if args.quick else args.rounds
     gcfg, ocfg, batch = setup(args.quick, [])
@@ -146,12 +148,14 @@ def main(argv: list[str] | None = None) -> int:
     base_model = GPT(gcfg)
     print(f"## The default training step, profiled and compared\n\n{machine()}\n")
     print(f"- model {gcfg.n_layer} layers x {gcfg.n_head} heads x {gcfg.n_embd} wide, context {gcfg.block_size}, "
-          f"vocab {gcfg.vocab_size}, batch {batch}; optimizer {ocfg.name} (Newton-Schulz dtype {ocfg.muon_ns_dtype})\n")
+          f"vocab {gcfg.vocab_size}, batch {batch}; optimizer {ocfg.name} (Newton-Schulz dtype {ocfg.muon_ns_dtype}); "
+          f"attention {gcfg.attn_backend}; loss {f'{args.loss_chunk} rows at a time' if args.loss_chunk else 'all at once'}\n")
     bf16, f32 = torch.bfloat16, torch.float32
     if not args.skip_profile:
         shares, ms = {}, {}
         for dtype in (bf16, f32):
-            shares[dtype], ms[dtype] = profile_table(Step(copy.deepcopy(base_model), ocfg, batch, dtype))
+            shares[dtype], ms[dtype] = profile_table(Step(copy.deepcopy(base_model), ocfg, batch, dtype,
+                                                          args.loss_chunk))
         groups = sorted(set(shares[bf16]) | set(shares[f32]), key=lambda g: -shares[bf16].get(g, 0.0))
         print("### Profile: share of self CPU time over 3 steps (torch.profiler)\n")
         print("| op group | bf16 autocast | float32 |\n|---|--:|--:|")
@@ -165,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"### Settings against the default step ({rounds} interleaved rounds; ratio = default / setting, "
           "> 1 is faster)\n")
     print("| setting | dtype | default ms | setting ms | ratio |\n|---|---|--:|--:|--:|")
-    def fresh(dtype, model_change=lambda m: m, optim=ocfg, loss_chunk=0) -> Step:
+    def fresh(dtype, model_change=lambda m: m, optim=ocfg, loss_chunk=args.loss_chunk) -> Step:
         return Step(model_change(copy.deepcopy(base_model)), optim, batch, dtype, loss_chunk)
 
     ns_f32 = dataclasses.replace(ocfg, muon_ns_dtype="float32")
