@@ -226,7 +226,7 @@ CLAIMS = {c.name: c for c in (
           "Vaswani et al. 2017 §3.2.1: for unit-variance q and k the dot product has variance d_k, which pushes "
           "the softmax into regions of tiny gradients (an argument, no ablation numbers); Wortsman et al. 2023: "
           "attention-logit growth makes small models unstable at high learning rates, and QK-layernorm prevents it",
-          rates=(1.0,), fixed_rate=True, plot="trend", headline=(2, 5),
+          rates=(1.0,), fixed_rate=True, plot="trend", headline=(2, 4, 5),
           caveats=(Caveat("none-unit", "sqrt-unit", ("reversed", "reversed within"), "the argument's premise fails here: at the start "
                           "the unscaled scores pass more gradient, not less, so the softmax is not saturated at "
                           "initialisation, and whatever the unscaled arms lose in training does not come from the "

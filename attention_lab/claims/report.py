@@ -676,7 +676,7 @@ def plot_trends(claim: Claim, doc: dict, path: Path) -> None:
         shown = sorted({p[0] for pts in arm_series(doc, t).values() for p in pts}) or list(t["values"])
         ax.set_xticks(shown, [f"{v:g}" for v in shown])
         ax.set_xlabel(VARIABLE_WORDS.get(t["variable"], t["variable"]), fontsize=8)
-        ax.set_ylabel(UNITS.get(t["metric"], t["metric"]).removeprefix("in ")[:60], fontsize=7)
+        ax.set_ylabel(textwrap.fill(UNITS.get(t["metric"], t["metric"]).removeprefix("in "), 42), fontsize=7)
         ax.set_title("each arm (mean ± sd over seeds)", fontsize=9)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
@@ -692,7 +692,8 @@ def plot_trends(claim: Claim, doc: dict, path: Path) -> None:
         ax.axhline(0, color="grey", lw=0.8)
         ax.set_xscale("log", base=2)
         ax.set_xlabel(VARIABLE_WORDS.get(t["variable"], t["variable"]), fontsize=8)
-        ax.set_ylabel(f"{t['worse']} minus {t['better']}\n({UNITS.get(t['metric'], t['metric'])})"[:120], fontsize=7)
+        ax.set_ylabel(f"{t['worse']} minus {t['better']}\n"
+                      + textwrap.fill(f"({UNITS.get(t['metric'], t['metric'])})", 42), fontsize=7)
         slope = "" if math.isnan(t["slope"]) else f" {t['slope']:+.3f}/doubling"
         each = "/".join(c["verdict"] for _, c in pts)  # the verdict at each value leads, the trend second
         ax.set_title(f"at {'/'.join(f'{at:g}' for at, _ in pts)}: {each}\nalong {t['variable']}: {t['verdict']}{slope}",
@@ -702,7 +703,7 @@ def plot_trends(claim: Claim, doc: dict, path: Path) -> None:
                                                       "the interval its verdict was read from); right: each arm's "
                                                       "own number", 95), fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
