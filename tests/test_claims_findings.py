@@ -512,3 +512,14 @@ def test_the_figures_draw_positions_in_order_and_each_arm_at_every_value_decided
     series = report.arm_series(doc, {**t, "values": []})
     assert all(len(pts) == 4 for pts in series.values()), (
         f"each arm drawn at d = 8, 32, 128, 512 even when the trend keeps none: {series}")
+
+
+def test_a_claim_past_the_hour_says_so_and_why():
+    """Issue 43: each claim takes at most about an hour on 2 cores; the fine print says which exceed it, and why."""
+    from attention_lab.claims import report
+
+    long_run = {"all_runs": {f"r{i}": 82.0 for i in range(150)}, "second_rate": 0.001}  # 205 run-min
+    said = report._cost(long_run)
+    assert "past the hour" in said and "--no-rate-check" in said, said
+    assert "past the hour" not in report._cost({"all_runs": {f"r{i}": 82.0 for i in range(75)}, "second_rate": 0.001})
+    assert "--no-rate-check" not in report._cost({"all_runs": {f"r{i}": 100.0 for i in range(150)}})

@@ -523,8 +523,13 @@ def _cost(doc: dict) -> str:
     if not doc.get("all_runs"):
         return ""
     n, minutes = len(doc["all_runs"]), sum(doc["all_runs"].values()) / 60
-    return (f" From nothing it is {n} runs whose own wall clocks sum to {minutes:.0f} min (each timed under the "
+    said = (f" From nothing it is {n} runs whose own wall clocks sum to {minutes:.0f} min (each timed under the "
             "launcher it ran with; runs copied from another claim keep the time they took there).")
+    if minutes / 2 > 60:  # issue 43: a claim takes at most about an hour on 2 cores; say which exceed it, and why
+        said += (f" Two at a time on 2 cores that is about {minutes / 2:.0f} min, past the hour a claim aims for"
+                 + (": half of the runs are the check at the second rate (`--no-rate-check` skips it)."
+                    if doc.get("second_rate") else "."))
+    return said
 
 
 def _done(out: Path, lines: list[str]) -> Path:
