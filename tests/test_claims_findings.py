@@ -523,3 +523,18 @@ def test_a_claim_past_the_hour_says_so_and_why():
     assert "past the hour" in said and "--no-rate-check" in said, said
     assert "past the hour" not in report._cost({"all_runs": {f"r{i}": 82.0 for i in range(75)}, "second_rate": 0.001})
     assert "--no-rate-check" not in report._cost({"all_runs": {f"r{i}": 100.0 for i in range(150)}})
+
+
+def test_the_wall_benchmark_in_words_says_each_factor_and_which_side_of_quadratic_it_is():
+    """The quadratic claim's What we found and README line, from its slopes: the factor per doubling (2^slope) and
+    nearer quadratic / nearer linear / between, read from the slope's interval against 1.5."""
+    slopes = [{"method": "sdpa causal", "slope": 1.89, "low": 1.86, "high": 1.93, "from": 2048, "to": 16384},
+              {"method": "window blocks", "slope": 0.99, "low": 0.28, "high": 1.69, "from": 2048, "to": 16384},
+              {"method": "linear", "slope": 1.09, "low": 0.71, "high": 1.46, "from": 2048, "to": 16384}]
+    said = plain.wall_words(slopes)
+    assert "3.71 for sdpa causal (log-log slope 1.89, nearer quadratic)" in said, said
+    assert "window blocks (log-log slope 0.99, between the two" in said and "linear (log-log slope 1.09, nearer linear)" in said
+    assert "T = 2,048 to 16,384" in said and "4 per doubling is quadratic" in said
+    doc = {"quick": False, "slopes": slopes, "summary": "s", "machine": "m", "body": "b"}
+    assert plain.headline(CLAIMS["quadratic"], doc) == said
+    assert said in plain.found(CLAIMS["quadratic"], doc)

@@ -391,7 +391,10 @@ def found(claim: Claim, doc: dict) -> str:
     """The paragraph "What we found": the tutorial's sentence, what the models trained here show (direction, size
     and what it means beside the spread between seeds), and the caveats that matter."""
     if not claim.arms:
-        return f"The tutorials say: *{claim.statement}*. What the wall benchmark measured: {doc.get('summary', '')}."
+        if not doc.get("slopes"):
+            return f"The tutorials say: *{claim.statement}*. What the wall benchmark measured: {doc.get('summary', '')}."
+        return (f"The tutorials say: *{claim.statement}*. What the wall benchmark measured on this CPU: "
+                f"{wall_words(doc['slopes'])}.")
     var = doc.get("variable")
     unit = (" (sizes in bits/byte: the bits a model needs per byte of unseen text, lower is better)"
             if any(metric in ("bpb", "honest_bpb") for _, metric, _ in groups(doc)) else "")
@@ -409,11 +412,28 @@ def found(claim: Claim, doc: dict) -> str:
     return "\n".join(lines)
 
 
+def wall_words(slopes: list[dict]) -> str:
+    """The wall benchmark in words: each method's time factor per doubling of the context, and which it is nearer,
+    quadratic (x4, a log-log slope of 2) or linear (x2, slope 1), read from the slope's interval against 1.5."""
+    def kind(s: dict) -> str:
+        if not math.isnan(s["low"]) and s["low"] > 1.5:
+            return "nearer quadratic"
+        if not math.isnan(s["high"]) and s["high"] < 1.5:
+            return "nearer linear"
+        return "between the two: its interval spans 1.5"
+
+    first = slopes[0]
+    parts = [f"{2 ** s['slope']:.2f} for {s['method']} (log-log slope {s['slope']:.2f}, {kind(s)})" for s in slopes]
+    return ("each doubling of the context multiplied the time of one attention call (forward and backward) by "
+            + joined(parts) + f", over T = {first['from']:,} to {first['to']:,} tokens (4 per doubling is quadratic, "
+            "2 linear)")
+
+
 def headline(claim: Claim, doc: dict) -> str:
     """The README's line for one claim: its headline expectations in words, and the caveats that change how the
     line reads (a reversal is in the clause; "depends on the rate"; "we do not know why")."""
     if not claim.arms:
-        return doc.get("summary", "")
+        return wall_words(doc["slopes"]) if doc.get("slopes") else doc.get("summary", "")
     gs = groups(doc)
     picked = []
     for i in claim.headline:

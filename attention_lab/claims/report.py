@@ -375,7 +375,9 @@ def write(claim: Claim, doc: dict, out: Path) -> Path:
 
 def figure(claim: Claim, doc: dict, path: Path) -> None:
     """The claim's key figure, from its results alone."""
-    if doc.get("trends"):
+    if not claim.arms:
+        plot_wall(doc, path)
+    elif doc.get("trends"):
         plot_trends(claim, doc, path)
     else:
         plot(claim, doc["results"], path)
@@ -400,7 +402,9 @@ def report_lines(claim: Claim, doc: dict, figure_path: str = "plot.png") -> list
     lines = [f"# Claim `{claim.name}`{quick}", "", f"> {claim.statement}", "",
              f"**What we found.** {plain.found(claim, doc)}", ""]
     if not claim.arms:
-        lines += ["## The fine print", "", f"Machine: {doc['machine']}.", "", doc["body"], "", "### Published", "",
+        figure_line = [f"![{claim.name}: {claim.statement}]({figure_path})", ""] if doc.get("slopes") else []
+        lines += figure_line + ["## The fine print", "", f"Machine: {doc['machine']}.", "", doc["body"], "",
+                                "### Published", "",
                   claim.published]
         return lines
     lines += [f"![{claim.name}: {claim.statement}]({figure_path})", "", "## The fine print", ""]
@@ -548,6 +552,7 @@ def write_bench(claim: Claim, out: Path, quick: bool) -> Path:
     rows = json.loads((out / "bench.json").read_text())["tables"]["attention"]["rows"]
     from attention_lab.claims.stats import loglog_slope
 
+    slopes: list[dict] = []
     lines, summary = ["## Verdict", "", "Per method, the slope of a least-squares fit of log2(time) on log2(T) over the "
                       "upper half of the lengths measured (at least 3 where there are), with its 95% interval (n - 2 degrees of freedom): 2 is "
                       "quadratic, 1 linear; 2^slope is the factor per doubling. Each time is the median of the "
@@ -566,10 +571,45 @@ def write_bench(claim: Claim, out: Path, quick: bool) -> Path:
                      "of the context; at each doubling: " + ", ".join(f"{g:.2f} at T = {t:,}" for t, g in grown))
         summary.append(f"{method}: slope {fit.slope:.2f}" + ("" if math.isnan(fit.low) else
                        f" [{fit.low:.2f}, {fit.high:.2f}]") + f" over T = {upper[0][0]:,}-{upper[-1][0]:,}")
+        slopes.append({"method": method, "slope": fit.slope, "low": fit.low, "high": fit.high,
+                       "from": upper[0][0], "to": upper[-1][0], "times": timed})
     body = "\n".join(lines) + "\n\nThe wall, measured now by `python -m bench.run --only attention`:\n\n" + table
-    write_json_atomic(out / "results.json", {"claim": claim.name, "quick": quick, "machine": machine(), "body": body,
-                                             "summary": "; ".join(summary)})
+    doc = {"claim": claim.name, "quick": quick, "machine": machine(), "body": body, "summary": "; ".join(summary),
+           "slopes": slopes}
+    write_json_atomic(out / "results.json", doc)
+    figure(claim, doc, out / "plot.png")
     return render(claim, out)
+
+
+def plot_wall(doc: dict, path: Path) -> None:
+    """The quadratic claim's figure: one attention call's time against the context, log-log, each method, with
+    the slopes 2 (quadratic) and 1 (linear) drawn through the first point for the eye."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for s in doc.get("slopes", []):
+        t = np.array([p[0] for p in s["times"]], dtype=float)
+        ms = np.array([p[1] for p in s["times"]], dtype=float)
+        ax.plot(t, ms, "o-", label=f"{s['method']}: x{2 ** s['slope']:.2f} per doubling (slope {s['slope']:.2f})")
+    first = doc["slopes"][0] if doc.get("slopes") else None
+    if first:
+        t0, m0 = first["times"][0]
+        t = np.array([p[0] for p in first["times"]], dtype=float)
+        ax.plot(t, m0 * (t / t0) ** 2, "k--", lw=0.8, label="quadratic (x4 per doubling), for the eye")
+        ax.plot(t, m0 * (t / t0), "k:", lw=0.8, label="linear (x2 per doubling), for the eye")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("context length T (tokens)")
+    ax.set_ylabel("one attention call, forward + backward (ms)")
+    ax.set_title("Claim 'quadratic': the cost grows with the square of the context\n"
+                 "(batch 1, 6 heads of 64, this CPU; slopes fitted over the upper half of T)", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def position_keys(buckets: dict) -> list:
@@ -924,7 +964,7 @@ def write_docs(root: Path = Path("claims"), docs: Path = REPO / "docs", readme: 
                 parts += [f"## `{name}`\n\n" + body.strip("\n"), ""]  # the same page however often regenerated
             continue
         claim = along(claim)  # the arms at each value of its variable, as the claim's own report names them
-        if claim.arms:
+        if claim.arms or doc.get("slopes"):
             figure(claim, doc, docs / "claims" / f"{name}.png")
         body = report_lines(claim, doc, f"claims/{name}.png")[1:]  # below its own heading, one level down
         body = [("#" + x) if x.startswith("#") else x for x in body]
