@@ -27,7 +27,7 @@ bound_spinning()  # before torch loads OpenMP, as train.py and sample.py do
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from attention_lab.runtime.device import cpu_model  # noqa: E402
+from attention_lab.runtime.device import cpu_has_native_bf16, cpu_model  # noqa: E402
 from attention_lab.training.config import compose  # noqa: E402
 from attention_lab.training.loop import train_step  # noqa: E402
 from attention_lab.training.optim import configure_optimizer  # noqa: E402
@@ -137,10 +137,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", choices=("sdpa", "math"), default="sdpa",
                    help="the default step's attention backend (what model.attn_backend=auto picked on this CPU "
                         "and dtype: train.py's console says)")
-    p.add_argument("--dtypes", default="bfloat16,float32", help="the dtypes of the per-dtype rows (default: both)")
+    p.add_argument("--dtypes", default=None,
+                   help="the dtypes profiled and of the per-dtype rows, comma-separated: bfloat16, float32 (default: "
+                        "both on a CPU with native bf16; float32 alone elsewhere, where bf16 is emulated: 28-120x "
+                        "slower matmuls, minutes a profile, and no run trains in it)")
     p.add_argument("--loss-chunk", type=int, default=0,
                    help="the default step's train.loss_chunk (the profile's and the comparisons' base)")
     args = p.parse_args(argv)
+    try:
+        dtypes = profiled_dtypes(args.dtypes, cpu_has_native_bf16())
+    except ValueError as e:
+        p.error(str(e))  # "error: ..." and exit 2, before anything is measured
     rounds = 2 if args.quick else args.rounds
     gcfg, ocfg, batch = setup(args.quick, [])
     gcfg = dataclasses.replace(gcfg, attn_backend=args.backend)
@@ -150,21 +157,26 @@ def main(argv: list[str] | None = None) -> int:
     print(f"- model {gcfg.n_layer} layers x {gcfg.n_head} heads x {gcfg.n_embd} wide, context {gcfg.block_size}, "
           f"vocab {gcfg.vocab_size}, batch {batch}; optimizer {ocfg.name} (Newton-Schulz dtype {ocfg.muon_ns_dtype}); "
           f"attention {gcfg.attn_backend}; loss {f'{args.loss_chunk} rows at a time' if args.loss_chunk else 'all at once'}\n")
+    if args.dtypes is None and dtypes == (torch.float32,):
+        print("- float32 only: this CPU has no native bf16 (bf16 would be emulated; --dtypes bfloat16,float32 "
+              "measures it anyway)\n")
     bf16, f32 = torch.bfloat16, torch.float32
     if not args.skip_profile:
         shares, ms = {}, {}
-        for dtype in (bf16, f32):
+        for dtype in dtypes:
             shares[dtype], ms[dtype] = profile_table(Step(copy.deepcopy(base_model), ocfg, batch, dtype,
                                                           args.loss_chunk))
-        groups = sorted(set(shares[bf16]) | set(shares[f32]), key=lambda g: -shares[bf16].get(g, 0.0))
+        first = dtypes[0]
+        groups = sorted(set().union(*map(set, shares.values())), key=lambda g: -shares[first].get(g, 0.0))
         print("### Profile: share of self CPU time over 3 steps (torch.profiler)\n")
-        print("| op group | bf16 autocast | float32 |\n|---|--:|--:|")
+        print("| op group | " + " | ".join(DTYPE_TITLES[d] for d in dtypes) + " |\n|---|"
+              + "--:|" * len(dtypes))
         def cell(dtype, g):
             return f"{shares[dtype][g]:.1%}" if g in shares[dtype] else "(in the rest)"
 
         for g in groups:
-            print(f"| {g} | {cell(bf16, g)} | {cell(f32, g)} |")
-        print(f"| ms a step (under the profiler) | {ms[bf16]:.0f} | {ms[f32]:.0f} |\n")
+            print(f"| {g} | " + " | ".join(cell(d, g) for d in dtypes) + " |")
+        print("| ms a step (under the profiler) | " + " | ".join(f"{ms[d]:.0f}" for d in dtypes) + " |\n")
 
     print(f"### Settings against the default step ({rounds} interleaved rounds; ratio = default / setting, "
           "> 1 is faster)\n")
@@ -177,7 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     # (setting, the default's dtype, the default step, the setting's step)
     wanted = set(args.settings.split(","))
     rows = [("bf16", "bf16 autocast (vs float32)", "float32 -> bf16", lambda: fresh(f32), lambda: fresh(bf16))]
-    for dtype in [d for d in (bf16, f32) if str(d).removeprefix("torch.") in args.dtypes.split(",")]:
+    if bf16 not in dtypes:  # the bf16 row needs bf16 asked for
+        rows = []
+    for dtype in dtypes:
         name = str(dtype).removeprefix("torch.")
         rows.append(("math", "attention: the math path (vs sdpa's flash kernel)", name, lambda d=dtype: fresh(d),
                      lambda d=dtype: fresh(d, lambda m: set_backend(m, "math"))))
@@ -197,6 +211,22 @@ def main(argv: list[str] | None = None) -> int:
         extra = f" (compiling took {other.compile_s:.0f} s, paid once a run)" if hasattr(other, "compile_s") else ""
         print(f"| {name}{extra} | {label} | {b:.0f} | {o:.0f} | {r:.2f}x |", flush=True)
     return 0
+
+
+DTYPE_TITLES = {torch.bfloat16: "bf16 autocast", torch.float32: "float32"}
+
+
+def profiled_dtypes(asked: str | None, native_bf16: bool) -> tuple[torch.dtype, ...]:
+    """The dtypes the profile and the per-dtype rows run in, bf16 first: those asked (--dtypes), else both where
+    the CPU has native bf16 and float32 alone where it has not (emulated bf16 profiles for minutes, and
+    train.dtype=auto never trains in it there). ValueError on a name that is not bfloat16 or float32."""
+    if asked is None:
+        return (torch.bfloat16, torch.float32) if native_bf16 else (torch.float32,)
+    names = [n.strip() for n in asked.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ("bfloat16", "float32")]
+    if unknown or not names:
+        raise ValueError(f"--dtypes {asked!r}: use bfloat16, float32 or both, comma-separated")
+    return tuple(d for d in DTYPE_TITLES if str(d).removeprefix("torch.") in names)
 
 
 def compiled(step: Step) -> Step:
