@@ -308,6 +308,16 @@ class KVCache:
         self.v: list[Tensor | None] = [None] * n_layer
         self.pos: list[Tensor | None] = [None] * n_layer  # ring layers: the position held in each slot
         self.state: list[object | None] = [None] * n_layer  # linear attention's (sum_j phi(k_j) v_j^T, sum_j phi(k_j))
+        self._positions: Tensor | None = None  # 0..max_len-1, made once: decoding slices it rather than calling arange
+
+    def positions(self, start: int, end: int, device: torch.device) -> Tensor:
+        """The positions start..end-1 (end - start,), a view of one table made on first use (one token's step
+        would otherwise build it in every layer); past max_len (a bounded cache decoding on) a new arange."""
+        if end > self.max_len:
+            return torch.arange(start, end, device=device)
+        if self._positions is None or self._positions.device != device:
+            self._positions = torch.arange(self.max_len, device=device)
+        return self._positions[start:end]
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Store k, v (B, nkv, T, hs); return the keys and values the new queries attend over (B, nkv, S, hs)
@@ -327,7 +337,7 @@ class KVCache:
             self.v[layer] = v.new_empty(b, h, self.max_len, hs)
         self.k[layer][:, :, self.length : end] = k
         self.v[layer][:, :, self.length : end] = v
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end], torch.arange(end, device=k.device)
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end], self.positions(0, end, k.device)
 
     def _update_ring(self, layer: int, k: Tensor, v: Tensor, window: int) -> tuple[Tensor, Tensor, Tensor]:
         b, h, t, hs = k.shape
@@ -336,7 +346,7 @@ class KVCache:
             self.v[layer] = v.new_zeros(b, h, window, hs)
             self.pos[layer] = torch.full((window,), FAR, dtype=torch.long, device=k.device)
         ring_k, ring_v, ring_pos = self.k[layer], self.v[layer], self.pos[layer]
-        new_pos = torch.arange(self.length, self.length + t, device=k.device)
+        new_pos = self.positions(self.length, self.length + t, k.device)
         if t > 1:  # a prefill: attend over what the ring holds and all new keys, then keep the last W
             out = (torch.cat([ring_k, k], dim=2), torch.cat([ring_v, v], dim=2), torch.cat([ring_pos, new_pos]))
         keep = min(t, window)

@@ -242,7 +242,9 @@ class GPT(nn.Module):
                 f"sequence of {past + t} tokens is longer than block_size={self.config.block_size}; "
                 "crop the input to the last block_size tokens"
             )
-        pos = torch.arange(past, past + t, device=idx.device)  # (T,) absolute positions
+        # (T,) absolute positions; a cache hands out views of one table (one token's step makes no new tensor)
+        pos = (kv_cache.positions(past, past + t, idx.device) if kv_cache is not None
+               else torch.arange(t, device=idx.device))
         pe = self.transformer.wpe
 
         x = self.transformer.wte(idx)  # (B, T, C)
@@ -262,7 +264,7 @@ class GPT(nn.Module):
         if kv_cache is not None:
             kv_cache.advance(t)
         if last_only:
-            x = x[:, [-1], :]  # (B, 1, C); a list index keeps the time dimension
+            x = x[:, -1:, :]  # (B, 1, C): a view (a list index [-1] would copy)
         logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, V)
         if self.softcap is not None:
             logits = self.softcap(logits)

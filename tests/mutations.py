@@ -118,8 +118,13 @@ MUTATIONS = (
              ("tests/test_chunked_loss.py",),
              "the chunked loss's forward skips the last block of rows (an off-by-one in the loop's end)"),
     Mutation("kv_cache_positions_restart", "model/gpt.py",
-             "pos = torch.arange(past, past + t, device=idx.device)", "pos = torch.arange(0, t, device=idx.device)",
+             "kv_cache.positions(past, past + t, idx.device)", "kv_cache.positions(0, t, idx.device)",
              ("tests/test_model_generate.py",), "tokens decoded with the KV cache get positions from 0"),
+    Mutation("kv_cache_position_table_from_zero", "model/attention.py",
+             "return self._positions[start:end]", "return self._positions[: end - start]",
+             ("tests/test_model_generate.py",),
+             "the cache's position table hands out 0..T-1 whatever the start: a decoded token's RoPE angle and its "
+             "keys' positions restart"),
     # the training step (tests/test_train_step.py)
     Mutation("grad_accum_not_divided", "attention_lab/training/loop.py",
              "loss = model(x, y).loss / grad_accum", "loss = model(x, y).loss",
