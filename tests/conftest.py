@@ -32,3 +32,26 @@ def user_cache(tmp_path_factory):
 def data_cache(tmp_path_factory):
     """A data cache folder shared by the tests that prepare the default corpora."""
     return tmp_path_factory.mktemp("data_cache")
+
+
+@pytest.fixture
+def whole_and_resumed(tmp_path):
+    """A function (overrides, stop_at) -> (losses, losses): a run trained whole, and the same run stopped after
+    stop_at steps and resumed, each as {step: logged training loss}. Exact resume means equal losses after stop_at."""
+    import json
+
+    import train as train_mod
+    from attention_lab.training.config import compose
+
+    def losses(run: Path) -> dict[int, float]:
+        rows = map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+        return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+    def run(overrides: list[str], stop_at: int) -> tuple[dict[int, float], dict[int, float]]:
+        whole, part = tmp_path / "whole", tmp_path / "part"
+        train_mod.train(compose(overrides), whole)
+        train_mod.train(compose(overrides + [f"train.max_steps={stop_at}"]), part)
+        train_mod.train(compose(overrides), part)
+        return losses(whole), losses(part)
+
+    return run

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 import torch
 
-import train as train_mod
-from attention_lab.training.config import OptimConfig, compose
+from attention_lab.training.config import OptimConfig
 from attention_lab.training.loop import schedule_position
 from attention_lab.training.optim import (
     Muon,
@@ -190,21 +188,11 @@ def test_a_checkpoint_with_another_optimizer_count_is_a_clear_error():
 
 
 @pytest.mark.parametrize("optim", ["muon", "adamw"])
-def test_resume_is_exact_with_each_optimizer(tmp_path, data_cache, optim):
+def test_resume_is_exact_with_each_optimizer(whole_and_resumed, data_cache, optim):
     overrides = ["experiment=debug", f"data.cache_dir={data_cache}", f"optim.name={optim}", "optim.schedule=wsd",
                  "optim.decay_steps=20",  # the schedule must not depend on where the first session stops
                  "train.log_interval=1", "train.head_roles=false", "train.sample_tokens=0"]
-    full = tmp_path / "full"
-    train_mod.train(compose(overrides), full)
-    part = tmp_path / "part"
-    train_mod.train(compose(overrides + ["train.max_steps=10"]), part)
-    train_mod.train(compose(overrides), part)
-
-    def losses(run):
-        return {r["step"]: r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
-                if "loss" in r}
-
-    a, b = losses(full), losses(part)
+    a, b = whole_and_resumed(overrides, stop_at=10)
     assert sorted(a) == list(range(1, 21))
     assert [a[s] for s in range(11, 21)] == [b[s] for s in range(11, 21)], \
         f"{optim}: resumed losses differ from the uninterrupted run's: {a} vs {b}"

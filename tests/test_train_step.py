@@ -193,7 +193,7 @@ def test_the_chunked_loss_step_equals_the_plain_step(dtype, grad_accum):
                                    msg=lambda m: f"{name}: the chunked loss's update differs: {m}")
 
 
-def test_a_debug_run_with_the_chunked_loss_resumes_exactly(tmp_path, data_cache, monkeypatch):
+def test_a_debug_run_with_the_chunked_loss_resumes_exactly(whole_and_resumed, data_cache, monkeypatch):
     """train.loss_chunk on: the trainer computes its loss that way, and a run stopped at step 6 and resumed logs
     the uninterrupted run's losses."""
     from attention_lab.training import loop
@@ -204,15 +204,6 @@ def test_a_debug_run_with_the_chunked_loss_resumes_exactly(tmp_path, data_cache,
     overrides = ["experiment=debug", f"data.cache_dir={data_cache}", "train.loss_chunk=37", "train.max_steps=12",
                  "optim.schedule=wsd", "optim.decay_steps=6", "train.log_interval=1", "train.head_roles=false",
                  "train.sample_tokens=0"]
-    full, part = tmp_path / "full", tmp_path / "part"
-    train_mod.train(compose(overrides), full)
-    train_mod.train(compose(overrides + ["train.max_steps=6"]), part)
-    train_mod.train(compose(overrides), part)
-
-    def losses(run):
-        return {r["step"]: r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
-                if "loss" in r}
-
-    a, b = losses(full), losses(part)
+    a, b = whole_and_resumed(overrides, stop_at=6)
     assert sorted(a) == list(range(1, 13)) and [a[s] for s in range(7, 13)] == [b[s] for s in range(7, 13)]
     assert chunks and set(chunks) == {37}, "train.loss_chunk=37 did not reach the training step"
