@@ -618,11 +618,12 @@ def test_each_claim_runs_end_to_end_quick(name, tmp_path, data_cache):
         assert cfg["train"]["max_steps"] == steps["train"]["max_steps"], (
             "the equal-time LSTM's schedule is the transformer's stretched over its time: the same planned steps, so "
             "the same shares of warmup and decay")
-        first = json.loads((tmp_path / name / doc["results"]["lstm equal time"][0]["run"] / "metrics.jsonl")
-                           .read_text().splitlines()[0])
-        assert first["lr"] < 0.5 * cfg["optim"]["lr"], (
-            f"the equal-time LSTM starts at lr {first['lr']:.3g} of {cfg['optim']['lr']:.3g}: no warmup (a run "
-            "planned for 100,000 steps that the clock ends puts its warmup in the first fraction of a second)")
+        # the warmup's share of the clock, from the plan (the lr logged at the first step depends on how long that
+        # step took, which a busy machine stretches: 0.5 of the rate, not under it, on a loaded 2-core EPYC)
+        share = cfg["optim"]["warmup_steps"] / cfg["train"]["max_steps"]
+        assert share >= 0.05, (
+            f"the equal-time LSTM warms up over {share:.3%} of its clock: no warmup to speak of (a run planned for "
+            "100,000 steps that the clock ends puts its warmup in the first fraction of a second)")
         assert cfg["model"]["block_size"] == 32, "--quick's sizes beat the claim's own context (512)"
     if name == "heads":  # two widths: the same head count at two head sizes
         widths = {json.loads((tmp_path / name / r["run"] / "config.json").read_text())["model"]["n_embd"]
