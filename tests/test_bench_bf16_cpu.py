@@ -96,3 +96,28 @@ def test_a_bad_dtype_is_an_error_line_before_anything_runs(capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "error: --dtypes 'float16'" in err and "bfloat16, float32" in err, err
+
+
+def test_the_bench_step_runs_each_model_under_the_asked_autocast(monkeypatch):
+    """bench.run --dtype bfloat16 compares the two steps under one autocast: each model's forward pass of a
+    training step must see bf16 autocast on, ours and Hugging Face's alike (a spy on the autocast function alone
+    cannot tell which side entered it)."""
+    from bench import train_step
+
+    seen: dict[str, set] = {}
+    real_ours, real_hf = train_step.build_ours, train_step.build_hf
+
+    def spied(name, model):
+        def record(module, args, kwargs):
+            seen.setdefault(name, set()).add((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+
+        model.register_forward_pre_hook(record, with_kwargs=True)
+        return model
+
+    monkeypatch.setattr(train_step, "build_ours", lambda cfg, device: spied("ours", real_ours(cfg, device)))
+    monkeypatch.setattr(train_step, "build_hf", lambda ours, device: spied("hf", real_hf(ours, device)))
+    ours_step, hf_step, *_ = train_step.make_steps(train_step.QUICK_CASES[0], torch.device("cpu"), torch.bfloat16)
+    seen.clear()  # make_steps' own check of the two logits runs outside the steps
+    ours_step()
+    hf_step()
+    assert seen == {"ours": {(True, torch.bfloat16)}, "hf": {(True, torch.bfloat16)}}, seen

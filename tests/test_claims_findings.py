@@ -538,3 +538,17 @@ def test_the_wall_benchmark_in_words_says_each_factor_and_which_side_of_quadrati
     doc = {"quick": False, "slopes": slopes, "summary": "s", "machine": "m", "body": "b"}
     assert plain.headline(CLAIMS["quadratic"], doc) == said
     assert said in plain.found(CLAIMS["quadratic"], doc)
+
+
+def test_the_wall_figures_guides_have_the_slopes_their_labels_say():
+    """The quadratic figure's dashed guide is labelled x4 per doubling: on the log-log axes it must rise with slope 2
+    through the first measured point, and the dotted linear guide with slope 1 (a guide drawn at slope 1 under the
+    quadratic label would make every method look quadratic)."""
+    times = [[2048, 3.0], [4096, 11.0], [8192, 40.0], [16384, 150.0]]
+    guides = {label.split(" ")[0]: (t, ms, style) for label, t, ms, style in report.wall_guides(times)}
+    assert set(guides) == {"quadratic", "linear"}
+    for name, slope in (("quadratic", 2.0), ("linear", 1.0)):
+        t, ms, _ = guides[name]
+        assert ms[0] == pytest.approx(3.0) and list(t) == [2048, 4096, 8192, 16384]
+        assert np.polyfit(np.log2(t), np.log2(ms), 1)[0] == pytest.approx(slope), name
+    assert guides["quadratic"][2] != guides["linear"][2], "the two guides share a line style"

@@ -581,6 +581,15 @@ def write_bench(claim: Claim, out: Path, quick: bool) -> Path:
     return render(claim, out)
 
 
+def wall_guides(times: list) -> list[tuple[str, np.ndarray, np.ndarray, str]]:
+    """The wall figure's two guides through the first point of `times` ([(T, ms), ...], one method's): (label, T,
+    ms, line style) of slope 2 (quadratic: x4 per doubling) and slope 1 (linear: x2) on the log-log axes."""
+    t0, m0 = times[0]
+    t = np.array([p[0] for p in times], dtype=float)
+    return [("quadratic (x4 per doubling), for the eye", t, m0 * (t / t0) ** 2, "k--"),
+            ("linear (x2 per doubling), for the eye", t, m0 * (t / t0), "k:")]
+
+
 def plot_wall(doc: dict, path: Path) -> None:
     """The quadratic claim's figure: one attention call's time against the context, log-log, each method, with
     the slopes 2 (quadratic) and 1 (linear) drawn through the first point for the eye."""
@@ -594,12 +603,9 @@ def plot_wall(doc: dict, path: Path) -> None:
         t = np.array([p[0] for p in s["times"]], dtype=float)
         ms = np.array([p[1] for p in s["times"]], dtype=float)
         ax.plot(t, ms, "o-", label=f"{s['method']}: x{2 ** s['slope']:.2f} per doubling (slope {s['slope']:.2f})")
-    first = doc["slopes"][0] if doc.get("slopes") else None
-    if first:
-        t0, m0 = first["times"][0]
-        t = np.array([p[0] for p in first["times"]], dtype=float)
-        ax.plot(t, m0 * (t / t0) ** 2, "k--", lw=0.8, label="quadratic (x4 per doubling), for the eye")
-        ax.plot(t, m0 * (t / t0), "k:", lw=0.8, label="linear (x2 per doubling), for the eye")
+    if doc.get("slopes"):
+        for label, t, ms, style in wall_guides(doc["slopes"][0]["times"]):
+            ax.plot(t, ms, style, lw=0.8, label=label)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("context length T (tokens)")
