@@ -1045,3 +1045,15 @@ def test_buckets_and_a_trend_along_a_measured_axis():
     per_value = axis["per_value"][0]
     assert [v for v, _ in per_value] == [2.0 ** k for k in range(8)]
     assert all(list(c["seeds"]) == [1, 2, 3, 4] for _, c in per_value), "seed 5 diverged: left out at every value"
+
+
+def test_a_jobs_own_value_beats_a_common_one():
+    """An arm's own setting wins over the claim's common one for the same key (the equal-time LSTM's clock over
+    --quick's step cap); a common key the arm does not set stays, and config-group choices stay off the file.
+    The quick end-to-end run cannot show this: no --quick value shares a key with an arm's own."""
+    from attention_lab.claims.runs import job_values
+
+    got = job_values(["data=shakespeare_char", "train.max_steps=24", "train.stop=steps", "optim.lr=0.01"],
+                     ["train.stop=budget", "train.max_minutes=0.5", "optim.lr=0.003"])
+    assert got["train"] == {"max_steps": 24, "stop": "budget", "max_minutes": 0.5}, got
+    assert got["optim"] == {"lr": 0.003} and "data" not in got, got

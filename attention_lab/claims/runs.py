@@ -122,13 +122,10 @@ class Runner:
         jobs_dir = self.out / "jobs"
         group = jobs_dir / "claims_job"
         group.mkdir(parents=True, exist_ok=True)
-        # the common values go into each job's file before the job's own, so that a job's value beats a common one
-        # (on the command line a common value would beat the file: --quick's max_steps would cap the equal-time LSTM)
-        values = [o for o in self.common if "." in o.partition("=")[0]]
-        choices = [o for o in self.common if o not in values]  # config groups (experiment=claims, data=...)
+        choices = [o for o in self.common if "." not in o.partition("=")[0]]  # groups (experiment=claims, data=...)
         for j in todo:
             with atomic_write(group / f"{j.name}.yaml") as f:
-                f.write("# @package _global_\n" + yaml.safe_dump(nested([*values, *j.overrides]), sort_keys=True))
+                f.write("# @package _global_\n" + yaml.safe_dump(job_values(self.common, j.overrides), sort_keys=True))
         cmd = [sys.executable, str(REPO / "train.py"), "-m", *choices, f"name=claims-{self.claim}",
                f"+claims_job={','.join(j.name for j in todo)}", f"hydra.searchpath=[file://{jobs_dir.resolve()}]",
                f"hydra.sweep.dir={(self.out / 'runs').resolve()}",
@@ -233,6 +230,14 @@ class Runner:
 def minutes_or_seconds(seconds: float) -> str:
     """A time estimate in the unit it reads best in: 40 s, not "1 min" (and never "0 min")."""
     return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def job_values(common: list[str], own: list[str]) -> dict:
+    """A job's file: the common values (key=value; config-group choices stay on the command line), then the job's
+    own, so that a job's value beats a common one (on the command line a common value would beat the file:
+    --quick's max_steps would cap the equal-time LSTM)."""
+    values = [o for o in common if "." in o.partition("=")[0]]
+    return nested([*values, *own])
 
 
 def nested(overrides) -> dict:
