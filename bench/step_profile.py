@@ -188,9 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     ns3 = dataclasses.replace(ocfg, muon_ns_steps=3)
     # (setting, the default's dtype, the default step, the setting's step)
     wanted = set(args.settings.split(","))
-    rows = [("bf16", "bf16 autocast (vs float32)", "float32 -> bf16", lambda: fresh(f32), lambda: fresh(bf16))]
-    if bf16 not in dtypes:  # the bf16 row needs bf16 asked for
-        rows = []
+    rows = ([("bf16", "bf16 autocast (vs float32)", "float32 -> bf16", lambda: fresh(f32), lambda: fresh(bf16))]
+            if bf16 in dtypes else [])  # the bf16 row needs bf16 asked for
     for dtype in dtypes:
         name = str(dtype).removeprefix("torch.")
         rows.append(("math", "attention: the math path (vs sdpa's flash kernel)", name, lambda d=dtype: fresh(d),
