@@ -33,6 +33,7 @@ from attention_lab.store.layout import RunLayout  # noqa: E402
 from attention_lab.store.logger import RunLogger  # noqa: E402
 from attention_lab.store.runlock import RunLock, RunLocked  # noqa: E402
 from attention_lab.training.backend import settle_attn_backend  # noqa: E402
+from attention_lab.training.loss_chunk import settle_loss_chunk  # noqa: E402
 from attention_lab.training.callbacks import EvalContext, build_callbacks  # noqa: E402
 from attention_lab.training.config import Config, register_configs, to_config  # noqa: E402
 from attention_lab.training.learner import recorded_config  # noqa: E402
@@ -98,6 +99,9 @@ def setup_run(cfg: Config, run_dir: Path, overrides: list[str], info, device, dt
     # the model, config.json and every checkpoint get the concrete one
     cfg, measuring = settle_attn_backend(cfg, run_dir, device, dtype, info, log.print)
     model, model_cfg, saved, saved_meta = load_model(cfg, resolve_model_config(cfg, data), data, run_dir, log.print)
+    # train.loss_chunk=auto becomes a number here (measured on a CPU at the model's shape): config.json records it
+    cfg, measuring_loss = settle_loss_chunk(cfg, model_cfg.n_embd, model_cfg.block_size, model_cfg.vocab_size,
+                                            device, dtype, info, log.print)
     raw_model = model.to(device).train()
     model = wrap_model(raw_model, tc, device, info, log.print)  # compiled and/or DDP; raw_model stays plain
     # data streams: one global random stream, each process reads its own slice of every global batch
@@ -113,7 +117,7 @@ def setup_run(cfg: Config, run_dir: Path, overrides: list[str], info, device, dt
               torch.amp.GradScaler(device.type) if dtype == torch.float16 else None,
               eval_batches(data.tokens("val"), model_cfg.block_size, tc.batch_size, tc.eval_batches),
               build_callbacks(cfg, data, model_cfg, log.print) if info.is_main else [], n_params, peak,
-              counted_startup=measuring)
+              counted_startup=measuring + measuring_loss)
     if saved is not None:
         state.load_state_dict(saved)
         run.last_eval = {k: v for k, v in saved_meta.items() if k in ("val_loss", "val_bpb")}

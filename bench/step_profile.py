@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--skip-profile", action="store_true")
     p.add_argument("--settings", default="bf16,math,ns,ns3,loss",
-                   help="which rows to time, comma-separated: bf16, math, ns, ns3, loss, compile "
+                   help="which rows to time, comma-separated: bf16, bf16weights, math, ns, ns3, loss, compile "
                         "(default: all but compile, which compiles for minutes)")
     p.add_argument("--backend", choices=("sdpa", "math"), default="sdpa",
                    help="the default step's attention backend (what model.attn_backend=auto picked on this CPU "
@@ -143,13 +143,15 @@ def main(argv: list[str] | None = None) -> int:
                         "slower matmuls, minutes a profile, and no run trains in it)")
     p.add_argument("--loss-chunk", type=int, default=0,
                    help="the default step's train.loss_chunk (the profile's and the comparisons' base)")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides of the default run's config, e.g. model.n_embd=512 "
+                   "train.batch_size=8 (another shape's step)")
     args = p.parse_args(argv)
     try:
         dtypes = profiled_dtypes(args.dtypes, cpu_has_native_bf16())
     except ValueError as e:
         p.error(str(e))  # "error: ..." and exit 2, before anything is measured
     rounds = 2 if args.quick else args.rounds
-    gcfg, ocfg, batch = setup(args.quick, [])
+    gcfg, ocfg, batch = setup(args.quick, args.overrides)
     gcfg = dataclasses.replace(gcfg, attn_backend=args.backend)
     torch.manual_seed(0)
     base_model = GPT(gcfg)
@@ -176,7 +178,9 @@ def main(argv: list[str] | None = None) -> int:
 
         for g in groups:
             print(f"| {g} | " + " | ".join(cell(d, g) for d in dtypes) + " |")
-        print("| ms a step (under the profiler) | " + " | ".join(f"{ms[d]:.0f}" for d in dtypes) + " |\n")
+        print("| ms a step (under the profiler) | " + " | ".join(f"{ms[d]:.0f}" for d in dtypes) + " |")
+        print("| tokens/s (under the profiler) | " + " | ".join(f"{batch * gcfg.block_size / ms[d] * 1e3:,.0f}"
+                                                             for d in dtypes) + " |\n")
 
     print(f"### Settings against the default step ({rounds} interleaved rounds; ratio = default / setting, "
           "> 1 is faster)\n")
@@ -190,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     wanted = set(args.settings.split(","))
     rows = ([("bf16", "bf16 autocast (vs float32)", "float32 -> bf16", lambda: fresh(f32), lambda: fresh(bf16))]
             if bf16 in dtypes else [])  # the bf16 row needs bf16 asked for
+    if bf16 in dtypes:  # what casting costs: the whole model in bf16, no autocast (timing only; no master weights)
+        rows.append(("bf16weights", "bf16 weights, no autocast (vs bf16 autocast; an upper bound on the casts' cost)",
+                     "bf16", lambda: fresh(bf16), lambda: fresh(f32, lambda m: m.to(bf16))))
     for dtype in dtypes:
         name = str(dtype).removeprefix("torch.")
         rows.append(("math", "attention: the math path (vs sdpa's flash kernel)", name, lambda d=dtype: fresh(d),

@@ -83,8 +83,9 @@ class TrainConfig:
     batch_size: int = 16  # sequences per micro-batch per process
     grad_accum: int = 1  # micro-batches per optimizer step
     # the training loss over this many positions' logits at a time (model.gpt.chunked_next_token_loss): the same
-    # number and gradient without a float32 copy of every logit; 0 = all at once (model(x, y).loss)
-    loss_chunk: int = 0
+    # number and gradient without a float32 copy of every logit; 0 = all at once (model(x, y).loss); auto = the
+    # faster of the two as measured on this CPU at the run's shape (attention_lab/training/loss_chunk.py; 0 on a GPU)
+    loss_chunk: Any = 0
     repeat_frac: float = 0.0  # share of training windows that hold a passage twice (induction curriculum)
     max_steps: int = 2000
     max_minutes: Optional[float] = None  # wall-clock budget: evaluate, save and stop once it is spent
@@ -124,7 +125,11 @@ class TrainConfig:
             raise ValueError(f"train.dtype={self.dtype!r} is not one of {', '.join(DTYPES)}")
         _positive("train", self, ("batch_size", "grad_accum", "max_steps", "eval_interval", "eval_batches",
                                   "log_interval", "keep_checkpoints", "head_roles_every", "probe_batch"))
-        _non_negative("train", self, ("sample_tokens", "snapshots", "loss_chunk"))
+        _non_negative("train", self, ("sample_tokens", "snapshots"))
+        if self.loss_chunk != "auto" and (isinstance(self.loss_chunk, bool) or not isinstance(self.loss_chunk, int)
+                                          or self.loss_chunk < 0):
+            raise ValueError(f"train.loss_chunk={self.loss_chunk!r} must be auto, 0 (the loss all at once) or a "
+                             "number of positions a block")
         if self.peak_flops is not None and self.peak_flops <= 0:
             raise ValueError(f"train.peak_flops={self.peak_flops} must be positive FLOP/s, or null to measure it")
         if self.stop not in STOPS:

@@ -1,0 +1,167 @@
+"""train.loss_chunk=auto (attention_lab/training/loss_chunk.py): train.py turns it into 0 (the loss all at once) or
+CHUNK rows at a time before the first step, from a measurement on a CPU (0 on a GPU), kept across processes in
+decoding.py's measurement file; config.json records the number, and the training step gets it.
+
+Nothing here is timed: the decision is driven by stubbed timings, and the one real measurement only runs,
+unjudged. Speed itself lives in bench/step_profile.py (its "loss" row) and docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import train as train_mod
+from attention_lab.runtime import decoding
+from attention_lab.runtime.distributed import DistInfo
+from attention_lab.training import loop, loss_chunk
+from attention_lab.training.config import compose
+from attention_lab.training.loss_chunk import (
+    CHUNK,
+    MARGIN,
+    choose_loss_chunk,
+    faster_chunk,
+    settle_loss_chunk,
+    time_loss,
+)
+
+CPU = torch.device("cpu")
+CHUNKS_WIN, WHOLE_WINS = {"whole": 2.0, "chunked": 1.0}, {"whole": 1.0, "chunked": 2.0}
+SHAPE = dict(n_embd=32, block_size=16, vocab=97)  # what choose_loss_chunk reads of the model
+
+
+@pytest.fixture(autouse=True)
+def fresh_measurements(tmp_path, monkeypatch):
+    """An empty measurement file of the test's own: a stub's timings kept in the session's file would decide
+    later tests' runs."""
+    monkeypatch.setenv(decoding.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    decoding.forget_measurements()
+    yield
+    decoding.forget_measurements()
+
+
+def stub(seconds: dict[str, float], calls: list | None = None):
+    def measure(rows, n_embd, vocab, device, dtype):
+        if calls is not None:
+            calls.append((rows, n_embd, vocab, device, dtype))
+        return dict(seconds)
+    return measure
+
+
+def auto(*overrides: str):
+    return compose(["train.loss_chunk=auto", *overrides])
+
+
+@pytest.mark.parametrize("seconds, want", [
+    (CHUNKS_WIN, CHUNK),
+    (WHOLE_WINS, 0),
+    ({"whole": 1.0, "chunked": 1.0}, 0),  # a tie keeps the reference
+    ({"whole": 1.0, "chunked": 1.0 - MARGIN / 2}, 0),  # inside the margin
+    ({"whole": 1.0, "chunked": 1.0 - 2 * MARGIN}, CHUNK),
+])
+def test_chunks_are_picked_only_when_faster_than_the_whole_loss_by_the_margin(seconds, want):
+    assert faster_chunk(seconds) == want
+
+
+@pytest.mark.parametrize("seconds, want", [(CHUNKS_WIN, CHUNK), (WHOLE_WINS, 0)])
+def test_auto_on_a_cpu_picks_what_its_measurement_says_at_the_runs_shape_and_dtype(seconds, want):
+    calls = []
+    choice = choose_loss_chunk(auto("train.batch_size=3"), **SHAPE, device=CPU, dtype=torch.bfloat16,
+                               measure=stub(seconds, calls))
+    assert choice.rows == want
+    assert calls == [(3 * 16, 32, 97, CPU, torch.bfloat16)], "measured at another shape or dtype than the run's"
+    assert "loss: auto picked" in choice.line and "2000.0 ms" in choice.line and "1000.0 ms" in choice.line
+
+
+def test_a_kept_measurement_is_read_without_measuring_and_each_shape_has_its_own():
+    calls = []
+    for _ in range(2):
+        assert choose_loss_chunk(auto(), **SHAPE, device=CPU, dtype=torch.float32,
+                                 measure=stub(CHUNKS_WIN, calls)).rows == CHUNK
+    decoding.forget_measurements()  # a later process: the file, not this one's memory
+    again = choose_loss_chunk(auto(), **SHAPE, device=CPU, dtype=torch.float32, measure=stub(WHOLE_WINS, calls))
+    assert len(calls) == 1 and again.rows == CHUNK and again.seconds == 0.0, "the kept measurement was not read"
+    assert "as measured before" in again.line
+    other = choose_loss_chunk(auto(), **{**SHAPE, "vocab": 98}, device=CPU, dtype=torch.float32,
+                              measure=stub(WHOLE_WINS, calls))
+    assert len(calls) == 2 and other.rows == 0, "another vocabulary must be measured on its own"
+
+
+@pytest.mark.parametrize("device", ["cuda", "mps"])
+def test_a_gpu_takes_the_loss_whole_and_is_never_measured(device):
+    def refuse(*args):
+        raise AssertionError("measured on a GPU")
+    choice = choose_loss_chunk(auto(), **SHAPE, device=torch.device(device), dtype=torch.bfloat16, measure=refuse)
+    assert choice.rows == 0 and "nothing measured" in choice.line
+
+
+@pytest.mark.parametrize("asked", [0, 37])
+def test_a_number_is_kept_as_asked_unmeasured(asked):
+    cfg = compose([f"train.loss_chunk={asked}"])
+    settled, seconds = settle_loss_chunk(cfg, **SHAPE, device=CPU, dtype=torch.float32, info=DistInfo(),
+                                         say=lambda line: pytest.fail(f"said {line!r}"))
+    assert settled.train.loss_chunk == asked and seconds == 0.0
+
+
+def test_the_real_measurement_times_both_ways_and_leaves_the_rng_alone():
+    before = torch.random.get_rng_state()
+    seconds = time_loss(rows=40, n_embd=16, vocab=50, device=CPU, dtype=torch.float32, rounds=2)
+    assert set(seconds) == {"whole", "chunked"} and all(s > 0 for s in seconds.values())
+    assert torch.equal(torch.random.get_rng_state(), before), "the measurement moved the run's random stream"
+
+
+def test_the_cpu_preset_defaults_to_auto_and_the_tests_and_claims_presets_do_not():
+    assert compose([]).train.loss_chunk == "auto"
+    for preset in ("debug", "claims"):
+        assert compose([f"experiment={preset}"]).train.loss_chunk == 0, f"{preset}'s numbers would follow a timing"
+
+
+@pytest.mark.parametrize("bad", ["fast", "-1", "2.5", "true"])
+def test_anything_but_auto_or_a_count_is_refused_by_name(bad):
+    with pytest.raises(ValueError, match=r"train\.loss_chunk=.* must be auto, 0"):
+        compose([f"train.loss_chunk={bad}"])
+
+
+@pytest.mark.parametrize("seconds, want", [(CHUNKS_WIN, CHUNK), (WHOLE_WINS, 0)])
+def test_a_debug_run_with_auto_trains_its_loss_the_way_it_picked_and_records_it(tmp_path, data_cache, monkeypatch,
+                                                                                  seconds, want):
+    calls, chunks = [], []
+    monkeypatch.setattr(loss_chunk, "time_loss", stub(seconds, calls))
+    real = loop.chunked_next_token_loss
+    monkeypatch.setattr(loop, "chunked_next_token_loss", lambda z, y, rows: chunks.append(rows) or real(z, y, rows))
+    run = tmp_path / "run"
+    train_mod.train(compose(["experiment=debug", f"data.cache_dir={data_cache}", "train.loss_chunk=auto",
+                             "train.max_steps=4", "train.eval_interval=4", "train.sample_tokens=0",
+                             "train.head_roles=false", "train.tensorboard=false"]), run)
+    assert len(calls) == 1, f"measured {len(calls)} times"
+    assert json.loads((run / "config.json").read_text())["train"]["loss_chunk"] == want, "config.json records auto"
+    assert set(chunks) == ({want} if want else set()), f"the step took its loss {chunks or 'whole'}; auto picked {want}"
+    console = (run / "console.log").read_text()
+    assert "loss: auto picked" in console, console[:2000]
+
+
+def test_the_measurement_counts_in_the_runs_time_budget(tmp_path, data_cache, monkeypatch):
+    """A run told its measurement took 30 s of a 1-minute budget has 30 s less to train (as the backend's)."""
+    real = train_mod.settle_loss_chunk
+
+    def long_measurement(*args, **kwargs):
+        cfg, _ = real(*args, **kwargs)
+        return cfg, 30.0
+
+    monkeypatch.setattr(loss_chunk, "time_loss", stub(WHOLE_WINS))
+    monkeypatch.setattr(train_mod, "settle_loss_chunk", long_measurement)
+    seen = {}
+    original = train_mod.Run.__init__
+
+    def spy(self, *args, **kwargs):
+        seen["startup"] = kwargs.get("counted_startup")
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(train_mod.Run, "__init__", spy)
+    train_mod.train(compose(["experiment=debug", f"data.cache_dir={data_cache}", "train.loss_chunk=auto",
+                             "train.max_steps=2", "train.eval_interval=2", "train.sample_tokens=0",
+                             "train.head_roles=false", "train.tensorboard=false"]), tmp_path / "run")
+    assert seen["startup"] >= 30.0, f"the run counted {seen['startup']} s of measuring"
