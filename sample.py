@@ -65,9 +65,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="auto",
                    help="auto (default: cuda if available, else Apple's mps, else cpu), cpu, cuda, cuda:N, mps")
     p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
-                   help="autocast dtype; auto: on a CPU with native bf16 whichever of float32 and bf16 decodes faster "
-                        "here (timed once per machine and model on a few steps, kept in "
-                        "~/.cache/attention-lab/decoding_dtype.json), bf16 on CUDA GPUs, else float32 (MPS too)")
+                   help="decoding dtype (bfloat16: on a CPU the weights cast to bf16 once, on a GPU autocast); auto: "
+                        "on a CPU whichever of float32 and bf16 decodes faster here (timed once per machine and "
+                        "model on a few steps, kept in ~/.cache/attention-lab/decoding_dtype.json), bf16 on CUDA "
+                        "GPUs, else float32 (MPS too)")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole context at every step")
     p.add_argument("--keep-first", type=int, default=0,
                    help="past the context, keep the first N tokens in the window (StreamingLLM's sinks; default 0)")

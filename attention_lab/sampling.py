@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from attention_lab.runtime.decoding import decoding_dtype
+from attention_lab.runtime.decoding import decoding_dtype, decoding_model
 from attention_lab.runtime.device import autocast, decoding_threads
 from attention_lab.store.checkpoint import choose_run, load_checkpoint, run_summary
 from attention_lab.store.layout import run_of_checkpoint
@@ -99,10 +99,10 @@ def generate_text(
 
     on_text receives the decoded continuation piece by piece as tokens arrive (data.tokenizer.TextStream:
     constant work per token). The context slides past block_size (model.generate.generate_stream), keeping the
-    first keep_first tokens (StreamingLLM); with a bf16 dtype the forward passes run under autocast. dtype auto:
-    on a CPU with native bf16, whichever of float32 and bf16 decodes this model faster here, timed on a few
-    greedy steps like these once per machine setup and model shape and kept in a file that later processes read
-    (runtime/decoding.py); elsewhere pick_dtype's choice.
+    first keep_first tokens (StreamingLLM); bf16 decodes with a bf16 copy of the weights on a CPU, under autocast
+    on a GPU (runtime/decoding.decoding_model). dtype auto: on a CPU, whichever of float32 and bf16 decodes this
+    model faster here, timed on a few greedy steps like these once per machine setup and model shape and kept in a
+    file that later processes read (runtime/decoding.py); elsewhere pick_dtype's choice.
     """
     device = next(model.parameters()).device
     idx = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)  # (1, T)
@@ -112,17 +112,21 @@ def generate_text(
     cached = use_cache and (len(prompt_ids) + max_new_tokens <= model.config.block_size
                             or (model.config.bounded_cache and not keep_first))  # keep_first rebuilds
 
-    def probe() -> None:  # a few greedy decoding steps the way this call decodes: what auto times each dtype on
+    def probe(candidate: torch.dtype) -> None:  # a few greedy steps the way this call decodes: what auto times
         start = idx[:, -PROBE_TOKENS[cached]:] if cached else idx
-        for _ in generate_stream(model, start, PROBE_TOKENS[cached], greedy=True, use_cache=cached):
-            pass
+        decoder, cast = decoding_model(model, candidate, device)
+        with autocast(device, cast):
+            for _ in generate_stream(decoder, start, PROBE_TOKENS[cached], greedy=True, use_cache=cached):
+                pass
 
     with decoding_threads(device, cached):
         weights = next(model.parameters()).dtype
-        chosen = decoding_dtype(dtype, device, probe, (repr(model.config), str(weights), cached))
-        with autocast(device, chosen):
+        # "bf16 weights": bf16 on a CPU is a bf16 copy of the weights (decoding_model), not the autocast of before
+        chosen = decoding_dtype(dtype, device, probe, (repr(model.config), str(weights), cached, "bf16 weights"))
+        decoder, cast = decoding_model(model, chosen, device)
+        with autocast(device, cast):
             for nxt in generate_stream(
-                model, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy,
+                decoder, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy,
                 use_cache=use_cache, generator=generator, keep_first=keep_first,
             ):  # nxt (1, 1)
                 new_ids.append(int(nxt.item()))

@@ -4,7 +4,7 @@
     python -m bench.decoding_dtype --quick      a tiny model, seconds: checks that it runs
 
 Each round decodes with sampling.generate_text (the path sample.py and the lab take) in float32, then in bf16
-autocast, interleaved (A, B, A, B, ...), so a neighbour's load falls on both; tokens/s are medians, the ratio is
+(on a CPU: the weights cast to bf16 once, no autocast; runtime/decoding.decoding_model), interleaved (A, B, A, B, ...), so a neighbour's load falls on both; tokens/s are medians, the ratio is
 the median of the per-round ratios. Two paths:
     cached     sample.py: a 16-token prompt and N new tokens with the KV cache (one token per forward pass)
     uncached   the lab: one new token after a full window (a forward pass over block_size / 2 tokens)
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         "uncached (the lab)": (lambda dtype: generate_text(model, None, prompt_window, 1, greedy=True,
                                                           use_cache=False, dtype=dtype), 1),
     }
-    print(f"### Decoding: float32 vs bf16 autocast, and dtype auto\n\n{machine()}; shared cores (other work ran "
+    print(f"### Decoding: float32 vs bf16 (weights), and dtype auto\n\n{machine()}; shared cores (other work ran "
           f"beside it)\n\n- {rounds} rounds, interleaved; model {model.config.n_layer} layers x {model.config.n_embd} "
           f"wide, vocab {model.config.vocab_size}\n")
     print("| path | float32 tok/s | bf16 tok/s | bf16 / float32 speed | auto picks | auto's one-time measurement |")
@@ -89,9 +89,9 @@ def main(argv: list[str] | None = None) -> int:
             start = time.perf_counter()
             decode("auto")
             first = time.perf_counter() - start
-        measured = list(decoding._kept.values())  # empty where auto needs no measurement (no bf16 units)
+        measured = list(decoding._kept.values())
         chosen = (decoding.faster_dtype({d: measured[0][str(d).removeprefix("torch.")] for d in decoding.CANDIDATES})
-                  if measured else decoding_dtype("auto", torch.device("cpu"), lambda: None, name))
+                  if measured else decoding_dtype("auto", torch.device("cpu"), lambda d: None, name))
         cost = first - new / (f32 if chosen == torch.float32 else bf16)
         print(f"| {name} | {f32:,.0f} | {bf16:,.0f} | {ratio:.2f}x | {str(chosen).removeprefix('torch.')} | "
               f"{cost * 1e3:,.0f} ms |")

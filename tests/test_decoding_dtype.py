@@ -35,7 +35,7 @@ def fresh_measurements(tmp_path, monkeypatch):
 
 
 class FakeClock:
-    """A clock that decode() advances: by cost[dtype] seconds for the autocast dtype it runs under."""
+    """A clock that decode(dtype) advances, by cost[dtype] seconds."""
 
     def __init__(self, cost: dict[torch.dtype, float]):
         self.now, self.cost, self.calls = 0.0, cost, []
@@ -43,14 +43,13 @@ class FakeClock:
     def __call__(self) -> float:
         return self.now
 
-    def decode(self) -> None:
-        dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else F32
+    def decode(self, dtype: torch.dtype) -> None:
         self.calls.append(dtype)
         self.now += self.cost[dtype]
 
 
 @pytest.mark.parametrize("cost, want", [({F32: 1.0, BF16: 2.0}, F32), ({F32: 2.0, BF16: 1.0}, BF16)])
-def test_the_measurement_times_each_dtype_under_its_autocast_interleaved(cost, want):
+def test_the_measurement_times_each_dtype_interleaved(cost, want):
     clock = FakeClock(cost)
     seconds = time_decoding(clock.decode, CPU, rounds=3, clock=clock)
     assert seconds == cost, f"time_decoding measured {seconds}, the decodes cost {cost}"
@@ -77,21 +76,25 @@ def test_auto_follows_the_measurement_on_a_cpu_with_native_bf16(monkeypatch, sec
     calls = []
     measure = stub_measure(seconds, calls)
     for _ in range(3):
-        assert decoding_dtype("auto", CPU, lambda: None, "model-a", measure) == want, seconds
+        assert decoding_dtype("auto", CPU, lambda d: None, "model-a", measure) == want, seconds
     assert len(calls) == 1, f"measured {len(calls)} times for one model: once per key"
-    decoding_dtype("auto", CPU, lambda: None, "model-b", measure)
+    decoding_dtype("auto", CPU, lambda d: None, "model-b", measure)
     assert len(calls) == 2, "another model (key) is measured on its own"
 
 
-def test_named_dtypes_and_cpus_without_bf16_units_are_never_measured(monkeypatch):
+def test_named_dtypes_are_never_measured_and_a_cpu_without_bf16_units_is(monkeypatch):
+    """A CPU without bf16 units computes bf16 by emulation, but a decoding step mostly reads weights: bf16 weights
+    decoded faster than float32 on such an AMD EPYC (docs/benchmarks.md), so auto measures there too."""
     def measure(decode, device):
         raise AssertionError("measured where no choice was to be made")
 
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: BF16_CPU)
-    assert decoding_dtype("float32", CPU, lambda: None, "k", measure) == F32
-    assert decoding_dtype("bfloat16", CPU, lambda: None, "k", measure) == BF16
+    assert decoding_dtype("float32", CPU, lambda d: None, "k", measure) == F32
+    assert decoding_dtype("bfloat16", CPU, lambda d: None, "k", measure) == BF16
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: PLAIN_CPU)
-    assert decoding_dtype("auto", CPU, lambda: None, "k", measure) == F32, "emulated bf16: float32"
+    calls = []
+    assert decoding_dtype("auto", CPU, lambda d: None, "k", stub_measure({F32: 2.0, BF16: 1.0}, calls)) == BF16
+    assert calls == [CPU], "a CPU without bf16 units was not measured"
 
 
 # ---------------------------------------------------------------------------------- in generate_text, end to end
@@ -103,15 +106,22 @@ def tiny_model() -> GPT:
     return GPT(cfg).eval()
 
 
-def autocast_seen(model: GPT) -> list:
-    """The autocast dtype (or float32 without autocast) of each forward pass of the model from now on."""
+def decoding_seen(monkeypatch) -> list:
+    """(the weights' dtype, the autocast dtype or None) of every generate_stream call in sampling from now on: the
+    way each decode ran."""
     seen = []
+    real = sampling.generate_stream
 
-    def record(module, args):
-        seen.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else F32)
+    def spy(model, *args, **kwargs):
+        cast = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
+        seen.append((next(model.parameters()).dtype, cast))
+        return real(model, *args, **kwargs)
 
-    model.register_forward_pre_hook(record)
+    monkeypatch.setattr(sampling, "generate_stream", spy)
     return seen
+
+
+WAY = {F32: (F32, None), BF16: (BF16, None)}  # on a CPU: bf16 is the weights in bf16, no autocast
 
 
 PROMPT = [1, 5, 9, 2, 7, 3]
@@ -120,8 +130,9 @@ PROMPT = [1, 5, 9, 2, 7, 3]
 @pytest.mark.parametrize("use_cache", [True, False])
 @pytest.mark.parametrize("seconds, want", [({F32: 1.0, BF16: 2.0}, F32), ({F32: 2.0, BF16: 1.0}, BF16)])
 def test_generate_text_decodes_in_the_measured_dtype_and_gives_its_tokens(monkeypatch, seconds, want, use_cache):
-    """auto's tokens are the chosen dtype's own tokens (the same path), and every forward pass after the
-    measurement runs in that dtype; the measurement ran the real model (its probe decodes)."""
+    """auto's tokens are the chosen dtype's own tokens (the same path), and every decode after the measurement
+    runs that dtype's way (bf16: a bf16 copy of the weights, no autocast); the measurement ran the real model in
+    each way."""
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: BF16_CPU)
     model = tiny_model()
     named = "float32" if want == F32 else "bfloat16"
@@ -130,39 +141,96 @@ def test_generate_text_decodes_in_the_measured_dtype_and_gives_its_tokens(monkey
     probed = []
 
     def measure(decode, device):
-        with torch.autocast("cpu", dtype=BF16):
-            decode()
-        probed.append(len(seen))
+        for dtype in (F32, BF16):
+            decode(dtype)
+        probed.append(list(seen))
         return dict(seconds)
 
     monkeypatch.setattr(decoding, "time_decoding", measure)
-    seen = autocast_seen(model)
+    seen = decoding_seen(monkeypatch)
     got = sampling.generate_text(model, None, PROMPT, 12, greedy=True, use_cache=use_cache, dtype="auto")
-    assert probed and probed[0] > 0, "auto never ran the model to measure it"
-    after = seen[probed[0]:]
-    assert after and set(after) == {want}, f"measured {seconds}: decoding should run in {want}, ran in {set(after)}"
+    assert probed == [[WAY[F32], WAY[BF16]]], f"auto's probe should decode each way once: {probed}"
+    after = seen[2:]
+    assert after == [WAY[want]], f"measured {seconds}: decoding should run as {WAY[want]}, ran as {after}"
     assert got == expected, f"auto ({want}) gave {got}, {named} gives {expected}"
+    assert next(model.parameters()).dtype == F32, "the caller's model was cast: it must stay as it was"
 
 
 def test_bf16_decoding_keeps_float32s_greedy_tokens_where_the_margin_is_clear():
-    """Where bf16 is the faster path, its logits are float32's within bf16's rounding (atol 0.05 + rtol 0.05,
-    measured about 0.01 here), so wherever float32's best token leads the next by more than twice that bound,
+    """Where bf16 is the faster path, its logits (bf16 weights and activations) are float32's within bf16's
+    rounding (atol 0.05 + rtol 0.05), so wherever float32's best token leads the next by more than twice that bound,
     bf16 picks the same token. Teacher-forced on float32's own greedy continuation."""
     model = tiny_model()
     with torch.no_grad():
         model.lm_head.weight.mul_(8.0)  # spread the logits: a random model's are nearly flat
     ids = PROMPT + sampling.generate_text(model, None, PROMPT, 20, greedy=True, dtype="float32")
     x = torch.tensor([ids])
+    decoder, cast = decoding.decoding_model(model, BF16, CPU)  # what bf16 decodes with on a CPU
+    assert next(decoder.parameters()).dtype == BF16 and cast == F32, "bf16 on a CPU: bf16 weights, no autocast"
     with torch.no_grad():
         ref = model(x).logits[0].float()
-        with torch.autocast("cpu", dtype=BF16):
-            low = model(x).logits[0].float()
+        low = decoder(x).logits[0].float()
     torch.testing.assert_close(low, ref, atol=0.05, rtol=0.05, msg=lambda m: f"bf16 logits drift from float32\n{m}")
     bound = ((low - ref).abs().max()).item()
     top2 = ref.topk(2, dim=-1).values
     clear = (top2[:, 0] - top2[:, 1]) > 2 * bound
     assert clear.sum() >= 5, f"only {int(clear.sum())} positions with a clear margin: the check would be empty"
     assert torch.equal(low.argmax(-1)[clear], ref.argmax(-1)[clear]), "bf16 changed a token float32 chose clearly"
+
+
+def test_the_bf16_copy_is_made_once_and_made_again_when_the_weights_change():
+    """decoding_model keeps one bf16 copy per model while its weights are unchanged; an optimizer step (an
+    in-place change) makes a new one, so a notebook that trains a little and samples again samples the new
+    weights."""
+    model = tiny_model()
+    first, _ = decoding.decoding_model(model, BF16, CPU)
+    again, _ = decoding.decoding_model(model, BF16, CPU)
+    assert again is first, "a second decode made a second copy of unchanged weights"
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    model.train()
+    model(torch.tensor([PROMPT]), torch.tensor([PROMPT])).loss.backward()
+    opt.step()
+    model.eval()
+    fresh, _ = decoding.decoding_model(model, BF16, CPU)
+    assert fresh is not first, "the weights changed, the stale bf16 copy was kept"
+    for (name, p), q in zip(model.named_parameters(), fresh.parameters(), strict=True):
+        torch.testing.assert_close(q.float(), p.detach(), atol=0, rtol=2**-8, msg=lambda m: f"{name}: {m}")
+    assert not fresh.training, "the copy decodes in the model's mode"
+    assert decoding.decoding_model(model, F32, CPU) == (model, F32), "float32 decodes with the model itself"
+
+
+def test_a_watched_model_decodes_itself_so_its_hooks_and_edits_apply():
+    """The lab continues a text under an intervention (model.hooks.hooked: forward hooks on the model's points):
+    a bf16 copy would decode without them. While hooks are on, bf16 decodes with the model itself under autocast,
+    and the edit applies at every step."""
+    from model.hooks import hooked
+
+    model = tiny_model()
+    decoding.decoding_model(model, BF16, CPU)  # a copy already kept, made before the hooks
+    calls = []
+
+    def edit(x):
+        calls.append(x.dtype)
+        return x * 0  # the last block's output zeroed: the logits no longer depend on the text
+
+    with hooked(model, {"h.1.hook_resid_post": edit}):
+        decoder, cast = decoding.decoding_model(model, BF16, CPU)
+        assert decoder is model and cast == BF16, "a watched model was swapped for its unwatched copy"
+        ids = sampling.generate_text(model, None, PROMPT, 5, greedy=True, use_cache=False, dtype="bfloat16")
+    assert len(calls) == 5, f"the edit ran {len(calls)} times in 5 steps"
+    assert len(set(ids)) == 1, f"with the residual zeroed every step predicts the same token, got {ids}"
+    assert decoding.decoding_model(model, BF16, CPU)[0] is not model, "unwatched again: the bf16 copy"
+
+
+@pytest.mark.parametrize("arch", ["gpt", "lstm"])
+def test_bf16_weights_decode_every_architecture_with_and_without_the_cache(arch):
+    from model import LSTMConfig, LSTMLM
+
+    torch.manual_seed(0)
+    model = tiny_model() if arch == "gpt" else LSTMLM(LSTMConfig(vocab_size=64, block_size=32, n_layer=1, n_embd=16)).eval()
+    for use_cache in (True, False):
+        ids = sampling.generate_text(model, None, PROMPT, 30, greedy=True, use_cache=use_cache, dtype="bfloat16")
+        assert len(ids) == 30 and all(0 <= i < 64 for i in ids)
 
 
 # ------------------------------------------------------------------------ kept across processes, in a file
@@ -191,7 +259,7 @@ def stored_entries() -> list[dict]:
 def test_a_second_process_with_the_same_key_reads_the_choice_without_measuring(monkeypatch, seconds, want):
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: BF16_CPU)
     measure, calls = counting(seconds)
-    assert decoding_dtype("auto", CPU, lambda: None, "model-a", measure) == want
+    assert decoding_dtype("auto", CPU, lambda d: None, "model-a", measure) == want
     assert len(calls) == 1
     (entry,) = stored_entries()
     assert entry["seconds"] == {"float32": seconds[F32], "bfloat16": seconds[BF16]}, entry
@@ -201,7 +269,7 @@ def test_a_second_process_with_the_same_key_reads_the_choice_without_measuring(m
     assert "model-a" in key["model"], key
 
     decoding.forget_measurements()  # the next process
-    assert decoding_dtype("auto", CPU, lambda: None, "model-a", refuse) == want, "the stored choice, unmeasured"
+    assert decoding_dtype("auto", CPU, lambda d: None, "model-a", refuse) == want, "the stored choice, unmeasured"
 
 
 def other_torch(monkeypatch):
@@ -231,7 +299,7 @@ def test_a_changed_key_measures_afresh_and_both_measurements_are_kept(monkeypatc
     another CPU sharing the home folder, another model) may decode faster in the other dtype."""
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: BF16_CPU)
     first, _ = counting(F32_WINS)
-    assert decoding_dtype("auto", CPU, lambda: None, "model-a", first) == F32
+    assert decoding_dtype("auto", CPU, lambda d: None, "model-a", first) == F32
 
     alter, key = CHANGES[change]
     with monkeypatch.context() as m:
@@ -239,13 +307,13 @@ def test_a_changed_key_measures_afresh_and_both_measurements_are_kept(monkeypatc
             alter(m)
         decoding.forget_measurements()
         second, calls = counting(BF16_WINS)
-        got = decoding_dtype("auto", CPU, lambda: None, key, second)
+        got = decoding_dtype("auto", CPU, lambda d: None, key, second)
         assert calls, f"another {change} read the stored measurement instead of measuring"
         assert got == BF16, f"another {change}: its own measurement says bf16, auto gave {got}"
         decoding.forget_measurements()
-        assert decoding_dtype("auto", CPU, lambda: None, key, refuse) == BF16, "the new key is stored too"
+        assert decoding_dtype("auto", CPU, lambda d: None, key, refuse) == BF16, "the new key is stored too"
     decoding.forget_measurements()
-    assert decoding_dtype("auto", CPU, lambda: None, "model-a", refuse) == F32, "the first key's entry survived"
+    assert decoding_dtype("auto", CPU, lambda d: None, "model-a", refuse) == F32, "the first key's entry survived"
     assert len(stored_entries()) == 2
 
 
@@ -262,7 +330,7 @@ def test_cached_and_uncached_decoding_keep_their_own_measurements(monkeypatch):
         return dict(seconds[use_cache])
 
     monkeypatch.setattr(decoding, "time_decoding", measure)
-    seen = autocast_seen(model)
+    seen = decoding_seen(monkeypatch)
     for use_cache in (True, False):
         sampling.generate_text(model, None, PROMPT, 3, greedy=True, use_cache=use_cache, dtype="auto")
     assert measured == [True, False], f"each path measured once: {measured}"
@@ -272,7 +340,7 @@ def test_cached_and_uncached_decoding_keep_their_own_measurements(monkeypatch):
     for use_cache, want in ((True, F32), (False, BF16)):
         seen.clear()
         sampling.generate_text(model, None, PROMPT, 3, greedy=True, use_cache=use_cache, dtype="auto")
-        assert set(seen) == {want}, f"use_cache={use_cache}: stored winner {want}, decoded in {set(seen)}"
+        assert seen == [WAY[want]], f"use_cache={use_cache}: stored winner {want}, decoded as {seen}"
 
 
 def warning_lines(err: str) -> list[str]:
@@ -301,13 +369,13 @@ def test_a_corrupt_file_is_measured_again_and_rewritten(monkeypatch, capsys, kin
     else:
         path.write_bytes(CORRUPT[kind])
     measure, calls = counting(BF16_WINS)
-    assert decoding_dtype("auto", CPU, lambda: None, "model-a", measure) == BF16
+    assert decoding_dtype("auto", CPU, lambda d: None, "model-a", measure) == BF16
     assert len(calls) == 1, f"{kind}: measured {len(calls)} times"
     warning_lines(capsys.readouterr().err)
     assert len(stored_entries()) == 1, f"{kind}: the file is rewritten whole, with the new measurement"
 
     decoding.forget_measurements()
-    assert decoding_dtype("auto", CPU, lambda: None, "model-a", refuse) == BF16
+    assert decoding_dtype("auto", CPU, lambda d: None, "model-a", refuse) == BF16
     assert capsys.readouterr().err == "", "a good file is read in silence"
 
 
@@ -323,25 +391,25 @@ def test_an_unwritable_or_unreadable_cache_still_decodes(monkeypatch, capsys, tm
         decoding.cache_file().mkdir(parents=True)
     measure, calls = counting(BF16_WINS)
     for _ in range(3):
-        assert decoding_dtype("auto", CPU, lambda: None, "model-a", measure) == BF16
+        assert decoding_dtype("auto", CPU, lambda d: None, "model-a", measure) == BF16
     assert len(calls) == 1, "this process keeps its measurement in memory"
     assert len(warning_lines(capsys.readouterr().err)) == 1, "say once that the measurement is not kept"
 
     decoding.forget_measurements()
-    assert decoding_dtype("auto", CPU, lambda: None, "model-a", measure) == BF16
+    assert decoding_dtype("auto", CPU, lambda d: None, "model-a", measure) == BF16
     assert len(calls) == 2, "nothing was stored: the next process measures again"
 
 
 def test_a_failed_write_leaves_the_previous_file_whole_and_no_temporary_file(monkeypatch, capsys):
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: BF16_CPU)
-    decoding_dtype("auto", CPU, lambda: None, "model-a", counting(F32_WINS)[0])
+    decoding_dtype("auto", CPU, lambda d: None, "model-a", counting(F32_WINS)[0])
     before = decoding.cache_file().read_bytes()
 
     def crash(src, dst):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", crash)
-    assert decoding_dtype("auto", CPU, lambda: None, "model-b", counting(BF16_WINS)[0]) == BF16
+    assert decoding_dtype("auto", CPU, lambda d: None, "model-b", counting(BF16_WINS)[0]) == BF16
     assert decoding.cache_file().read_bytes() == before, "the file was changed in place, not replaced whole"
     assert sorted(p.name for p in decoding.cache_file().parent.iterdir()) == [decoding.FILE_NAME], "a temp file left"
     assert "No space left" in warning_lines(capsys.readouterr().err)[0]
@@ -350,13 +418,13 @@ def test_a_failed_write_leaves_the_previous_file_whole_and_no_temporary_file(mon
 def test_measuring_afresh_overwrites_the_stored_measurement(monkeypatch):
     """How bench/decoding_dtype.py re-measures: the stored entry is replaced, not added to."""
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: BF16_CPU)
-    assert decoding_dtype("auto", CPU, lambda: None, "model-a", counting(F32_WINS)[0]) == F32
+    assert decoding_dtype("auto", CPU, lambda d: None, "model-a", counting(F32_WINS)[0]) == F32
     measure, calls = counting(BF16_WINS)
     with decoding.measuring_afresh():
-        assert decoding_dtype("auto", CPU, lambda: None, "model-a", measure) == BF16
+        assert decoding_dtype("auto", CPU, lambda d: None, "model-a", measure) == BF16
     assert calls, "measuring_afresh read the stored measurement"
     decoding.forget_measurements()
-    assert decoding_dtype("auto", CPU, lambda: None, "model-a", refuse) == BF16, "the new measurement is stored"
+    assert decoding_dtype("auto", CPU, lambda d: None, "model-a", refuse) == BF16, "the new measurement is stored"
     assert len(stored_entries()) == 1
 
 
@@ -364,7 +432,7 @@ def test_the_file_keeps_the_most_recent_entries_only(monkeypatch):
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: BF16_CPU)
     monkeypatch.setattr(decoding, "KEEP", 3)
     for i in range(5):
-        decoding_dtype("auto", CPU, lambda: None, f"model-{i}", counting(F32_WINS)[0])
+        decoding_dtype("auto", CPU, lambda d: None, f"model-{i}", counting(F32_WINS)[0])
     assert [e["key"]["model"] for e in stored_entries()] == ["model-2", "model-3", "model-4"]
 
 

@@ -1,10 +1,14 @@
 """The dtype that decodes fastest here: `--dtype auto` for sampling and the lab, chosen by a measurement.
 
 Training picks bf16 on a CPU with native bf16 (pick_dtype): its matmuls are large, and AMX or AVX512-BF16 runs them
-several times faster. A decoding step is different: one token, so each matmul is a matrix-vector product that
-bf16 units barely speed up, while autocast still casts every weight on every step. On a 2-core AMX Xeon bf16
-decoded at half float32's speed (issue 44). So on such a CPU auto times a few real decoding steps of the actual
-model in float32 and in bf16, and decodes in the faster one.
+several times faster. A decoding step is different: one token, so each matmul is a matrix-vector product, bound by
+reading the weights rather than by arithmetic. On a CPU, bf16 decoding is therefore the model's weights cast to
+bf16 once (decoding_model: a copy, half the bytes to read at every token) and no autocast, which would cast every
+weight again at every token: on a 2-core AMX Xeon, autocast decoded at half float32's speed (issue 44). Whether
+half the bytes beats float32's kernels depends on the CPU (docs/benchmarks.md: bf16 weights decoded 1.2-1.4x
+faster than float32 on an AMD EPYC without bf16 units, 0.8x as fast on an AMX Xeon host, where a full window was
+1.3x faster in bf16), so on a CPU auto times a few real decoding steps of the actual model each way, and decodes
+in the faster one.
 
 The measurement costs about half a second or more, so it is kept: in this process's memory, and in a small JSON
 file that later processes read instead of measuring again (sample.py would otherwise pay it inside every run).
@@ -22,23 +26,27 @@ corrupt, unreadable or unwritable, auto measures and decodes as before (one warn
 atomic (a temporary file, then os.replace), so a reader never sees half a file; two processes writing at once
 may drop one's new entry, which is then measured again.
 
-Training's `model.attn_backend=auto` keeps its measurement (sdpa against the math path, one attention layer's
-step: attention_lab/training/backend.py) in the same file, under keys of its own; `kept_seconds` is the file's
-interface for any such measurement of named candidates.
+Training's `model.attn_backend=auto` (sdpa against the math path, one attention layer's step:
+attention_lab/training/backend.py) and `train.loss_chunk=auto` (the loss whole or in blocks:
+attention_lab/training/loss_chunk.py) keep their measurements in the same file, under keys of their own;
+`kept_seconds` is the file's interface for any such measurement of named candidates.
 
-    time_decoding(decode, device)   seconds per call of decode() under each dtype, interleaved, medians
+    decoding_model(model, dtype, device)  what decodes in dtype, under which autocast (bf16 weights on a CPU)
+    time_decoding(decode, device)   seconds per call of decode(dtype) for each dtype, interleaved, medians
     faster_dtype(seconds)           the decision, a pure function of those numbers
     decoding_dtype(name, ...)       what sampling calls: a named dtype as asked, auto as measured (or as stored)
     kept_seconds(key, measure)      any measurement of named candidates, kept the same way (training's backend)
     cache_file()                    where the measurements are stored
 
-GPUs keep pick_dtype's choice (bf16 where supported: nothing here measured one), and a CPU without bf16 units
-keeps float32 (emulated bf16 is slower, no need to time it).
+GPUs keep pick_dtype's choice (bf16 autocast where supported: nothing here measured one). A CPU without bf16
+units is measured too: its bf16 arithmetic is emulated, but a decoding step reads the weights more than it
+computes with them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import math
 import os
@@ -46,12 +54,14 @@ import statistics
 import sys
 import tempfile
 import time
+import weakref
 from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
 
 import torch
+from torch import nn
 
-from .device import autocast, cpu_has_native_bf16, cpu_model, pick_dtype
+from .device import cpu_model, pick_dtype
 
 CANDIDATES = (torch.float32, torch.bfloat16)
 # bf16 must beat float32 by this fraction to be chosen: float32 is the reference numerics (the tokens a float32
@@ -69,21 +79,45 @@ _warned: list[str] = []  # the warning this process printed: one line at most, w
 _afresh = False  # inside measuring_afresh(): ignore what is stored, measure, overwrite
 
 
-def time_decoding(decode: Callable[[], object], device: torch.device, dtypes=CANDIDATES, rounds: int = 5,
-                  clock: Callable[[], float] = time.perf_counter) -> dict[torch.dtype, float]:
-    """Seconds per call of decode() (a few decoding steps of the real model) under each dtype's autocast: one
-    untimed call each first (allocations, kernel choice), then `rounds` rounds that take the dtypes in turn
-    (A, B, A, B, ...), so a neighbour's load falls on both alike; the median of each."""
+_copies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (its weights' stamp, bf16 copy)
+
+
+def decoding_model(model: nn.Module, dtype: torch.dtype, device: torch.device) -> tuple[nn.Module, torch.dtype]:
+    """(what decodes, the autocast dtype of its forward passes) for decoding in `dtype`. On a CPU, a dtype other
+    than the weights' own is a copy of the model with its weights in that dtype, under no autocast (module
+    docstring); the copy is made once and kept while the model's weights are unchanged (any in-place change, an
+    optimizer step or load_state_dict, bumps a parameter's version and makes a new copy). Elsewhere, and while
+    the model is watched (hooks that read or edit its activations, as the lab's interventions: a copy would
+    decode without them), the model itself under the dtype's autocast."""
+    own = next(model.parameters()).dtype
+    if device.type != "cpu" or dtype == own or watched(model):
+        return model, dtype
+    stamp = tuple((p.data_ptr(), p._version) for p in model.parameters())
+    kept = _copies.get(model)
+    if kept is None or kept[0] != stamp:
+        kept = (stamp, copy.deepcopy(model).to(dtype))
+        _copies[model] = kept
+    return kept[1].train(model.training), own
+
+
+def watched(model: nn.Module) -> bool:
+    """Whether forward hooks (or model.hooks.hooked's switches) are on any of the model's modules just now."""
+    return any(m._forward_hooks or m._forward_pre_hooks or getattr(m, "hooked", False) for m in model.modules())
+
+
+def time_decoding(decode: Callable[[torch.dtype], object], device: torch.device, dtypes=CANDIDATES,
+                  rounds: int = 5, clock: Callable[[], float] = time.perf_counter) -> dict[torch.dtype, float]:
+    """Seconds per call of decode(dtype) (a few decoding steps of the real model, the way that dtype decodes:
+    decoding_model): one untimed call each first (allocations, kernel choice), then `rounds` rounds that take
+    the dtypes in turn (A, B, A, B, ...), so a neighbour's load falls on both alike; the median of each."""
     for dtype in dtypes:
-        with autocast(device, dtype):
-            decode()
+        decode(dtype)
     seconds: dict[torch.dtype, list[float]] = {dtype: [] for dtype in dtypes}
     for _ in range(rounds):
         for dtype in dtypes:
-            with autocast(device, dtype):
-                start = clock()
-                decode()
-                seconds[dtype].append(clock() - start)
+            start = clock()
+            decode(dtype)
+            seconds[dtype].append(clock() - start)
     return {dtype: statistics.median(times) for dtype, times in seconds.items()}
 
 
@@ -112,13 +146,14 @@ def measurement_key(key: Hashable) -> dict[str, object]:
             "threads": torch.get_num_threads(), "model": str(key)}
 
 
-def decoding_dtype(name: str, device: torch.device, decode: Callable[[], object], key: Hashable,
+def decoding_dtype(name: str, device: torch.device, decode: Callable[[torch.dtype], object], key: Hashable,
                    measure: Callable[..., dict[torch.dtype, float]] | None = None) -> torch.dtype:
-    """The dtype to decode in. A name other than auto is pick_dtype's. auto: on a CPU with native bf16, the
-    faster of float32 and bf16 for decode() (a few decoding steps of the model about to decode), measured once
-    per measurement_key and kept (module docstring): the key names what the speed depends on beyond the machine
-    (the model's shape, cached or not); measure: time_decoding unless given. Elsewhere auto is pick_dtype's."""
-    if name != "auto" or device.type != "cpu" or not cpu_has_native_bf16():
+    """The dtype to decode in (decoding_model says how). A name other than auto is pick_dtype's. auto: on a CPU,
+    the faster of float32 and bf16 for decode(dtype) (a few decoding steps of the model about to decode), measured
+    once per measurement_key and kept (module docstring): the key names what the speed depends on beyond the
+    machine (the model's shape, cached or not); measure: time_decoding unless given. Elsewhere auto is
+    pick_dtype's."""
+    if name != "auto" or device.type != "cpu":
         return pick_dtype(name, device)
     names = {str(dtype).removeprefix("torch."): dtype for dtype in CANDIDATES}  # the file names dtypes by text
 
@@ -216,9 +251,10 @@ def _store(cache_key: str, seconds: dict[str, float]) -> None:
     entries[cache_key] = seconds  # last: the most recent
     data = {"format": FORMAT,
             "about": "attention-lab: seconds per few decoding steps in each dtype, what `--dtype auto` decodes in "
-                     "(attention_lab/runtime/decoding.py), and per attention layer step in each backend, what "
-                     "`model.attn_backend=auto` trains with (attention_lab/training/backend.py); delete this file "
-                     "to measure again",
+                     "(attention_lab/runtime/decoding.py); per attention layer step in each backend, what "
+                     "`model.attn_backend=auto` trains with (attention_lab/training/backend.py); per output layer "
+                     "and loss step whole or chunked, what `train.loss_chunk=auto` trains with "
+                     "(attention_lab/training/loss_chunk.py); delete this file to measure again",
             "entries": [{"key": json.loads(k), "seconds": v} for k, v in list(entries.items())[-KEEP:]]}
     path, tmp = "the cache file", None
     try:
