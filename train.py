@@ -33,7 +33,6 @@ from attention_lab.store.layout import RunLayout  # noqa: E402
 from attention_lab.store.logger import RunLogger  # noqa: E402
 from attention_lab.store.runlock import RunLock, RunLocked  # noqa: E402
 from attention_lab.training.backend import settle_attn_backend  # noqa: E402
-from attention_lab.training.loss_chunk import settle_loss_chunk  # noqa: E402
 from attention_lab.training.callbacks import EvalContext, build_callbacks  # noqa: E402
 from attention_lab.training.config import Config, register_configs, to_config  # noqa: E402
 from attention_lab.training.learner import recorded_config  # noqa: E402
@@ -46,6 +45,7 @@ from attention_lab.training.loop import (  # noqa: E402
     train_step,
     validation_loss,
 )
+from attention_lab.training.loss_chunk import settle_loss_chunk  # noqa: E402
 from attention_lab.training.optim import configure_optimizer, lr_at, lr_multiplier  # noqa: E402
 from attention_lab.training.run import Run, finish, wrap_model  # noqa: E402
 from attention_lab.training.start import TrainingError, load_model, resolve_model_config  # noqa: E402
@@ -53,7 +53,6 @@ from attention_lab.training.state import TrainState  # noqa: E402
 from data.batches import BatchSampler, eval_batches  # noqa: E402
 from data.prepare import bits_per_byte, prepare_data  # noqa: E402
 from model import arch_of, num_params  # noqa: E402
-
 
 # the matmul peak measured in this process, per device and dtype: the runs of one multirun (a sweep, a claim's arms)
 # share the machine, so they share its measurement (about 1.5 s a run on 2 CPU cores idle, 3.5 s busy: longer than

@@ -21,7 +21,6 @@ from attention_lab.store.layout import run_of_checkpoint
 from data.tokenizer import Tokenizer
 from model import GPT, GPTConfig, generate_stream
 
-
 # decoding steps dtype auto times per dtype and round (runtime/decoding.py): cached steps cost one token each,
 # an uncached step a forward pass over the whole context
 PROBE_TOKENS = {True: 8, False: 2}

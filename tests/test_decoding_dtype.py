@@ -224,7 +224,7 @@ def test_a_watched_model_decodes_itself_so_its_hooks_and_edits_apply():
 
 @pytest.mark.parametrize("arch", ["gpt", "lstm"])
 def test_bf16_weights_decode_every_architecture_with_and_without_the_cache(arch):
-    from model import LSTMConfig, LSTMLM
+    from model import LSTMLM, LSTMConfig
 
     torch.manual_seed(0)
     model = tiny_model() if arch == "gpt" else LSTMLM(LSTMConfig(vocab_size=64, block_size=32, n_layer=1, n_embd=16)).eval()

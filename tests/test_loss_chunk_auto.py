@@ -9,7 +9,6 @@ unjudged. Speed itself lives in bench/step_profile.py (its "loss" row) and docs/
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -165,3 +164,20 @@ def test_the_measurement_counts_in_the_runs_time_budget(tmp_path, data_cache, mo
                              "train.max_steps=2", "train.eval_interval=2", "train.sample_tokens=0",
                              "train.head_roles=false", "train.tensorboard=false"]), tmp_path / "run")
     assert seen["startup"] >= 30.0, f"the run counted {seen['startup']} s of measuring"
+
+
+def test_an_auto_run_stopped_and_resumed_chunks_as_it_began_and_equals_the_uninterrupted_run(
+        whole_and_resumed, data_cache, monkeypatch):
+    """On the machine that measured, the resumed half reads the kept measurement: it takes its loss the same way,
+    and its losses are the uninterrupted run's to the last bit."""
+    calls, chunks = [], []
+    monkeypatch.setattr(loss_chunk, "time_loss", stub(CHUNKS_WIN, calls))
+    real = loop.chunked_next_token_loss
+    monkeypatch.setattr(loop, "chunked_next_token_loss", lambda z, y, rows: chunks.append(rows) or real(z, y, rows))
+    overrides = ["experiment=debug", f"data.cache_dir={data_cache}", "train.loss_chunk=auto", "train.max_steps=12",
+                 "optim.schedule=wsd", "optim.decay_steps=6", "train.log_interval=1", "train.head_roles=false",
+                 "train.sample_tokens=0"]
+    a, b = whole_and_resumed(overrides, stop_at=6)
+    assert sorted(a) == list(range(1, 13)) and [a[s] for s in range(7, 13)] == [b[s] for s in range(7, 13)]
+    assert len(calls) == 1, f"measured {len(calls)} times: the three runs share one machine's measurement"
+    assert set(chunks) == {CHUNK}, f"the runs took their loss {set(chunks)}"

@@ -7,7 +7,7 @@ bf16 once (decoding_model: a copy, half the bytes to read at every token) and no
 weight again at every token: on a 2-core AMX Xeon, autocast decoded at half float32's speed (issue 44). Whether
 half the bytes beats float32's kernels depends on the CPU (docs/benchmarks.md: bf16 weights decoded 1.2-1.4x
 faster than float32 on an AMD EPYC without bf16 units, 0.8x as fast on an AMX Xeon host, where a full window was
-1.3x faster in bf16), so on a CPU auto times a few real decoding steps of the actual model each way, and decodes
+2x faster in bf16), so on a CPU auto times a few real decoding steps of the actual model each way, and decodes
 in the faster one.
 
 The measurement costs about half a second or more, so it is kept: in this process's memory, and in a small JSON
