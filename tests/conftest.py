@@ -28,6 +28,35 @@ def user_cache(tmp_path_factory):
         os.environ[CACHE_DIR_ENV] = before
 
 
+@pytest.fixture
+def chunks_taken(monkeypatch) -> list:
+    """The `rows` of every chunked loss the training step computes from now on (an empty list: the loss was taken
+    whole, as model(x, y).loss)."""
+    from attention_lab.training import loop
+
+    chunks = []
+    real = loop.chunked_next_token_loss
+    monkeypatch.setattr(loop, "chunked_next_token_loss", lambda z, y, rows: chunks.append(rows) or real(z, y, rows))
+    return chunks
+
+
+@pytest.fixture
+def measurement_took(monkeypatch):
+    """A function (settler, seconds): train.py's `settler` (settle_attn_backend, settle_loss_chunk) decides as it
+    does but reports that its measurement took `seconds`, the time the run must count in its budget."""
+    import train as train_mod
+
+    def took(name: str, seconds: float) -> None:
+        real = getattr(train_mod, name)
+
+        def settle(*args, **kwargs):
+            return real(*args, **kwargs)[0], seconds
+
+        monkeypatch.setattr(train_mod, name, settle)
+
+    return took
+
+
 @pytest.fixture(scope="session")
 def data_cache(tmp_path_factory):
     """A data cache folder shared by the tests that prepare the default corpora."""

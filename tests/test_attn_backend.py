@@ -258,17 +258,11 @@ def test_a_checkpoint_saved_with_a_named_backend_loads_and_resumes_under_auto(tm
     assert load_checkpoint(run, "latest").config.attn_backend == "math"
 
 
-def test_the_measurement_counts_in_the_runs_time_budget(tmp_path, data_cache, monkeypatch):
+def test_the_measurement_counts_in_the_runs_time_budget(tmp_path, data_cache, monkeypatch, measurement_took):
     """A measurement said to have taken 2 minutes leaves nothing of a 1-minute budget: the run stops after its
     first step (the budget is checked after each)."""
-    real = train_mod.settle_attn_backend
-
-    def long_measurement(*args, **kwargs):
-        cfg, _ = real(*args, **kwargs)
-        return cfg, 120.0
-
     monkeypatch.setattr(backend, "time_attention", stub(SDPA_WINS))
-    monkeypatch.setattr(train_mod, "settle_attn_backend", long_measurement)
+    measurement_took("settle_attn_backend", 120.0)
     run = tmp_path / "run"
     train_mod.train(debug_run(data_cache, "train.max_steps=20", "train.max_minutes=1"), run)
     assert load_checkpoint(run, "latest").step == 1, "the run's clock left out the measurement's time"

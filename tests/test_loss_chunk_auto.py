@@ -16,7 +16,7 @@ import torch
 import train as train_mod
 from attention_lab.runtime import decoding
 from attention_lab.runtime.distributed import DistInfo
-from attention_lab.training import loop, loss_chunk
+from attention_lab.training import loss_chunk
 from attention_lab.training.config import compose
 from attention_lab.training.loss_chunk import (
     CHUNK,
@@ -126,58 +126,44 @@ def test_anything_but_auto_or_a_count_is_refused_by_name(bad):
 
 @pytest.mark.parametrize("seconds, want", [(CHUNKS_WIN, CHUNK), (WHOLE_WINS, 0)])
 def test_a_debug_run_with_auto_trains_its_loss_the_way_it_picked_and_records_it(tmp_path, data_cache, monkeypatch,
-                                                                                  seconds, want):
-    calls, chunks = [], []
+                                                                                  chunks_taken, seconds, want):
+    calls = []
     monkeypatch.setattr(loss_chunk, "time_loss", stub(seconds, calls))
-    real = loop.chunked_next_token_loss
-    monkeypatch.setattr(loop, "chunked_next_token_loss", lambda z, y, rows: chunks.append(rows) or real(z, y, rows))
     run = tmp_path / "run"
-    train_mod.train(compose(["experiment=debug", f"data.cache_dir={data_cache}", "train.loss_chunk=auto",
-                             "train.max_steps=4", "train.eval_interval=4", "train.sample_tokens=0",
-                             "train.head_roles=false", "train.tensorboard=false"]), run)
+    train_mod.train(debug_run(data_cache, "train.max_steps=4", "train.eval_interval=4"), run)
     assert len(calls) == 1, f"measured {len(calls)} times"
     assert json.loads((run / "config.json").read_text())["train"]["loss_chunk"] == want, "config.json records auto"
-    assert set(chunks) == ({want} if want else set()), f"the step took its loss {chunks or 'whole'}; auto picked {want}"
+    assert set(chunks_taken) == ({want} if want else set()), (
+        f"the step took its loss {chunks_taken or 'whole'}; auto picked {want}")
     console = (run / "console.log").read_text()
     assert "loss: auto picked" in console, console[:2000]
 
 
-def test_the_measurement_counts_in_the_runs_time_budget(tmp_path, data_cache, monkeypatch):
-    """A run told its measurement took 30 s of a 1-minute budget has 30 s less to train (as the backend's)."""
-    real = train_mod.settle_loss_chunk
-
-    def long_measurement(*args, **kwargs):
-        cfg, _ = real(*args, **kwargs)
-        return cfg, 30.0
-
+def test_the_measurement_counts_in_the_runs_time_budget(tmp_path, data_cache, monkeypatch, measurement_took):
+    """A measurement said to have taken 2 minutes leaves nothing of a 1-minute budget: the run stops after its
+    first step (the budget is checked after each), as with the attention backend's."""
     monkeypatch.setattr(loss_chunk, "time_loss", stub(WHOLE_WINS))
-    monkeypatch.setattr(train_mod, "settle_loss_chunk", long_measurement)
-    seen = {}
-    original = train_mod.Run.__init__
-
-    def spy(self, *args, **kwargs):
-        seen["startup"] = kwargs.get("counted_startup")
-        original(self, *args, **kwargs)
-
-    monkeypatch.setattr(train_mod.Run, "__init__", spy)
-    train_mod.train(compose(["experiment=debug", f"data.cache_dir={data_cache}", "train.loss_chunk=auto",
-                             "train.max_steps=2", "train.eval_interval=2", "train.sample_tokens=0",
-                             "train.head_roles=false", "train.tensorboard=false"]), tmp_path / "run")
-    assert seen["startup"] >= 30.0, f"the run counted {seen['startup']} s of measuring"
+    measurement_took("settle_loss_chunk", 120.0)
+    run = tmp_path / "run"
+    train_mod.train(debug_run(data_cache, "train.max_steps=20", "train.max_minutes=1"), run)
+    assert "time budget of 1.0 min spent: stopped at step 1" in (run / "console.log").read_text()
 
 
 def test_an_auto_run_stopped_and_resumed_chunks_as_it_began_and_equals_the_uninterrupted_run(
-        whole_and_resumed, data_cache, monkeypatch):
+        whole_and_resumed, data_cache, monkeypatch, chunks_taken):
     """On the machine that measured, the resumed half reads the kept measurement: it takes its loss the same way,
     and its losses are the uninterrupted run's to the last bit."""
-    calls, chunks = [], []
+    calls = []
     monkeypatch.setattr(loss_chunk, "time_loss", stub(CHUNKS_WIN, calls))
-    real = loop.chunked_next_token_loss
-    monkeypatch.setattr(loop, "chunked_next_token_loss", lambda z, y, rows: chunks.append(rows) or real(z, y, rows))
     overrides = ["experiment=debug", f"data.cache_dir={data_cache}", "train.loss_chunk=auto", "train.max_steps=12",
                  "optim.schedule=wsd", "optim.decay_steps=6", "train.log_interval=1", "train.head_roles=false",
                  "train.sample_tokens=0"]
     a, b = whole_and_resumed(overrides, stop_at=6)
     assert sorted(a) == list(range(1, 13)) and [a[s] for s in range(7, 13)] == [b[s] for s in range(7, 13)]
     assert len(calls) == 1, f"measured {len(calls)} times: the three runs share one machine's measurement"
-    assert set(chunks) == {CHUNK}, f"the runs took their loss {set(chunks)}"
+    assert set(chunks_taken) == {CHUNK}, f"the runs took their loss {set(chunks_taken)}"
+
+
+def debug_run(cache, *overrides: str):
+    return compose(["experiment=debug", f"data.cache_dir={cache}", "train.loss_chunk=auto", "train.sample_tokens=0",
+                    "train.head_roles=false", "train.tensorboard=false", *overrides])

@@ -193,14 +193,10 @@ def test_the_chunked_loss_step_equals_the_plain_step(dtype, grad_accum):
                                    msg=lambda m: f"{name}: the chunked loss's update differs: {m}")
 
 
-def test_a_debug_run_with_the_chunked_loss_resumes_exactly(whole_and_resumed, data_cache, monkeypatch):
+def test_a_debug_run_with_the_chunked_loss_resumes_exactly(whole_and_resumed, data_cache, chunks_taken):
     """train.loss_chunk on: the trainer computes its loss that way, and a run stopped at step 6 and resumed logs
     the uninterrupted run's losses."""
-    from attention_lab.training import loop
-
-    chunks = []
-    real = loop.chunked_next_token_loss
-    monkeypatch.setattr(loop, "chunked_next_token_loss", lambda z, y, rows: chunks.append(rows) or real(z, y, rows))
+    chunks = chunks_taken
     overrides = ["experiment=debug", f"data.cache_dir={data_cache}", "train.loss_chunk=37", "train.max_steps=12",
                  "optim.schedule=wsd", "optim.decay_steps=6", "train.log_interval=1", "train.head_roles=false",
                  "train.sample_tokens=0"]

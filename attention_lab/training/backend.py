@@ -96,6 +96,19 @@ def time_attention(cfg: GPTConfig, batch: int, device: torch.device, dtype: torc
         return time_candidates(step, BACKENDS, rounds, clock)
 
 
+def kept_measurement(key: str, names: tuple[str, ...], measure: Callable[[], dict[str, float]]
+                     ) -> tuple[dict[str, float], float, str]:
+    """A training setting's measurement, kept for this machine (decoding.kept_seconds): (seconds by name, the wall
+    time spent measuring now, for the run's budget: 0 when it was kept, and the console line's words for where it
+    came from)."""
+    start = time.perf_counter()
+    seconds, measured = decoding.kept_seconds(key, names, measure)
+    spent = time.perf_counter() - start if measured else 0.0
+    where = (f"measured now in {spent:.1f} s, counted in the run's time; kept in {decoding.cache_file()}" if measured
+             else f"as measured before on this machine, kept in {decoding.cache_file()}")
+    return seconds, spent, where
+
+
 def faster_backend(seconds: dict[str, float], margin: float = MARGIN) -> str:
     """math when its time is under (1 - margin) of sdpa's; sdpa otherwise."""
     return "math" if seconds["math"] < (1 - margin) * seconds["sdpa"] else "sdpa"
@@ -149,13 +162,9 @@ def choose_backend(cfg: Config, device: torch.device, dtype: torch.dtype, record
         return BackendChoice("sdpa", f"attention: sdpa (model.attn_backend=auto on {device.type}: the fused kernel, "
                                      "nothing measured)")
     layer, batch = cfg.model.gpt(), cfg.train.batch_size
-    start = time.perf_counter()
-    seconds, measured = decoding.kept_seconds(layer_key(layer, batch, dtype), BACKENDS,
-                                              lambda: (measure or time_attention)(layer, batch, device, dtype))
-    spent = time.perf_counter() - start if measured else 0.0
+    seconds, spent, where = kept_measurement(layer_key(layer, batch, dtype), BACKENDS,
+                                             lambda: (measure or time_attention)(layer, batch, device, dtype))
     picked = faster_backend(seconds)
-    where = (f"measured now in {spent:.1f} s, counted in the run's time; kept in {decoding.cache_file()}" if measured
-             else f"as measured before on this machine, kept in {decoding.cache_file()}")
     return BackendChoice(picked, (
         f"attention: auto picked {picked}: one layer's forward+backward at batch {batch} x {layer.block_size} "
         f"tokens, {layer.n_head} heads x {layer.head_size}, {str(dtype).removeprefix('torch.')}: "

@@ -36,9 +36,9 @@ from dataclasses import dataclass
 
 import torch
 
-from attention_lab.runtime import decoding, distributed
+from attention_lab.runtime import distributed
 from attention_lab.runtime.device import autocast
-from attention_lab.training.backend import time_candidates
+from attention_lab.training.backend import kept_measurement, time_candidates
 from attention_lab.training.config import Config
 from model.gpt import chunked_next_token_loss, next_token_loss
 
@@ -97,13 +97,9 @@ def choose_loss_chunk(cfg: Config, n_embd: int, block_size: int, vocab: int, dev
     if device.type != "cpu":
         return ChunkChoice(0, f"loss: all at once (train.loss_chunk=auto on {device.type}: nothing measured)")
     rows = cfg.train.batch_size * block_size
-    start = time.perf_counter()
-    seconds, measured = decoding.kept_seconds(loss_key(rows, n_embd, vocab, dtype), WAYS,
-                                              lambda: (measure or time_loss)(rows, n_embd, vocab, device, dtype))
-    spent = time.perf_counter() - start if measured else 0.0
+    seconds, spent, where = kept_measurement(loss_key(rows, n_embd, vocab, dtype), WAYS,
+                                             lambda: (measure or time_loss)(rows, n_embd, vocab, device, dtype))
     picked = faster_chunk(seconds)
-    where = (f"measured now in {spent:.1f} s, counted in the run's time; kept in {decoding.cache_file()}" if measured
-             else f"as measured before on this machine, kept in {decoding.cache_file()}")
     return ChunkChoice(picked, (
         f"loss: auto picked {f'{picked} rows at a time' if picked else 'all at once'}: the output layer and the loss, "
         f"forward+backward over {rows} positions x {vocab} logits, {str(dtype).removeprefix('torch.')}: all at once "
