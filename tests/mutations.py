@@ -146,6 +146,11 @@ MUTATIONS = (
              ("tests/test_loss_chunk_auto.py",),
              "the kept loss measurement is keyed without the vocabulary: a run with another vocabulary reads a "
              "choice measured for another shape"),
+    Mutation("loss_chunk_auto_kept_for_every_dtype", "attention_lab/training/loss_chunk.py",
+             '"chunk": CHUNK, "dtype": str(dtype).removeprefix("torch.")}', '"chunk": CHUNK}',
+             ("tests/test_loss_chunk_auto.py::test_a_kept_measurement_is_read_without_measuring_and_each_shape_has_its_own",),
+             "the kept loss measurement is keyed without the dtype: a bf16 run takes float32's choice (a helper's "
+             "code-only plant)"),
     Mutation("loss_chunk_measurement_not_in_budget", "train.py",
              "counted_startup=measuring + measuring_loss)", "counted_startup=measuring)",
              ("tests/test_loss_chunk_auto.py::test_the_measurement_counts_in_the_runs_time_budget",),
@@ -1858,6 +1863,15 @@ MUTATIONS = (
              ("tests/test_decoding_dtype.py::test_a_watched_model_decodes_itself_so_its_hooks_and_edits_apply",),
              "bf16 decoding on a CPU swaps in its unhooked copy: the lab's interventions silently stop applying to "
              "the continuation"),
+    Mutation("decoding_bf16_copy_keeps_its_first_mode", "attention_lab/runtime/decoding.py",
+             "return kept[1].train(model.training), own", "return kept[1], own",
+             ("tests/test_decoding_dtype.py::test_the_bf16_copy_decodes_in_the_models_mode_now_not_the_one_it_was_made_in",),
+             "the bf16 copy keeps the mode it was made in: made while training, it decodes with dropout on after "
+             "model.eval() (a helper's code-only plant)"),
+    Mutation("decoding_watched_ignores_pre_hooks", "attention_lab/runtime/decoding.py",
+             "m._forward_hooks or m._forward_pre_hooks or getattr", "m._forward_hooks or getattr",
+             ("tests/test_decoding_dtype.py::test_any_hook_on_any_module_keeps_the_model_itself",),
+             "a model watched by forward pre-hooks only decodes through its unhooked bf16 copy (a helper's plant)"),
     Mutation("decoding_auto_ignores_its_measurement", "attention_lab/runtime/decoding.py",
              "    return faster_dtype({dtype: seconds[name] for name, dtype in names.items()})",
              "    return pick_dtype(name, device)",

@@ -222,6 +222,32 @@ def test_a_watched_model_decodes_itself_so_its_hooks_and_edits_apply():
     assert decoding.decoding_model(model, BF16, CPU)[0] is not model, "unwatched again: the bf16 copy"
 
 
+def test_the_bf16_copy_decodes_in_the_models_mode_now_not_the_one_it_was_made_in():
+    """A copy made while the model trained (dropout on) must not keep dropping activations once the model is put
+    in eval mode: same weights, so the same kept copy, in the model's mode of the moment."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=2, n_embd=32, dropout=0.5)).train()
+    made, _ = decoding.decoding_model(model, BF16, CPU)
+    assert made.training and all(m.training for m in made.modules())
+    model.eval()
+    later, _ = decoding.decoding_model(model, BF16, CPU)
+    assert later is made and not any(m.training for m in later.modules()), "the copy decodes with dropout on"
+    model.train()
+    assert decoding.decoding_model(model, BF16, CPU)[0].training
+
+
+@pytest.mark.parametrize("kind", ["forward hook", "forward pre-hook"])
+def test_any_hook_on_any_module_keeps_the_model_itself(kind):
+    model = tiny_model()
+    block = model.transformer.h[1].mlp
+    handle = (block.register_forward_hook(lambda m, a, out: out) if kind == "forward hook"
+              else block.register_forward_pre_hook(lambda m, a: None))
+    assert decoding.watched(model)
+    assert decoding.decoding_model(model, BF16, CPU) == (model, BF16), f"a {kind} on one block's MLP was dropped"
+    handle.remove()
+    assert not decoding.watched(model)
+
+
 @pytest.mark.parametrize("arch", ["gpt", "lstm"])
 def test_bf16_weights_decode_every_architecture_with_and_without_the_cache(arch):
     from model import LSTMLM, LSTMConfig

@@ -87,6 +87,8 @@ def test_a_kept_measurement_is_read_without_measuring_and_each_shape_has_its_own
     other = choose_loss_chunk(auto(), **{**SHAPE, "vocab": 98}, device=CPU, dtype=torch.float32,
                               measure=stub(WHOLE_WINS, calls))
     assert len(calls) == 2 and other.rows == 0, "another vocabulary must be measured on its own"
+    in_bf16 = choose_loss_chunk(auto(), **SHAPE, device=CPU, dtype=torch.bfloat16, measure=stub(WHOLE_WINS, calls))
+    assert len(calls) == 3 and in_bf16.rows == 0, "a bf16 run read float32's measurement"
 
 
 @pytest.mark.parametrize("device", ["cuda", "mps"])
