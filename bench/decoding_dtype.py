@@ -4,8 +4,9 @@
     python -m bench.decoding_dtype --quick      a tiny model, seconds: checks that it runs
 
 Each round decodes with sampling.generate_text (the path sample.py and the lab take) in float32, then in bf16
-(on a CPU: the weights cast to bf16 once, no autocast; runtime/decoding.decoding_model), interleaved (A, B, A, B, ...), so a neighbour's load falls on both; tokens/s are medians, the ratio is
-the median of the per-round ratios. Two paths:
+(on a CPU: the weights cast to bf16 once, no autocast; runtime/decoding.decoding_model), interleaved (A, B, A, B,
+...), so a neighbour's load falls on both; tokens/s are medians, the ratio is the median of the per-round ratios.
+Two paths:
     cached     sample.py: a 16-token prompt and N new tokens with the KV cache (one token per forward pass)
     uncached   the lab: one new token after a full window (a forward pass over block_size / 2 tokens)
 "auto picks" runs the real measurement once per path, afresh (what a first `sample.py` on this machine pays), and
@@ -27,7 +28,6 @@ bound_spinning()  # before torch loads OpenMP, as train.py and sample.py do
 import torch  # noqa: E402
 
 from attention_lab.runtime import decoding  # noqa: E402
-from attention_lab.runtime.decoding import decoding_dtype  # noqa: E402
 from attention_lab.runtime.device import cpu_model  # noqa: E402
 from attention_lab.sampling import generate_text  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
@@ -89,9 +89,8 @@ def main(argv: list[str] | None = None) -> int:
             start = time.perf_counter()
             decode("auto")
             first = time.perf_counter() - start
-        measured = list(decoding._kept.values())
-        chosen = (decoding.faster_dtype({d: measured[0][str(d).removeprefix("torch.")] for d in decoding.CANDIDATES})
-                  if measured else decoding_dtype("auto", torch.device("cpu"), lambda d: None, name))
+        (measured,) = decoding._kept.values()  # auto measures on every CPU, afresh here
+        chosen = decoding.faster_dtype({d: measured[str(d).removeprefix("torch.")] for d in decoding.CANDIDATES})
         cost = first - new / (f32 if chosen == torch.float32 else bf16)
         print(f"| {name} | {f32:,.0f} | {bf16:,.0f} | {ratio:.2f}x | {str(chosen).removeprefix('torch.')} | "
               f"{cost * 1e3:,.0f} ms |")

@@ -192,11 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     ns3 = dataclasses.replace(ocfg, muon_ns_steps=3)
     # (setting, the default's dtype, the default step, the setting's step)
     wanted = set(args.settings.split(","))
-    rows = ([("bf16", "bf16 autocast (vs float32)", "float32 -> bf16", lambda: fresh(f32), lambda: fresh(bf16))]
-            if bf16 in dtypes else [])  # the bf16 row needs bf16 asked for
-    if bf16 in dtypes:  # what casting costs: the whole model in bf16, no autocast (timing only; no master weights)
-        rows.append(("bf16weights", "bf16 weights, no autocast (vs bf16 autocast; an upper bound on the casts' cost)",
-                     "bf16", lambda: fresh(bf16), lambda: fresh(f32, lambda m: m.to(bf16))))
+    rows = []
+    if bf16 in dtypes:  # the bf16 rows need bf16 asked for; the second: what casting costs (timing only, no master
+        # weights: the whole model in bf16, no autocast)
+        rows += [("bf16", "bf16 autocast (vs float32)", "float32 -> bf16", lambda: fresh(f32), lambda: fresh(bf16)),
+                 ("bf16weights", "bf16 weights, no autocast (vs bf16 autocast; an upper bound on the casts' cost)",
+                  "bf16", lambda: fresh(bf16), lambda: fresh(f32, lambda m: m.to(bf16)))]
     for dtype in dtypes:
         name = str(dtype).removeprefix("torch.")
         rows.append(("math", "attention: the math path (vs sdpa's flash kernel)", name, lambda d=dtype: fresh(d),
