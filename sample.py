@@ -69,6 +69,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "on a CPU whichever of float32 and bf16 decodes faster here (timed once per machine and "
                         "model on a few steps, kept in ~/.cache/attention-lab/decoding_dtype.json), bf16 on CUDA "
                         "GPUs, else float32 (MPS too)")
+    p.add_argument("--threads", type=threads_flag, default="auto", metavar="{auto,N}",
+                   help="CPU threads to decode in; auto (default): with the KV cache one thread or all of torch's, "
+                        "whichever decodes faster here (timed once per machine and model, kept beside the dtype's "
+                        "measurement), all of them without the cache")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole context at every step")
     p.add_argument("--keep-first", type=int, default=0,
                    help="past the context, keep the first N tokens in the window (StreamingLLM's sinks; default 0)")
@@ -76,6 +80,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-attention", action="store_true", help="only generate: no attention files or TensorBoard")
     p.add_argument("--no-html", action="store_true", help="no attention.html (the interactive page) beside the maps")
     return p.parse_args(argv)
+
+
+def threads_flag(text: str) -> int | str:
+    """--threads: auto or a whole number >= 1 (argparse prints the error line and the usage)."""
+    if text == "auto":
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be auto or a whole number of threads >= 1, got {text!r}")
+    return int(text)
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -157,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             new_ids = generate_text(model, tok, prompt_ids, args.max_new_tokens, temperature=args.temperature,
                                     top_k=args.top_k, top_p=args.top_p, greedy=args.greedy,
                                     use_cache=not args.no_cache, generator=generator, on_text=write, dtype=args.dtype,
-                                    keep_first=args.keep_first)
+                                    keep_first=args.keep_first, threads=args.threads)
             write("\n")
             seconds = time.perf_counter() - t0
             say(f"[{len(new_ids)} tokens in {seconds:.2f} s, {len(new_ids) / max(seconds, 1e-9):.1f} tokens/s]")

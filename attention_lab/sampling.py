@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from attention_lab.runtime.decoding import decoding_dtype, decoding_model
+from attention_lab.runtime.decoding import decoding_dtype, decoding_model, decoding_thread_count
 from attention_lab.runtime.device import autocast, decoding_threads
 from attention_lab.store.checkpoint import choose_run, load_checkpoint, run_summary
 from attention_lab.store.layout import run_of_checkpoint
@@ -93,6 +93,7 @@ def generate_text(
     on_text: Callable[[str], None] | None = None,
     dtype: str = "auto",
     keep_first: int = 0,
+    threads: int | str = "auto",
 ) -> list[int]:
     """Continue prompt_ids (1 <= len <= block_size); return the max_new_tokens generated ids.
 
@@ -101,7 +102,9 @@ def generate_text(
     first keep_first tokens (StreamingLLM); bf16 decodes with a bf16 copy of the weights on a CPU, under autocast
     on a GPU (runtime/decoding.decoding_model). dtype auto: on a CPU, whichever of float32 and bf16 decodes this
     model faster here, timed on a few greedy steps like these once per machine setup and model shape and kept in a
-    file that later processes read (runtime/decoding.py); elsewhere pick_dtype's choice.
+    file that later processes read (runtime/decoding.py); elsewhere pick_dtype's choice. Cached decoding on a CPU
+    then runs in one thread or all of torch's, whichever those steps measured faster in that dtype, kept the same
+    way (runtime/decoding.decoding_thread_count); threads=N decodes in N CPU threads, measuring none.
     """
     device = next(model.parameters()).device
     idx = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)  # (1, T)
@@ -118,10 +121,18 @@ def generate_text(
             for _ in generate_stream(decoder, start, PROBE_TOKENS[cached], greedy=True, use_cache=cached):
                 pass
 
-    with decoding_threads(device, cached):
-        weights = next(model.parameters()).dtype
-        # "bf16 weights": bf16 on a CPU is a bf16 copy of the weights (decoding_model), not the autocast of before
-        chosen = decoding_dtype(dtype, device, probe, (repr(model.config), str(weights), cached, "bf16 weights"))
+    # "bf16 weights": bf16 on a CPU is a bf16 copy of the weights (decoding_model), not the autocast of before
+    key = (repr(model.config), str(next(model.parameters()).dtype), cached, "bf16 weights")
+    with decoding_threads(device, 1 if cached else None):  # cached steps' dtype is measured in one thread
+        chosen = decoding_dtype(dtype, device, probe, key)
+
+    def probe_threads(count: int) -> None:  # what the thread count's measurement times
+        with decoding_threads(device, count):
+            probe(chosen)
+
+    if threads == "auto":
+        threads = decoding_thread_count(device, cached, probe_threads, (*key, str(chosen)))
+    with decoding_threads(device, threads):
         decoder, cast = decoding_model(model, chosen, device)
         with autocast(device, cast):
             for nxt in generate_stream(

@@ -180,7 +180,7 @@ def decode(ctx: Context, s: dict) -> list[Table]:
                 cache_rows.append({"variant": name, "length": length, "computed": held, "measured": measured,
                                    "per_token": held / length})
                 steps = iter(range(length, length + s["decode_steps"]))
-                torch.set_num_threads(1)  # as sample.py decodes (attention_lab/runtime/device.py decoding_threads)
+                torch.set_num_threads(1)  # a fixed count, so lengths and variants compare alike
                 try:
                     n = s["decode_steps"]
                     seconds = time_calls(lambda: model(ids[:, [next(steps)]], kv_cache=cache, last_only=True), n,
@@ -215,8 +215,8 @@ def decode(ctx: Context, s: dict) -> list[Table]:
         columns=[Column("variant", "variant"), Column("length", "cached tokens"), Column("ms", "ms / token", "{:.2f}"),
                  Column("vs_mha", "multi-head / this", "{:.2f}x")],
         rows=time_rows,
-        notes=[f"{shape}, batch 1, one thread (as sample.py decodes), {s['decode_steps']} tokens after a prefill "
-               "of the cached length, mean per token."],
+        notes=[f"{shape}, batch 1, one thread (fixed: sample.py measures one against all), {s['decode_steps']} "
+               "tokens after a prefill of the cached length, mean per token."],
         summary=summary,
     )
     return [cache_table, time_table]

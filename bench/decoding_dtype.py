@@ -49,6 +49,17 @@ def machine() -> str:
             f"amx_bf16: {bool(caps.get('amx_bf16'))}), {torch.get_num_threads()} torch threads, torch {torch.__version__}")
 
 
+def auto_picked(kept: dict[str, dict[str, float]]) -> tuple[str, int]:
+    """(dtype, threads) that auto's measurements just made (this process's memory, one path's) decide."""
+    dtype, threads = "float32", torch.get_num_threads()
+    for key, seconds in kept.items():
+        if set(seconds) == {"float32", "bfloat16"}:
+            dtype = str(decoding.faster_dtype({getattr(torch, d): s for d, s in seconds.items()})).removeprefix("torch.")
+        else:
+            threads = decoding.faster({int(n): s for n, s in seconds.items()}, 1)
+    return dtype, threads
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=5)
@@ -60,40 +71,49 @@ def main(argv: list[str] | None = None) -> int:
     rounds, tokens = (2, 8) if args.quick else (args.rounds, args.tokens)
     prompt_cached = list(range(1, 17))
     prompt_window = [1 + i % 200 for i in range(block // 2)]
-    paths = {
-        "cached (sample.py)": (lambda dtype: generate_text(model, None, prompt_cached, tokens, greedy=True,
-                                                          dtype=dtype), tokens),
-        "uncached (the lab)": (lambda dtype: generate_text(model, None, prompt_window, 1, greedy=True,
-                                                          use_cache=False, dtype=dtype), 1),
-    }
-    print(f"### Decoding: float32 vs bf16 (weights), and dtype auto\n\n{machine()}; shared cores (other work ran "
-          f"beside it)\n\n- {rounds} rounds, interleaved; model {model.config.n_layer} layers x {model.config.n_embd} "
-          f"wide, vocab {model.config.vocab_size}\n")
-    print("| path | float32 tok/s | bf16 tok/s | bf16 / float32 speed | auto picks | auto's one-time measurement |")
-    print("|---|--:|--:|--:|---|--:|")
-    for name, (decode, new) in paths.items():
+    most = torch.get_num_threads()
+    threads = sorted({1, most})
+
+    def cached(dtype: str, count: int | str = "auto") -> object:
+        return generate_text(model, None, prompt_cached, tokens, greedy=True, dtype=dtype, threads=count)
+
+    def uncached(dtype: str, count: int | str = "auto") -> object:
+        return generate_text(model, None, prompt_window, 1, greedy=True, use_cache=False, dtype=dtype, threads=count)
+
+    # (path, new tokens a call, the ways timed: (dtype, threads)); the lab's uncached path keeps every thread
+    paths = [("cached (sample.py)", cached, tokens, [(d, n) for d in ("float32", "bfloat16") for n in threads]),
+             ("uncached (the lab)", uncached, 1, [(d, most) for d in ("float32", "bfloat16")])]
+    print(f"### Decoding: float32 vs bf16 (weights), one thread vs {most}, and auto\n\n{machine()}; shared cores (other work ran "
+          f"beside it)\n\n"
+          f"- {rounds} rounds, interleaved; model {model.config.n_layer} layers x {model.config.n_embd} wide, vocab "
+          f"{model.config.vocab_size}; tok/s medians, 'x' the median of per-round ratios against float32 in one "
+          f"thread (cached) or in {most} (uncached)\n")
+    print("| path | dtype | threads | tok/s | against the first row | auto picks | auto's one-time measurement |")
+    print("|---|---|--:|--:|--:|---|--:|")
+    for name, decode, new, ways in paths:
         repeat = 1 if new > 1 else (2 if args.quick else 5)  # the uncached path: 5 one-token calls a sample
-        times: dict[str, list[float]] = {"float32": [], "bfloat16": []}
-        for dtype in times:  # warm-up
-            decode(dtype)
+        times: dict[tuple[str, int], list[float]] = {way: [] for way in ways}
+        for way in ways:  # warm-up
+            decode(*way)
         for _ in range(rounds):
-            for dtype in times:
+            for way in ways:
                 start = time.perf_counter()
                 for _ in range(repeat):
-                    decode(dtype)
-                times[dtype].append((time.perf_counter() - start) / repeat)
-        f32, bf16 = (new / statistics.median(times[k]) for k in ("float32", "bfloat16"))
-        ratio = statistics.median(a / b for a, b in zip(times["float32"], times["bfloat16"], strict=True))
+                    decode(*way)
+                times[way].append((time.perf_counter() - start) / repeat)
         decoding.forget_measurements()
         with decoding.measuring_afresh():
             start = time.perf_counter()
             decode("auto")
             first = time.perf_counter() - start
-        (measured,) = decoding._kept.values()  # auto measures on every CPU, afresh here
-        chosen = decoding.faster_dtype({d: measured[str(d).removeprefix("torch.")] for d in decoding.CANDIDATES})
-        cost = first - new / (f32 if chosen == torch.float32 else bf16)
-        print(f"| {name} | {f32:,.0f} | {bf16:,.0f} | {ratio:.2f}x | {str(chosen).removeprefix('torch.')} | "
-              f"{cost * 1e3:,.0f} ms |")
+        picked = auto_picked(decoding._kept)
+        tok_s = {way: new / statistics.median(t) for way, t in times.items()}
+        spent = first - new / tok_s.get(picked, tok_s[ways[0]])
+        for i, way in enumerate(ways):
+            ratio = statistics.median(a / b for a, b in zip(times[ways[0]], times[way], strict=True))
+            pick = (f"{picked[0]}, {picked[1]} thread(s)", f"{spent * 1e3:,.0f} ms") if i == 0 else ("", "")
+            print(f"| {name if i == 0 else ''} | {way[0]} | {way[1]} | {tok_s[way]:,.0f} | {ratio:.2f}x | "
+                  f"{pick[0]} | {pick[1]} |")
     print(f"\nauto's measurements are kept in {decoding.cache_file()} (paid once per CPU, torch version, thread count "
           f"and model shape; delete the file to measure again)")
     return 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from attention_lab.runtime.decoding import decoding_thread_count
 from attention_lab.runtime.device import decoding_threads
 from model import GPTConfig
 from model.generate import generate
@@ -30,10 +31,10 @@ FULL = dict(
 QUICK = dict(cfg=GPTConfig(vocab_size=256, block_size=64, n_layer=2, n_head=2, n_embd=32), prompt=4, new=(4, 8), reps=1)
 
 
-def decoders(ours, hf, prompt: torch.Tensor, n_new: int) -> dict:
+def decoders(ours, hf, prompt: torch.Tensor, n_new: int, threads: int) -> dict:
     """The greedy decoders being compared, each a closure returning prompt + n_new tokens (1, T + n_new).
 
-    Ours run as sample.py runs them: cached decoding in the threads `decoding_threads` picks (one, on a CPU),
+    Ours run as sample.py runs them: cached decoding in `threads` (cached_threads: what sampling measures),
     uncached with every thread. Hugging Face's cached decoding runs both ways, with torch's threads (what a user
     of transformers gets) and with the same threads as ours, so the comparison is against its faster setting."""
     from transformers import GenerationConfig
@@ -50,11 +51,11 @@ def decoders(ours, hf, prompt: torch.Tensor, n_new: int) -> dict:
     hf_cached, hf_uncached = hf_config(True), hf_config(False)
 
     def ours_cached():
-        with decoding_threads(device, cached=True):
+        with decoding_threads(device, threads):
             return generate(ours, prompt, n_new, greedy=True, use_cache=True)
 
     def hf_cached_our_threads():
-        with decoding_threads(device, cached=True):
+        with decoding_threads(device, threads):
             return hf.generate(prompt, attention_mask=mask, generation_config=hf_cached)
 
     return {
@@ -94,10 +95,16 @@ def check_greedy(ours, outputs: dict[str, torch.Tensor], n_prompt: int, tol: flo
     return ties
 
 
-def threads_used(device: torch.device) -> int:
-    """How many torch threads our cached decoding runs in on this device."""
-    with decoding_threads(device, cached=True):
-        return torch.get_num_threads()
+def cached_threads(ours, prompt: torch.Tensor) -> int:
+    """The torch threads our cached decoding runs in here, chosen as sample.py chooses them: one or all, the faster
+    measured on a few greedy steps (runtime/decoding.decoding_thread_count, kept with sampling's measurements)."""
+    device = prompt.device
+
+    def probe(threads: int) -> None:
+        with decoding_threads(device, threads):
+            generate(ours, prompt, 8, greedy=True, use_cache=True)
+
+    return decoding_thread_count(device, True, probe, ("bench.generation", repr(ours.config)))
 
 
 def run(ctx: Context) -> Table:
@@ -108,12 +115,13 @@ def run(ctx: Context) -> Table:
     hf = build_hf(ours, device).eval()
     gen = torch.Generator().manual_seed(2)
     prompt = torch.randint(0, cfg.vocab_size, (1, setting["prompt"]), generator=gen).to(device)
+    threads = cached_threads(ours, prompt)
 
     rows = []
     for n_new in setting["new"]:
         assert setting["prompt"] + n_new <= cfg.block_size, "prompt + new tokens must fit in block_size"
         log(f"generation: {n_new} new tokens ...")
-        fns = decoders(ours, hf, prompt, n_new)
+        fns = decoders(ours, hf, prompt, n_new, threads)
         outputs = {name: fn() for name, fn in fns.items()}  # doubles as the first warmup round
         same = all(torch.equal(outputs["ours_cached"], out) for out in outputs.values())
         ties = check_greedy(ours, outputs, setting["prompt"])  # raises unless every token is greedy
@@ -165,8 +173,9 @@ def run(ctx: Context) -> Table:
             f"HF: GPT2LMHeadModel.generate(do_sample=False, use_cache=True/False, pad_token_id=0, eos_token_id=None), "
             f"attn_implementation={hf_attention(hf)!r}; the five calls interleaved, {setting['reps']} rounds after "
             "one warmup round; ratios are medians of per-round time ratios.",
-            f"Threads: ours cached as sample.py decodes ({threads_used(ctx.device)} torch thread(s): "
-            "attention_lab.runtime.device.decoding_threads), every other call with torch's threads; HF cached also with "
+            f"Threads: ours cached as sample.py decodes ({threads} torch thread(s), one or all, the faster measured: "
+            "attention_lab.runtime.decoding.decoding_thread_count), every other call with torch's threads; HF cached "
+            "also with "
             "ours ('our threads'), and ours cache / HF cache compares with the faster of HF's two, round by round.",
             f"Checked before timing: every token of every decoder is a greedy choice of our model (one uncached "
             f"forward pass) up to a near-tie (within {TIE_TOL:g} x (1 + max |logit|)); near-tie tokens counts the "

@@ -1885,6 +1885,43 @@ MUTATIONS = (
              "auto's stored measurement is keyed by the machine only: the first model (or path) measured decides "
              "for every other, so the lab's full-window step takes sample.py's one-token choice for good, on "
              "every later run (they measured opposite winners on the AMD EPYC)"),
+    Mutation("decoding_threads_ignore_their_measurement", "attention_lab/runtime/decoding.py",
+             "    return faster({1: seconds[\"1\"], most: seconds[str(most)]}, 1)", "    return 1",
+             ("tests/test_decoding_dtype.py::test_the_thread_count_follows_its_measurement_both_ways",
+              "tests/test_decoding_dtype.py::test_generate_text_decodes_in_the_measured_threads_keyed_by_its_dtype"),
+             "cached decoding measures one thread against all and then decodes in one thread whatever it measured: "
+             "the AMX Xeon host's two threads (1.1-1.5x there) are never used"),
+    Mutation("decoding_threads_without_the_margin", "attention_lab/runtime/decoding.py",
+             "    return faster({1: seconds[\"1\"], most: seconds[str(most)]}, 1)",
+             "    return faster({1: seconds[\"1\"], most: seconds[str(most)]}, 1, 0.0)",
+             ("tests/test_decoding_dtype.py::test_a_second_thread_must_win_by_more_than_the_margin",),
+             "a second thread is taken for any gain, noise included: a tie measured on idle cores decodes in two "
+             "threads, which a busy neighbour then keeps waiting"),
+    Mutation("decoding_threads_measured_without_the_cache", "attention_lab/runtime/decoding.py",
+             'if device.type != "cpu" or not cached or most == 1:', 'if device.type != "cpu" or most == 1:',
+             ("tests/test_decoding_dtype.py::test_threads_are_measured_only_where_there_is_a_choice",
+              "tests/test_decoding_dtype.py::test_generate_text_decodes_in_the_measured_threads_keyed_by_its_dtype"),
+             "the lab's uncached window (full forward passes, every thread) is measured as one token a step and may "
+             "run in one thread: a window is 2x slower that way"),
+    Mutation("decoding_threads_keyed_without_the_dtype", "attention_lab/sampling.py",
+             "decoding_thread_count(device, cached, probe_threads, (*key, str(chosen)))",
+             "decoding_thread_count(device, cached, probe_threads, key)",
+             ("tests/test_decoding_dtype.py::test_generate_text_decodes_in_the_measured_threads_keyed_by_its_dtype",),
+             "the thread count measured in float32 decides for bf16 weights too, whose steps read half the bytes"),
+    Mutation("decoding_threads_chosen_then_not_used", "attention_lab/sampling.py",
+             "    with decoding_threads(device, threads):\n", "    with decoding_threads(device, 1 if cached else None):\n",
+             ("tests/test_decoding_dtype.py::test_generate_text_decodes_in_the_measured_threads_keyed_by_its_dtype",),
+             "sampling measures the threads, then decodes in one thread as before: the measurement is paid for "
+             "nothing"),
+    Mutation("decoding_threads_not_restored", "attention_lab/runtime/device.py",
+             "    finally:\n        torch.set_num_threads(before)", "    finally:\n        pass",
+             ("tests/test_device.py::test_decoding_threads_sets_the_count_asked_and_restores_it",),
+             "a sample leaves torch in its decoding thread count: the lab's next full-window step (and a notebook's "
+             "next cell) runs in one thread"),
+    Mutation("sample_threads_flag_dropped", "sample.py",
+             "keep_first=args.keep_first, threads=args.threads)", "keep_first=args.keep_first)",
+             ("tests/test_sample.py::test_the_threads_flag_reaches_the_decoding",),
+             "sample.py parses --threads and decodes as auto picks"),
     Mutation("schedule_stops_at_the_step_cap", "attention_lab/training/loop.py",
              '    return (stop == "budget" and max_minutes is not None) or step < max_steps',
              "    return step < max_steps",

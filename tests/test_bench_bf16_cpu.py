@@ -5,6 +5,8 @@ Smoke only (--quick: a tiny model, seconds): their numbers are measurements, nev
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 from bench import decoding_dtype, step_profile
@@ -20,9 +22,14 @@ def test_the_decoding_bench_prints_both_paths_and_autos_choice(capsys):
     assert decoding_dtype.main(["--quick"]) == 0
     out = capsys.readouterr().out
     machine_named(out)
-    rows = [line for line in out.splitlines() if line.startswith("| cached") or line.startswith("| uncached")]
-    assert len(rows) == 2, out
-    assert all(("float32" in r or "bfloat16" in r) for r in rows), rows
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines() if line.startswith("| ")]
+    ways = [(r[1], r[2]) for r in rows[1:]]  # (dtype, threads) after the header
+    counts = sorted({"1", str(torch.get_num_threads())})
+    assert ways == [(d, n) for d in ("float32", "bfloat16") for n in counts] + [
+        (d, str(torch.get_num_threads())) for d in ("float32", "bfloat16")], f"each way of each path once:\n{out}"
+    picks = [r[5] for r in rows[1:] if r[0]]
+    assert [r[0] for r in rows[1:] if r[0]] == ["cached (sample.py)", "uncached (the lab)"], out
+    assert all(re.fullmatch(r"(float32|bfloat16), \d+ thread\(s\)", pick) for pick in picks), picks
 
 
 def test_the_step_profile_prints_the_groups_and_the_settings(capsys):

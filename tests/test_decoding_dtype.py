@@ -473,3 +473,116 @@ def test_the_cache_folder_follows_the_environment(monkeypatch, tmp_path):
     assert decoding.cache_file() == tmp_path / "home" / ".cache" / "attention-lab" / "decoding_dtype.json"
     monkeypatch.setenv(decoding.CACHE_DIR_ENV, str(tmp_path / "mine"))
     assert decoding.cache_file() == tmp_path / "mine" / "decoding_dtype.json"
+
+
+# ------------------------------------------------------------------------ cached decoding's threads: one or all
+
+ONE_WINS, ALL_WIN = {1: 1.0, 2: 1.5}, {1: 1.5, 2: 1.0}
+
+
+def thread_measure(seconds: dict[int, float], calls: list):
+    def measure(run, counts):
+        calls.append(tuple(counts))
+        return {n: seconds[n] for n in counts}
+    return measure
+
+
+@pytest.fixture
+def two_threads(monkeypatch):
+    """torch's thread count read as 2 (the machines here have two cores; a test must not depend on it)."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+
+
+@pytest.mark.parametrize("seconds, want", [(ONE_WINS, 1), (ALL_WIN, 2)])
+def test_the_thread_count_follows_its_measurement_both_ways(two_threads, seconds, want):
+    calls = []
+    for _ in range(3):
+        got = decoding.decoding_thread_count(CPU, True, lambda n: None, "model-a", thread_measure(seconds, calls))
+        assert got == want, f"measured {seconds}: decode in {want} thread(s), got {got}"
+    assert calls == [(1, 2)], f"one measurement of one thread against all, kept: {calls}"
+
+
+def test_a_second_thread_must_win_by_more_than_the_margin(two_threads):
+    def pick(seconds, key):
+        return decoding.decoding_thread_count(CPU, True, lambda n: None, key, thread_measure(seconds, []))
+
+    assert pick({1: 1.0, 2: 0.97}, "a") == 1, "3% is inside the 5% margin: one thread (never kept waiting) stays"
+    assert pick({1: 1.0, 2: 0.90}, "b") == 2, "10% faster in two threads: two"
+    assert decoding.faster({1: 1.0, 2: 0.90}, 1, margin=0.2) == 1, "the margin is the caller's"
+
+
+@pytest.mark.parametrize("where", ["uncached", "GPU", "one thread only"])
+def test_threads_are_measured_only_where_there_is_a_choice(monkeypatch, where):
+    """Full forward passes keep every thread, a GPU's decoding leaves the CPU's threads alone, and with one thread
+    there is nothing to choose: none of them measures."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1 if where == "one thread only" else 4)
+    device, cached = {"uncached": (CPU, False), "GPU": (torch.device("cuda"), True),
+                      "one thread only": (CPU, True)}[where]
+
+    def refuse_threads(run, counts):
+        raise AssertionError(f"measured threads {counts} where there is no choice ({where})")
+
+    got = decoding.decoding_thread_count(device, cached, lambda n: None, "k", refuse_threads)
+    assert got == torch.get_num_threads(), f"{where}: torch's own threads, got {got}"
+
+
+def test_the_thread_measurement_times_one_and_all_interleaved_on_the_real_decode(two_threads):
+    """time_candidates, the default measure: each count warmed up once, then taken in turn, each call the
+    decode in that many threads; medians of a fake clock the decode advances."""
+    clock = FakeClock({1: 0.375, 2: 0.25})  # binary fractions: sums and differences exact
+    got = decoding.decoding_thread_count(CPU, True, clock.decode, "k",
+                                         lambda run, counts: decoding.time_candidates(run, counts, 3, clock))
+    assert clock.calls == [1, 2] * 4, f"warm-up once each, then 3 rounds in turn; got {clock.calls}"
+    assert got == 2
+    decoding.forget_measurements()  # the next process reads it
+    assert decoding.decoding_thread_count(CPU, True, clock.decode, "k", refuse) == 2
+    assert clock.calls == [1, 2] * 4, "a second process measured again"
+    (entry,) = stored_entries()
+    assert entry["seconds"] == {"1": 0.375, "2": 0.25} and entry["key"]["threads"] == 2, entry
+
+
+def threads_seen(monkeypatch) -> list:
+    """torch's thread count in every generate_stream call in sampling from now on."""
+    seen = []
+    real = sampling.generate_stream
+
+    def spy(model, *args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(sampling, "generate_stream", spy)
+    return seen
+
+
+@pytest.mark.parametrize("seconds, want", [(ONE_WINS, 1), (ALL_WIN, 2)])
+def test_generate_text_decodes_in_the_measured_threads_keyed_by_its_dtype(monkeypatch, seconds, want):
+    """The measurement's probe decodes in each count, the sample in the faster one, torch's count comes back
+    after; each dtype keeps a measurement of its own (bf16 weights and float32 read different bytes)."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: state["n"])
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: state.update(n=n))
+    state = {"n": 2}
+    model = tiny_model()
+    measured = []
+
+    def measure(run, counts):
+        start = len(seen)
+        for n in counts:
+            run(n)
+        measured.append(seen[start:])
+        return {n: seconds[n] for n in counts}
+
+    monkeypatch.setattr(decoding, "time_candidates", measure)  # named dtypes: only the threads are measured
+    seen = threads_seen(monkeypatch)
+    expected = sampling.generate_text(model, None, PROMPT, 8, greedy=True, dtype="float32", threads=1)
+    assert not measured and seen == [1], f"threads=1 asked: no measurement, one thread ({seen})"
+    got = sampling.generate_text(model, None, PROMPT, 8, greedy=True, dtype="float32")
+    assert measured == [[1, 2]], f"the probe should decode in one thread, then in two: {measured}"
+    assert seen[-1] == want, f"measured {seconds}: the sample should decode in {want} thread(s), ran in {seen[-1]}"
+    assert got == expected, "the thread count changed the tokens"
+    assert state["n"] == 2, "torch's thread count was not restored"
+    sampling.generate_text(model, None, PROMPT, 8, greedy=True, dtype="float32")
+    assert len(measured) == 1, "a second sample of the same model and dtype measured again"
+    sampling.generate_text(model, None, PROMPT, 8, greedy=True, dtype="bfloat16")
+    assert len(measured) == 2, "bf16 decoding read float32's thread measurement"
+    sampling.generate_text(model, None, PROMPT, 8, greedy=True, use_cache=False, dtype="float32")
+    assert len(measured) == 2 and seen[-1] == 2, "uncached decoding (full passes) measured or dropped threads"

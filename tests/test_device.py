@@ -122,9 +122,10 @@ def test_auto_dtype_follows_this_cpus_capabilities_and_float32_autocast_is_a_no_
     assert y.dtype == torch.bfloat16, "bf16 autocast on the CPU must run matmuls in bf16"
 
 
-def test_cached_batch1_decoding_runs_in_one_thread_on_a_cpu_and_restores_the_count(monkeypatch):
-    """sample.py decodes with the cache in one CPU thread (bench/threads.py: as fast idle, not slowed by a busy
-    neighbour); full forward passes keep every thread, and the count comes back afterwards, even on an error."""
+def test_decoding_threads_sets_the_count_asked_and_restores_it(monkeypatch):
+    """sample.py decodes in the thread count it chose (one thread or all: runtime/decoding.decoding_thread_count);
+    None keeps torch's threads, a GPU's decoding leaves the CPU's alone, and the count comes back afterwards, even
+    on an error."""
     from attention_lab.runtime.device import decoding_threads
 
     calls = []
@@ -132,14 +133,17 @@ def test_cached_batch1_decoding_runs_in_one_thread_on_a_cpu_and_restores_the_cou
     monkeypatch.setattr(torch, "get_num_threads", lambda: state["n"])
     monkeypatch.setattr(torch, "set_num_threads", lambda n: (calls.append(n), state.update(n=n)))
     cpu = torch.device("cpu")
-    with decoding_threads(cpu, cached=True):
-        assert state["n"] == 1, "cached CPU decoding runs in one thread"
+    with decoding_threads(cpu, 1):
+        assert state["n"] == 1, "decoding asked for one thread"
     assert state["n"] == 2 and calls == [1, 2], calls
-    with decoding_threads(cpu, cached=False):
-        assert state["n"] == 2, "uncached decoding (full forward passes) keeps every thread"
-    with decoding_threads(torch.device("cuda"), cached=True):
+    with decoding_threads(cpu, 3):
+        assert state["n"] == 3, "decoding asked for three threads"
+    assert state["n"] == 2
+    with decoding_threads(cpu, None):
+        assert state["n"] == 2, "None keeps every thread (full forward passes)"
+    with decoding_threads(torch.device("cuda"), 1):
         assert state["n"] == 2, "a GPU's decoding leaves the CPU threads alone"
-    with pytest.raises(RuntimeError), decoding_threads(cpu, cached=True):
+    with pytest.raises(RuntimeError), decoding_threads(cpu, 1):
         raise RuntimeError("boom")
     assert state["n"] == 2, "restored after an error"
 

@@ -276,6 +276,8 @@ def test_prompt_file_and_unknown_characters(run_dir, tmp_path, capsys):
         (["--temperature", "hot"], "--temperature"),  # argparse's own error
         (["--which", "worst"], "--which"),
         (["--prompt-file", "/nonexistent/prompt.txt"], "does not exist"),
+        (["--threads", "0"], "--threads"),
+        (["--threads", "all"], "--threads"),
     ],
 )
 def test_bad_flags(run_dir, capsys, flags, needle):
@@ -334,3 +336,18 @@ def test_the_speed_line_counts_generated_tokens_only(run_dir, capsys, monkeypatc
                           "--no-attention", "--seed", 0)
     assert rc == 0, err
     assert "[8 tokens in 2.00 s, 4.0 tokens/s]" in err, f"8 new tokens in 2 s are 4.0 tokens/s:\n{err}"
+
+
+@pytest.mark.parametrize("flag, want", [(None, "auto"), ("auto", "auto"), ("3", 3)])
+def test_the_threads_flag_reaches_the_decoding(run_dir, capsys, monkeypatch, flag, want):
+    """--threads N decodes in N CPU threads, measuring none; auto (the default) lets sampling measure one thread
+    against all (runtime/decoding.decoding_thread_count)."""
+    import sample as sample_cli
+
+    asked = []
+    real = sample_cli.generate_text
+    monkeypatch.setattr(sample_cli, "generate_text", lambda *a, **k: (asked.append(k["threads"]), real(*a, **k))[1])
+    rc, out, err = run_main(capsys, "--run", run_dir, "--max-new-tokens", 3, "--no-attention", "--seed", 1,
+                            *(["--threads", flag] if flag else []))
+    assert rc == 0, err
+    assert asked == [want], f"--threads {flag}: generate_text got threads={asked}"

@@ -10,6 +10,10 @@ faster than float32 on an AMD EPYC without bf16 units, 0.8x as fast on an AMX Xe
 2x faster in bf16), so on a CPU auto times a few real decoding steps of the actual model each way, and decodes
 in the faster one.
 
+Cached decoding on a CPU then runs in one thread or in all of torch's, again the faster measured for this model
+in the chosen dtype (decoding_thread_count): a token is a few matrix-vector products, which a second thread may
+speed up (a second core's memory bandwidth) or only keep waiting.
+
 The measurement costs about half a second or more, so it is kept: in this process's memory, and in a small JSON
 file that later processes read instead of measuring again (sample.py would otherwise pay it inside every run).
 It is stored under a key of everything the speed depends on: the CPU's name, torch's version, the CPU's bf16 and
@@ -33,7 +37,9 @@ attention_lab/training/loss_chunk.py) keep their measurements in the same file, 
 
     decoding_model(model, dtype, device)  what decodes in dtype, under which autocast (bf16 weights on a CPU)
     time_decoding(decode, device)   seconds per call of decode(dtype) for each dtype, interleaved, medians
+    time_candidates(run, candidates)  the same for any candidates (thread counts)
     faster_dtype(seconds)           the decision, a pure function of those numbers
+    decoding_thread_count(...)      cached decoding's threads on a CPU: one or all, the faster measured, kept
     decoding_dtype(name, ...)       what sampling calls: a named dtype as asked, auto as measured (or as stored)
     kept_seconds(key, measure)      any measurement of named candidates, kept the same way (training's backend)
     cache_file()                    where the measurements are stored
@@ -55,8 +61,9 @@ import sys
 import tempfile
 import time
 import weakref
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -108,26 +115,40 @@ def watched(model: nn.Module) -> bool:
 def time_decoding(decode: Callable[[torch.dtype], object], device: torch.device, dtypes=CANDIDATES,
                   rounds: int = 5, clock: Callable[[], float] = time.perf_counter) -> dict[torch.dtype, float]:
     """Seconds per call of decode(dtype) (a few decoding steps of the real model, the way that dtype decodes:
-    decoding_model): one untimed call each first (allocations, kernel choice), then `rounds` rounds that take
-    the dtypes in turn (A, B, A, B, ...), so a neighbour's load falls on both alike; the median of each."""
-    for dtype in dtypes:
-        decode(dtype)
-    seconds: dict[torch.dtype, list[float]] = {dtype: [] for dtype in dtypes}
+    decoding_model), timed by time_candidates."""
+    return time_candidates(decode, dtypes, rounds, clock)
+
+
+def time_candidates(run: Callable[[Any], object], candidates: Iterable, rounds: int = 5,
+                    clock: Callable[[], float] = time.perf_counter) -> dict[Any, float]:
+    """Seconds per call of run(candidate): one untimed call each first (allocations, kernel choice, a thread
+    pool), then `rounds` rounds that take the candidates in turn (A, B, A, B, ...), so a neighbour's load falls on
+    all alike; the median of each."""
+    candidates = tuple(candidates)
+    for candidate in candidates:
+        run(candidate)
+    seconds: dict[Any, list[float]] = {candidate: [] for candidate in candidates}
     for _ in range(rounds):
-        for dtype in dtypes:
+        for candidate in candidates:
             start = clock()
-            decode(dtype)
-            seconds[dtype].append(clock() - start)
-    return {dtype: statistics.median(times) for dtype, times in seconds.items()}
+            run(candidate)
+            seconds[candidate].append(clock() - start)
+    return {candidate: statistics.median(times) for candidate, times in seconds.items()}
+
+
+def faster(seconds: dict[Any, float], reference: Any, margin: float = MARGIN) -> Any:
+    """The candidate with the least time; another displaces `reference` only when it is faster by more than
+    `margin` (a fraction of the reference's time)."""
+    best = min(seconds, key=seconds.get)
+    if reference in seconds and best != reference and seconds[best] > (1 - margin) * seconds[reference]:
+        return reference
+    return best
 
 
 def faster_dtype(seconds: dict[torch.dtype, float], margin: float = MARGIN) -> torch.dtype:
-    """The dtype with the least time; another dtype displaces float32 only when it is faster by more than
-    `margin` (a fraction of float32's time)."""
-    best = min(seconds, key=seconds.get)
-    if torch.float32 in seconds and best != torch.float32 and seconds[best] > (1 - margin) * seconds[torch.float32]:
-        return torch.float32
-    return best
+    """The dtype with the least time; float32, the reference numerics, stays unless another is faster by more than
+    `margin`."""
+    return faster(seconds, torch.float32, margin)
 
 
 def cache_file() -> Path:
@@ -162,6 +183,28 @@ def decoding_dtype(name: str, device: torch.device, decode: Callable[[torch.dtyp
 
     seconds, _ = kept_seconds(key, tuple(names), timed)
     return faster_dtype({dtype: seconds[name] for name, dtype in names.items()})
+
+
+def decoding_thread_count(device: torch.device, cached: bool, decode: Callable[[int], object], key: Hashable,
+                          measure: Callable[[Callable[[int], object], tuple[int, int]], dict[int, float]]
+                          | None = None) -> int:
+    """The torch threads to decode in. Cached decoding on a CPU (one token a step: small matrix-vector products)
+    runs in one thread or in all of torch's, the faster for decode(threads) (a few decoding steps in that many
+    threads), measured once per measurement_key and kept like the dtype; a second thread must win by more than
+    MARGIN, since one thread is never slowed by waiting for another on a busy machine. Which wins depends on the
+    CPU, the model and the dtype (docs/benchmarks.md): on a 2-core AMD EPYC, the default model, one and two
+    threads were about even in float32 and two were 0.98-1.3x as fast in bf16; on an AMX Xeon host two threads
+    decoded 1.1-1.5x faster in float32. Full forward passes (uncached, or a GPU's decoding) keep torch's threads,
+    unmeasured."""
+    most = torch.get_num_threads()
+    if device.type != "cpu" or not cached or most == 1:
+        return most
+
+    def timed() -> dict[str, float]:
+        return {str(n): s for n, s in (measure or time_candidates)(decode, (1, most)).items()}
+
+    seconds, _ = kept_seconds((key, "threads"), ("1", str(most)), timed)
+    return faster({1: seconds["1"], most: seconds[str(most)]}, 1)
 
 
 def kept_seconds(key: Hashable, names: tuple[str, ...], measure: Callable[[], dict[str, float]]
@@ -251,7 +294,7 @@ def _store(cache_key: str, seconds: dict[str, float]) -> None:
     entries[cache_key] = seconds  # last: the most recent
     data = {"format": FORMAT,
             "about": "attention-lab: seconds per few decoding steps in each dtype, what `--dtype auto` decodes in "
-                     "(attention_lab/runtime/decoding.py); per attention layer step in each backend, what "
+                     "and one thread against all (attention_lab/runtime/decoding.py); per attention layer step in each backend, what "
                      "`model.attn_backend=auto` trains with (attention_lab/training/backend.py); per output layer "
                      "and loss step whole or chunked, what `train.loss_chunk=auto` trains with "
                      "(attention_lab/training/loss_chunk.py); delete this file to measure again",

@@ -72,22 +72,22 @@ def autocast(device: torch.device, dtype: torch.dtype):
 
 
 @contextlib.contextmanager
-def decoding_threads(device: torch.device, cached: bool):
-    """Batch-1 decoding with the KV cache, on a CPU, in one thread: each token is a few small matrix-vector
-    products, where a second thread only adds a wait. bench/threads.py on a 2-core AMD EPYC, the default model,
-    500 tokens, against OMP_WAIT_POLICY=PASSIVE: one thread 1.20x idle and 1.01x beside a busy process, two
-    threads with libgomp's default spin 1.15x idle but 0.37x contended. Full forward passes (no cache, or a
-    window rebuilt past block_size) keep every thread."""
-    if device.type != "cpu" or not cached:
+def decoding_threads(device: torch.device, threads: int | None):
+    """torch's CPU threads set to `threads` inside, and restored afterwards (an error too); None, or a device
+    other than the CPU, leaves them alone. Batch-1 decoding with the KV cache is a few small matrix-vector
+    products a token, where a second thread may only add a wait (bench/threads.py on a 2-core AMD EPYC, the
+    default model, 500 tokens, against OMP_WAIT_POLICY=PASSIVE: one thread 1.20x idle and 1.01x beside a busy
+    process, two threads with libgomp's default spin 1.15x idle but 0.37x contended), or halve a step the CPU's
+    memory bandwidth bounds: sampling measures one thread against all (runtime/decoding.decoding_thread_count)."""
+    if device.type != "cpu" or threads is None:
         yield
         return
     before = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     try:
         yield
     finally:
         torch.set_num_threads(before)
-
 
 
 def synchronize(device: torch.device) -> None:
