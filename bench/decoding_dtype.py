@@ -56,7 +56,7 @@ def auto_picked(kept: dict[str, dict[str, float]]) -> tuple[str, int]:
         if set(seconds) == {"float32", "bfloat16"}:
             dtype = str(decoding.faster_dtype({getattr(torch, d): s for d, s in seconds.items()})).removeprefix("torch.")
         else:
-            threads = decoding.faster({int(n): s for n, s in seconds.items()}, 1)
+            threads = decoding.faster_threads({int(n): s for n, s in seconds.items()})
     return dtype, threads
 
 

@@ -1886,14 +1886,13 @@ MUTATIONS = (
              "for every other, so the lab's full-window step takes sample.py's one-token choice for good, on "
              "every later run (they measured opposite winners on the AMD EPYC)"),
     Mutation("decoding_threads_ignore_their_measurement", "attention_lab/runtime/decoding.py",
-             "    return faster({1: seconds[\"1\"], most: seconds[str(most)]}, 1)", "    return 1",
+             "    return faster_threads({1: seconds[\"1\"], most: seconds[str(most)]})", "    return 1",
              ("tests/test_decoding_dtype.py::test_the_thread_count_follows_its_measurement_both_ways",
               "tests/test_decoding_dtype.py::test_generate_text_decodes_in_the_measured_threads_keyed_by_its_dtype"),
              "cached decoding measures one thread against all and then decodes in one thread whatever it measured: "
              "the AMX Xeon host's two threads (1.1-1.5x there) are never used"),
     Mutation("decoding_threads_without_the_margin", "attention_lab/runtime/decoding.py",
-             "    return faster({1: seconds[\"1\"], most: seconds[str(most)]}, 1)",
-             "    return faster({1: seconds[\"1\"], most: seconds[str(most)]}, 1, 0.0)",
+             "    return faster(seconds, 1, margin)", "    return faster(seconds, 1, 0.0)",
              ("tests/test_decoding_dtype.py::test_a_second_thread_must_win_by_more_than_the_margin",),
              "a second thread is taken for any gain, noise included: a tie measured on idle cores decodes in two "
              "threads, which a busy neighbour then keeps waiting"),
@@ -1902,7 +1901,7 @@ MUTATIONS = (
              ("tests/test_decoding_dtype.py::test_threads_are_measured_only_where_there_is_a_choice",
               "tests/test_decoding_dtype.py::test_generate_text_decodes_in_the_measured_threads_keyed_by_its_dtype"),
              "the lab's uncached window (full forward passes, every thread) is measured as one token a step and may "
-             "run in one thread: a window is 2x slower that way"),
+             "run in one thread, its full forward pass with one core"),
     Mutation("decoding_threads_keyed_without_the_dtype", "attention_lab/sampling.py",
              "decoding_thread_count(device, cached, probe_threads, (*key, str(chosen)))",
              "decoding_thread_count(device, cached, probe_threads, key)",
@@ -1918,6 +1917,30 @@ MUTATIONS = (
              ("tests/test_device.py::test_decoding_threads_sets_the_count_asked_and_restores_it",),
              "a sample leaves torch in its decoding thread count: the lab's next full-window step (and a notebook's "
              "next cell) runs in one thread"),
+    Mutation("decoding_dtype_timed_in_every_thread", "attention_lab/sampling.py",
+             "with decoding_threads(device, 1 if cached else None):  # cached steps' dtype",
+             "with decoding_threads(device, None):  # cached steps' dtype",
+             ("tests/test_decoding_dtype.py::test_auto_times_the_dtype_in_one_thread_and_the_threads_in_the_chosen_dtype",),
+             "the cached path's dtype is timed in every thread, under a key that says so: every stored measurement "
+             "of earlier versions is measured again, and the dtype is chosen for a thread count decoding may not "
+             "use (a helper's code-only plant)"),
+    Mutation("decoding_threads_timed_in_float32", "attention_lab/sampling.py",
+             "            probe(chosen)\n", "            probe(torch.float32)\n",
+             ("tests/test_decoding_dtype.py::test_auto_times_the_dtype_in_one_thread_and_the_threads_in_the_chosen_dtype",),
+             "the thread count is timed in float32 whatever the dtype, and kept under bf16's key: bf16 weights "
+             "read half the bytes, so their best count may differ (a helper's code-only plant)"),
+    Mutation("bench_hf_our_threads_in_torchs", "bench/generation.py",
+             "    def hf_cached_our_threads():\n        with decoding_threads(device, threads):",
+             "    def hf_cached_our_threads():\n        with decoding_threads(device, None):",
+             ("tests/test_bench.py::test_the_generation_bench_decodes_ours_and_hfs_our_threads_in_the_count_sampling_measures",),
+             "the generation bench's 'HF cache, our threads' runs in torch's threads: the comparison with Hugging "
+             "Face's faster setting loses the setting ours runs in (a helper's code-only plant)"),
+    Mutation("bench_auto_column_without_the_margin", "bench/decoding_dtype.py",
+             "            threads = decoding.faster_threads({int(n): s for n, s in seconds.items()})",
+             "            threads = min({int(n): s for n, s in seconds.items()}.items(), key=lambda kv: kv[1])[0]",
+             ("tests/test_bench_bf16_cpu.py::test_the_decoding_benchs_auto_column_decides_as_sampling_does",),
+             "bench.decoding_dtype's 'auto picks' ignores the margin and can name a thread count sampling does "
+             "not pick (a helper's code-only plant)"),
     Mutation("sample_threads_flag_dropped", "sample.py",
              "keep_first=args.keep_first, threads=args.threads)", "keep_first=args.keep_first)",
              ("tests/test_sample.py::test_the_threads_flag_reaches_the_decoding",),

@@ -15,6 +15,7 @@ import torch
 from attention_lab.runtime.flops import measure_peak_flops
 from bench.common import Column, Table, interleaved, paired_ratio
 from bench.run import BENCHMARKS, main
+from model import GPT, GPTConfig
 
 # the row keys each table must carry (what README and the trainer read)
 EXPECTED_ROW_KEYS = {
@@ -209,3 +210,40 @@ def test_generation_table_compares_with_hugging_faces_faster_setting_each_round(
     rows = table.rows if hasattr(table, "rows") else table["rows"]
     assert rows and all(r["cached_vs_hf_cached"] == pytest.approx(2.0) for r in rows), (
         f"Hugging Face's faster cached setting takes 2 s to our 1 s: 2.0x, got {[r['cached_vs_hf_cached'] for r in rows]}")
+
+
+@pytest.mark.parametrize("measured, want", [({1: 1.0, 2: 1.5}, 1), ({1: 1.5, 2: 1.0}, 2)])
+def test_the_generation_bench_decodes_ours_and_hfs_our_threads_in_the_count_sampling_measures(monkeypatch, tmp_path,
+                                                                                               measured, want):
+    """Ours cached and Hugging Face's 'our threads' run in the thread count sampling's measurement picks
+    (runtime/decoding.decoding_thread_count); the other calls keep torch's threads."""
+    import bench.generation as generation
+    from attention_lab.runtime import decoding
+
+    state = {"n": 2}
+    monkeypatch.setattr(torch, "get_num_threads", lambda: state["n"])
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: state.update(n=n))
+    monkeypatch.setattr(decoding, "time_candidates", lambda run, counts: {n: measured[n] for n in counts})
+    monkeypatch.setenv(decoding.CACHE_DIR_ENV, str(tmp_path))  # a measurement of its own, in memory and on disk
+    decoding.forget_measurements()
+    seen = []
+    real = generation.generate
+    monkeypatch.setattr(generation, "generate", lambda *a, **k: (seen.append(("ours", state["n"])), real(*a, **k))[1])
+
+    class HF:
+        def generate(self, prompt, **kwargs):
+            seen.append(("hf", state["n"]))
+            return prompt
+
+    torch.manual_seed(0)
+    ours = GPT(GPTConfig(vocab_size=32, block_size=16, n_layer=1, n_head=2, n_embd=16)).eval()
+    prompt = torch.tensor([[1, 2, 3]])
+    threads = generation.cached_threads(ours, prompt)
+    assert threads == want, f"measured {measured}: the bench should decode ours in {want} thread(s), got {threads}"
+    seen.clear()
+    fns = generation.decoders(ours, HF(), prompt, 2, threads)
+    for name in ("ours_cached", "hf_cached_our_threads", "hf_cached", "ours_uncached"):
+        fns[name]()
+    assert seen == [("ours", want), ("hf", want), ("hf", 2), ("ours", 2)], seen
+    assert state["n"] == 2, "torch's thread count was not restored"
+    decoding.forget_measurements()

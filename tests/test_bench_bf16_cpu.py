@@ -128,3 +128,12 @@ def test_the_bench_step_runs_each_model_under_the_asked_autocast(monkeypatch):
     ours_step()
     hf_step()
     assert seen == {"ours": {(True, torch.bfloat16)}, "hf": {(True, torch.bfloat16)}}, seen
+
+
+def test_the_decoding_benchs_auto_column_decides_as_sampling_does():
+    """auto_picked reads auto's kept measurements with sampling's own decisions, margins included: a 3% gain is
+    inside them (float32, one thread), a 10% gain is not."""
+    inside = {"a": {"float32": 1.0, "bfloat16": 0.97}, "b": {"1": 1.0, str(torch.get_num_threads()): 0.97}}
+    beyond = {"a": {"float32": 1.0, "bfloat16": 0.90}, "b": {"1": 1.0, "2": 0.90}}
+    assert decoding_dtype.auto_picked(inside) == ("float32", 1)
+    assert decoding_dtype.auto_picked(beyond) == ("bfloat16", 2)

@@ -586,3 +586,41 @@ def test_generate_text_decodes_in_the_measured_threads_keyed_by_its_dtype(monkey
     assert len(measured) == 2, "bf16 decoding read float32's thread measurement"
     sampling.generate_text(model, None, PROMPT, 8, greedy=True, use_cache=False, dtype="float32")
     assert len(measured) == 2 and seen[-1] == 2, "uncached decoding (full passes) measured or dropped threads"
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_auto_times_the_dtype_in_one_thread_and_the_threads_in_the_chosen_dtype(monkeypatch, use_cache):
+    """With the cache: the dtype is measured in one thread (the key's thread count says 1, as stored before), then
+    the threads are measured decoding the chosen dtype's way (here bf16 weights), and the sample decodes so.
+    Without it the dtype is measured in every thread, the way full forward passes run, and no thread count is."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: state["n"])
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: state.update(n=n))
+    state = {"n": 2}
+    model = tiny_model()
+    dtype_measured_in, thread_probes = [], []
+
+    def measure_dtype(decode, device):
+        dtype_measured_in.append(state["n"])
+        return {F32: 2.0, BF16: 1.0}
+
+    def measure_threads(run, counts):
+        start = len(seen)
+        for n in counts:
+            run(n)
+        thread_probes.append(seen[start:])
+        return {1: 1.5, 2: 1.0}
+
+    monkeypatch.setattr(decoding, "time_decoding", measure_dtype)
+    monkeypatch.setattr(decoding, "time_candidates", measure_threads)
+    seen = []
+    real = sampling.generate_stream
+    monkeypatch.setattr(sampling, "generate_stream", lambda m, *a, **k: (
+        seen.append((torch.get_num_threads(), next(m.parameters()).dtype)), real(m, *a, **k))[1])
+    sampling.generate_text(model, None, PROMPT, 8, greedy=True, use_cache=use_cache, dtype="auto")
+    if use_cache:
+        assert dtype_measured_in == [1], f"the cached path's dtype should be measured in one thread: {dtype_measured_in}"
+        assert thread_probes == [[(1, BF16), (2, BF16)]], f"the threads should be timed in bf16 weights: {thread_probes}"
+        assert seen[-1] == (2, BF16), seen
+    else:
+        assert dtype_measured_in == [2] and not thread_probes, (dtype_measured_in, thread_probes)
+        assert seen[-1] == (2, BF16), seen

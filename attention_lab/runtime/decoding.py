@@ -38,7 +38,7 @@ attention_lab/training/loss_chunk.py) keep their measurements in the same file, 
     decoding_model(model, dtype, device)  what decodes in dtype, under which autocast (bf16 weights on a CPU)
     time_decoding(decode, device)   seconds per call of decode(dtype) for each dtype, interleaved, medians
     time_candidates(run, candidates)  the same for any candidates (thread counts)
-    faster_dtype(seconds)           the decision, a pure function of those numbers
+    faster_dtype(seconds)           the decision, a pure function of those numbers (faster_threads: the threads')
     decoding_thread_count(...)      cached decoding's threads on a CPU: one or all, the faster measured, kept
     decoding_dtype(name, ...)       what sampling calls: a named dtype as asked, auto as measured (or as stored)
     kept_seconds(key, measure)      any measurement of named candidates, kept the same way (training's backend)
@@ -151,6 +151,12 @@ def faster_dtype(seconds: dict[torch.dtype, float], margin: float = MARGIN) -> t
     return faster(seconds, torch.float32, margin)
 
 
+def faster_threads(seconds: dict[int, float], margin: float = MARGIN) -> int:
+    """The thread count with the least time; one thread, which a busy neighbour never keeps waiting, stays unless
+    another count is faster by more than `margin`."""
+    return faster(seconds, 1, margin)
+
+
 def cache_file() -> Path:
     """Where measurements are stored (module docstring): read at each call, so a test's environment applies."""
     if os.environ.get(CACHE_DIR_ENV):
@@ -204,7 +210,7 @@ def decoding_thread_count(device: torch.device, cached: bool, decode: Callable[[
         return {str(n): s for n, s in (measure or time_candidates)(decode, (1, most)).items()}
 
     seconds, _ = kept_seconds((key, "threads"), ("1", str(most)), timed)
-    return faster({1: seconds["1"], most: seconds[str(most)]}, 1)
+    return faster_threads({1: seconds["1"], most: seconds[str(most)]})
 
 
 def kept_seconds(key: Hashable, names: tuple[str, ...], measure: Callable[[], dict[str, float]]
