@@ -70,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     block = model.config.block_size
     rounds, tokens = (2, 8) if args.quick else (args.rounds, args.tokens)
     prompt_cached = list(range(1, 17))
+    if len(prompt_cached) + tokens > block:  # past the context the cache is rebuilt: that would be timed instead
+        p.error(f"--tokens {tokens}: at most {block - len(prompt_cached)} with this model (block_size {block} holds "
+                f"the {len(prompt_cached)}-token prompt and the new tokens; past it every step is a full window)")
     prompt_window = [1 + i % 200 for i in range(block // 2)]
     most = torch.get_num_threads()
     threads = sorted({1, most})

@@ -137,3 +137,15 @@ def test_the_decoding_benchs_auto_column_decides_as_sampling_does():
     beyond = {"a": {"float32": 1.0, "bfloat16": 0.90}, "b": {"1": 1.0, "2": 0.90}}
     assert decoding_dtype.auto_picked(inside) == ("float32", 1)
     assert decoding_dtype.auto_picked(beyond) == ("bfloat16", 2)
+
+
+def test_the_decoding_bench_refuses_more_tokens_than_the_context_holds(capsys):
+    """Past block_size the KV cache is rebuilt from a full window at every step: a 500-token run after its 16-token
+    prompt once timed that, and read bf16 as 0.7x float32 where the cached steps alone were 1.1x."""
+    import pytest
+
+    with pytest.raises(SystemExit) as e:
+        decoding_dtype.main(["--tokens", "497"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and "--tokens 497" in err and "at most 496" in err, err
