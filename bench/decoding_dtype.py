@@ -54,7 +54,8 @@ def auto_picked(kept: dict[str, dict[str, float]]) -> tuple[str, int]:
     dtype, threads = "float32", torch.get_num_threads()
     for key, seconds in kept.items():
         if set(seconds) == {"float32", "bfloat16"}:
-            dtype = str(decoding.faster_dtype({getattr(torch, d): s for d, s in seconds.items()})).removeprefix("torch.")
+            chosen = decoding.faster_dtype({getattr(torch, d): s for d, s in seconds.items()})
+            dtype = str(chosen).removeprefix("torch.")
         else:
             threads = decoding.faster_threads({int(n): s for n, s in seconds.items()})
     return dtype, threads
@@ -86,11 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     # (path, new tokens a call, the ways timed: (dtype, threads)); the lab's uncached path keeps every thread
     paths = [("cached (sample.py)", cached, tokens, [(d, n) for d in ("float32", "bfloat16") for n in threads]),
              ("uncached (the lab)", uncached, 1, [(d, most) for d in ("float32", "bfloat16")])]
-    print(f"### Decoding: float32 vs bf16 (weights), one thread vs {most}, and auto\n\n{machine()}; shared cores (other work ran "
-          f"beside it)\n\n"
-          f"- {rounds} rounds, interleaved; model {model.config.n_layer} layers x {model.config.n_embd} wide, vocab "
-          f"{model.config.vocab_size}; tok/s medians, 'x' the median of per-round ratios against float32 in one "
-          f"thread (cached) or in {most} (uncached)\n")
+    print(f"### Decoding: float32 vs bf16 (weights), one thread vs {most}, and auto\n\n{machine()}; shared cores "
+          f"(other work ran beside it)\n\n- {rounds} rounds, interleaved; model {model.config.n_layer} layers x "
+          f"{model.config.n_embd} wide, vocab {model.config.vocab_size}; tok/s medians, 'x' the median of "
+          f"per-round ratios against float32 in one thread (cached) or in {most} (uncached)\n")
     print("| path | dtype | threads | tok/s | against the first row | auto picks | auto's one-time measurement |")
     print("|---|---|--:|--:|--:|---|--:|")
     for name, decode, new, ways in paths:

@@ -618,8 +618,8 @@ def test_auto_times_the_dtype_in_one_thread_and_the_threads_in_the_chosen_dtype(
         seen.append((torch.get_num_threads(), next(m.parameters()).dtype)), real(m, *a, **k))[1])
     sampling.generate_text(model, None, PROMPT, 8, greedy=True, use_cache=use_cache, dtype="auto")
     if use_cache:
-        assert dtype_measured_in == [1], f"the cached path's dtype should be measured in one thread: {dtype_measured_in}"
-        assert thread_probes == [[(1, BF16), (2, BF16)]], f"the threads should be timed in bf16 weights: {thread_probes}"
+        assert dtype_measured_in == [1], f"the cached path's dtype is measured in one thread: {dtype_measured_in}"
+        assert thread_probes == [[(1, BF16), (2, BF16)]], f"the threads are timed in bf16 weights: {thread_probes}"
         assert seen[-1] == (2, BF16), seen
     else:
         assert dtype_measured_in == [2] and not thread_probes, (dtype_measured_in, thread_probes)

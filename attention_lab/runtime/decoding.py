@@ -299,10 +299,10 @@ def _store(cache_key: str, seconds: dict[str, float]) -> None:
     entries.pop(cache_key, None)
     entries[cache_key] = seconds  # last: the most recent
     data = {"format": FORMAT,
-            "about": "attention-lab: seconds per few decoding steps in each dtype, what `--dtype auto` decodes in "
-                     "and one thread against all (attention_lab/runtime/decoding.py); per attention layer step in each backend, what "
-                     "`model.attn_backend=auto` trains with (attention_lab/training/backend.py); per output layer "
-                     "and loss step whole or chunked, what `train.loss_chunk=auto` trains with "
+            "about": "attention-lab: seconds per few decoding steps in each dtype, what `--dtype auto` decodes in, "
+                     "and in one thread against all (attention_lab/runtime/decoding.py); per attention layer step in "
+                     "each backend, what `model.attn_backend=auto` trains with (attention_lab/training/backend.py); "
+                     "per output layer and loss step whole or chunked, what `train.loss_chunk=auto` trains with "
                      "(attention_lab/training/loss_chunk.py); delete this file to measure again",
             "entries": [{"key": json.loads(k), "seconds": v} for k, v in list(entries.items())[-KEEP:]]}
     path, tmp = "the cache file", None
