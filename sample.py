@@ -121,6 +121,19 @@ def read_prompt(args: argparse.Namespace) -> str:
         raise ValueError(f"--prompt-file {args.prompt_file} cannot be read as UTF-8 text ({e})") from None
 
 
+def decoding_line(dtype: torch.dtype, threads: int, device: torch.device, args: argparse.Namespace) -> str:
+    """How the sample decoded, e.g. 'decoded in bfloat16 weights, 1 CPU thread (auto's choice: ...)'."""
+    name = str(dtype).removeprefix("torch.")
+    if device.type != "cpu":
+        return f"decoded in {name}"
+    how = f"{name} weights" if dtype != torch.float32 else name
+    how += f", {threads} CPU thread{'s' if threads != 1 else ''}"
+    auto = [flag for flag, value in (("--dtype", args.dtype), ("--threads", args.threads)) if value == "auto"]
+    if auto:
+        how += f" ({' and '.join(auto)} auto: the faster measured on this machine; name a value to choose)"
+    return f"decoded in {how}"
+
+
 def say(*parts) -> None:
     print(*parts, file=sys.stderr, flush=True)
 
@@ -161,6 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         say("empty prompt: starting from <|endoftext|>, as a new document")
     generator = torch.Generator(device=device).manual_seed(seed)
     samples = []
+    decoded_in = []  # (dtype, threads) of each sample, said once after the first
     try:
         for i in range(args.num_samples):
             if args.num_samples > 1:
@@ -170,10 +184,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             new_ids = generate_text(model, tok, prompt_ids, args.max_new_tokens, temperature=args.temperature,
                                     top_k=args.top_k, top_p=args.top_p, greedy=args.greedy,
                                     use_cache=not args.no_cache, generator=generator, on_text=write, dtype=args.dtype,
-                                    keep_first=args.keep_first, threads=args.threads)
+                                    keep_first=args.keep_first, threads=args.threads,
+                                    on_decoding=lambda dtype, threads: decoded_in.append((dtype, threads)))
             write("\n")
             seconds = time.perf_counter() - t0
             say(f"[{len(new_ids)} tokens in {seconds:.2f} s, {len(new_ids) / max(seconds, 1e-9):.1f} tokens/s]")
+            if i == 0 and decoded_in:
+                say(decoding_line(*decoded_in[0], device, args))
             samples.append(prompt_ids + new_ids)
     except KeyboardInterrupt:
         write("\n")

@@ -94,6 +94,7 @@ def generate_text(
     dtype: str = "auto",
     keep_first: int = 0,
     threads: int | str = "auto",
+    on_decoding: Callable[[torch.dtype, int], None] | None = None,
 ) -> list[int]:
     """Continue prompt_ids (1 <= len <= block_size); return the max_new_tokens generated ids.
 
@@ -105,6 +106,7 @@ def generate_text(
     file that later processes read (runtime/decoding.py); elsewhere pick_dtype's choice. Cached decoding on a CPU
     then runs in one thread or all of torch's, whichever those steps measured faster in that dtype, kept the same
     way (runtime/decoding.decoding_thread_count); threads=N decodes in N CPU threads, measuring none.
+    on_decoding receives (the dtype, torch's thread count) once both are settled, before the first token.
     """
     device = next(model.parameters()).device
     idx = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)  # (1, T)
@@ -133,6 +135,8 @@ def generate_text(
     if threads == "auto":
         threads = decoding_thread_count(device, cached, probe_threads, (*key, str(chosen)))
     with decoding_threads(device, threads):
+        if on_decoding is not None:
+            on_decoding(chosen, torch.get_num_threads())
         decoder, cast = decoding_model(model, chosen, device)
         with autocast(device, cast):
             for nxt in generate_stream(

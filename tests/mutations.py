@@ -1941,6 +1941,11 @@ MUTATIONS = (
              ("tests/test_bench_bf16_cpu.py::test_the_decoding_benchs_auto_column_decides_as_sampling_does",),
              "bench.decoding_dtype's 'auto picks' ignores the margin and can name a thread count sampling does "
              "not pick (a helper's code-only plant)"),
+    Mutation("sample_says_the_asked_threads_not_the_ones_used", "attention_lab/sampling.py",
+             "on_decoding(chosen, torch.get_num_threads())", "on_decoding(chosen, 1)",
+             ("tests/test_decoding_dtype.py::test_generate_text_decodes_in_the_measured_threads_keyed_by_its_dtype",),
+             "sample.py says it decoded in one thread where auto chose two: the line meant to explain tokens/s "
+             "misleads"),
     Mutation("sample_threads_flag_dropped", "sample.py",
              "keep_first=args.keep_first, threads=args.threads)", "keep_first=args.keep_first)",
              ("tests/test_sample.py::test_the_threads_flag_reaches_the_decoding",),

@@ -575,8 +575,11 @@ def test_generate_text_decodes_in_the_measured_threads_keyed_by_its_dtype(monkey
     seen = threads_seen(monkeypatch)
     expected = sampling.generate_text(model, None, PROMPT, 8, greedy=True, dtype="float32", threads=1)
     assert not measured and seen == [1], f"threads=1 asked: no measurement, one thread ({seen})"
-    got = sampling.generate_text(model, None, PROMPT, 8, greedy=True, dtype="float32")
+    told = []
+    got = sampling.generate_text(model, None, PROMPT, 8, greedy=True, dtype="float32",
+                                 on_decoding=lambda dtype, threads: told.append((dtype, threads)))
     assert measured == [[1, 2]], f"the probe should decode in one thread, then in two: {measured}"
+    assert told == [(F32, want)], f"on_decoding should hear the dtype and the threads in effect: {told}"
     assert seen[-1] == want, f"measured {seconds}: the sample should decode in {want} thread(s), ran in {seen[-1]}"
     assert got == expected, "the thread count changed the tokens"
     assert state["n"] == 2, "torch's thread count was not restored"

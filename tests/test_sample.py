@@ -351,3 +351,17 @@ def test_the_threads_flag_reaches_the_decoding(run_dir, capsys, monkeypatch, fla
                             *(["--threads", flag] if flag else []))
     assert rc == 0, err
     assert asked == [want], f"--threads {flag}: generate_text got threads={asked}"
+
+
+def test_sample_py_says_once_how_it_decoded_and_whether_auto_chose_it(run_dir, capsys):
+    """After the first sample, one line: the dtype, the CPU threads, and which of them auto chose (a person reading
+    tokens/s can then tell what ran, and how to choose)."""
+    rc, _, err = run_main(capsys, "--run", run_dir, "--max-new-tokens", 3, "--no-attention", "--seed", 1,
+                          "--dtype", "float32", "--threads", 1, "--num-samples", 2)
+    assert rc == 0, err
+    lines = [line for line in err.splitlines() if line.startswith("decoded in")]
+    assert lines == ["decoded in float32, 1 CPU thread"], f"one line, nothing auto about it:\n{err}"
+    rc, _, err = run_main(capsys, "--run", run_dir, "--max-new-tokens", 3, "--no-attention", "--seed", 1,
+                          "--dtype", "float32")
+    (line,) = [line for line in err.splitlines() if line.startswith("decoded in")]
+    assert line.startswith("decoded in float32, ") and "--threads auto" in line and "--dtype" not in line, line
