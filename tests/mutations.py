@@ -1947,7 +1947,7 @@ MUTATIONS = (
              "sample.py says it decoded in one thread where auto chose two: the line meant to explain tokens/s "
              "misleads"),
     Mutation("sample_threads_flag_dropped", "sample.py",
-             "keep_first=args.keep_first, threads=args.threads)", "keep_first=args.keep_first)",
+             "keep_first=args.keep_first, threads=args.threads,", "keep_first=args.keep_first,",
              ("tests/test_sample.py::test_the_threads_flag_reaches_the_decoding",),
              "sample.py parses --threads and decodes as auto picks"),
     Mutation("schedule_stops_at_the_step_cap", "attention_lab/training/loop.py",
