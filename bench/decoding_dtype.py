@@ -49,18 +49,6 @@ def machine() -> str:
             f"amx_bf16: {bool(caps.get('amx_bf16'))}), {torch.get_num_threads()} torch threads, torch {torch.__version__}")
 
 
-def auto_picked(kept: dict[str, dict[str, float]]) -> tuple[str, int]:
-    """(dtype, threads) that auto's measurements just made (this process's memory, one path's) decide."""
-    dtype, threads = "float32", torch.get_num_threads()
-    for key, seconds in kept.items():
-        if set(seconds) == {"float32", "bfloat16"}:
-            chosen = decoding.faster_dtype({getattr(torch, d): s for d, s in seconds.items()})
-            dtype = str(chosen).removeprefix("torch.")
-        else:
-            threads = decoding.faster_threads({int(n): s for n, s in seconds.items()})
-    return dtype, threads
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=5)
@@ -78,11 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     most = torch.get_num_threads()
     threads = sorted({1, most})
 
-    def cached(dtype: str, count: int | str = "auto") -> object:
-        return generate_text(model, None, prompt_cached, tokens, greedy=True, dtype=dtype, threads=count)
+    def cached(dtype: str, count: int | str = "auto", **kwargs) -> object:
+        return generate_text(model, None, prompt_cached, tokens, greedy=True, dtype=dtype, threads=count, **kwargs)
 
-    def uncached(dtype: str, count: int | str = "auto") -> object:
-        return generate_text(model, None, prompt_window, 1, greedy=True, use_cache=False, dtype=dtype, threads=count)
+    def uncached(dtype: str, count: int | str = "auto", **kwargs) -> object:
+        return generate_text(model, None, prompt_window, 1, greedy=True, use_cache=False, dtype=dtype, threads=count,
+                             **kwargs)
 
     # (path, new tokens a call, the ways timed: (dtype, threads)); the lab's uncached path keeps every thread
     paths = [("cached (sample.py)", cached, tokens, [(d, n) for d in ("float32", "bfloat16") for n in threads]),
@@ -105,11 +94,12 @@ def main(argv: list[str] | None = None) -> int:
                     decode(*way)
                 times[way].append((time.perf_counter() - start) / repeat)
         decoding.forget_measurements()
+        picked = []
         with decoding.measuring_afresh():
             start = time.perf_counter()
-            decode("auto")
+            decode("auto", on_decoding=lambda dtype, count: picked.append((str(dtype).removeprefix("torch."), count)))
             first = time.perf_counter() - start
-        picked = auto_picked(decoding._kept)
+        (picked,) = picked  # what sampling decoded in: its own choice, said by generate_text
         tok_s = {way: new / statistics.median(t) for way, t in times.items()}
         spent = first - new / tok_s.get(picked, tok_s[ways[0]])
         for i, way in enumerate(ways):

@@ -1935,12 +1935,11 @@ MUTATIONS = (
              ("tests/test_bench.py::test_the_generation_bench_decodes_ours_and_hfs_our_threads_in_the_count_sampling_measures",),
              "the generation bench's 'HF cache, our threads' runs in torch's threads: the comparison with Hugging "
              "Face's faster setting loses the setting ours runs in (a helper's code-only plant)"),
-    Mutation("bench_auto_column_without_the_margin", "bench/decoding_dtype.py",
-             "            threads = decoding.faster_threads({int(n): s for n, s in seconds.items()})",
-             "            threads = min({int(n): s for n, s in seconds.items()}.items(), key=lambda kv: kv[1])[0]",
-             ("tests/test_bench_bf16_cpu.py::test_the_decoding_benchs_auto_column_decides_as_sampling_does",),
-             "bench.decoding_dtype's 'auto picks' ignores the margin and can name a thread count sampling does "
-             "not pick (a helper's code-only plant)"),
+    Mutation("bench_auto_column_names_the_first_row", "bench/decoding_dtype.py",
+             "        (picked,) = picked  # what sampling decoded in", "        picked = ways[0]  # what sampling decoded in",
+             ("tests/test_bench_bf16_cpu.py::test_the_decoding_benchs_auto_column_says_what_sampling_decoded_in",),
+             "bench.decoding_dtype's 'auto picks' names the table's first row, not what sampling decoded in: the "
+             "column can disagree with sample.py (the helper's plant of a column deciding apart from sampling)"),
     Mutation("sample_says_the_asked_threads_not_the_ones_used", "attention_lab/sampling.py",
              "on_decoding(chosen, torch.get_num_threads())", "on_decoding(chosen, 1)",
              ("tests/test_decoding_dtype.py::test_generate_text_decodes_in_the_measured_threads_keyed_by_its_dtype",),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import torch
 
 from bench import decoding_dtype, step_profile
@@ -96,8 +97,6 @@ def test_without_native_bf16_the_profile_is_float32_alone(capsys, monkeypatch):
 
 
 def test_a_bad_dtype_is_an_error_line_before_anything_runs(capsys):
-    import pytest
-
     with pytest.raises(SystemExit) as e:
         step_profile.main(["--quick", "--dtypes", "float16"])
     assert e.value.code == 2
@@ -130,20 +129,27 @@ def test_the_bench_step_runs_each_model_under_the_asked_autocast(monkeypatch):
     assert seen == {"ours": {(True, torch.bfloat16)}, "hf": {(True, torch.bfloat16)}}, seen
 
 
-def test_the_decoding_benchs_auto_column_decides_as_sampling_does():
-    """auto_picked reads auto's kept measurements with sampling's own decisions, margins included: a 3% gain is
-    inside them (float32, one thread), a 10% gain is not."""
-    inside = {"a": {"float32": 1.0, "bfloat16": 0.97}, "b": {"1": 1.0, str(torch.get_num_threads()): 0.97}}
-    beyond = {"a": {"float32": 1.0, "bfloat16": 0.90}, "b": {"1": 1.0, "2": 0.90}}
-    assert decoding_dtype.auto_picked(inside) == ("float32", 1)
-    assert decoding_dtype.auto_picked(beyond) == ("bfloat16", 2)
+@pytest.mark.parametrize("gain, want", [(0.97, ("float32", 1)), (0.90, ("bfloat16", 2))])
+def test_the_decoding_benchs_auto_column_says_what_sampling_decoded_in(capsys, monkeypatch, tmp_path, gain, want):
+    """"auto picks" is what generate_text decoded in under auto (on_decoding), margins included: a 3% gain is
+    inside them (float32, one thread), a 10% gain is not. The uncached path keeps every thread."""
+    from attention_lab.runtime import decoding
+
+    monkeypatch.setenv(decoding.CACHE_DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: state["n"])
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: state.update(n=n))
+    state = {"n": 2}
+    monkeypatch.setattr(decoding, "time_decoding", lambda decode, device: {torch.float32: 1.0, torch.bfloat16: gain})
+    monkeypatch.setattr(decoding, "time_candidates", lambda run, counts: {1: 1.0, 2: gain})
+    assert decoding_dtype.main(["--quick"]) == 0
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| cached") or line.startswith("| uncached")]
+    assert [r[5] for r in rows] == [f"{want[0]}, {want[1]} thread(s)", f"{want[0]}, 2 thread(s)"], rows
 
 
 def test_the_decoding_bench_refuses_more_tokens_than_the_context_holds(capsys):
     """Past block_size the KV cache is rebuilt from a full window at every step: a 500-token run after its 16-token
     prompt once timed that, and read bf16 as 0.7x float32 where the cached steps alone were 1.1x."""
-    import pytest
-
     with pytest.raises(SystemExit) as e:
         decoding_dtype.main(["--tokens", "497"])
     assert e.value.code == 2
