@@ -285,3 +285,48 @@ def test_head_roles_switch_off(tmp_path, data_cache):
     train_mod.train(cfg, tmp_path / "run")
     assert not (tmp_path / "run" / "attention" / "heads.jsonl").exists()
     assert all("heads" not in json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+
+
+def _by_definition(a: np.ndarray, ids: np.ndarray, exclude_first: bool) -> dict[str, np.ndarray]:
+    """The roles' scores written out from the module docstring's formulas, one head and one row at a time, in float64:
+    the reference the fast role_scores (one row mass for every pattern, float32 read as it is) must equal."""
+    t = a.shape[-1]
+    pats = {"previous_token": R.previous_token_pattern(t), "duplicate_token": R.duplicate_token_pattern(ids),
+            "induction": R.induction_pattern(ids)}
+    out = {}
+    for name, d in pats.items():
+        stripe, all_rows = np.zeros(a.shape[:2]), np.zeros(a.shape[:2])
+        for idx in np.ndindex(*a.shape[:2]):
+            w = a[idx].astype(np.float64).copy()
+            if exclude_first:
+                w[:, 0] = 0.0
+            hits = float((w * d).sum())
+            with_target = [i for i in range(t) if d[i].any()]
+            stripe[idx] = hits / w[with_target].sum() if with_target else 0.0
+            all_rows[idx] = hits / w.sum()
+        out[name], out[f"{name}_all_rows"] = stripe, all_rows
+    w = a.astype(np.float64)
+    ent = np.zeros(a.shape[:2])
+    for idx in np.ndindex(*a.shape[:2]):
+        ent[idx] = np.mean([-sum(p * np.log(p) for p in w[idx][i, : i + 1] if p > 0) / np.log(i + 1)
+                            for i in range(1, t)])
+    out["entropy"] = ent
+    out["first_token"] = w[..., 1:, 0].mean(-1)
+    out["self"] = np.diagonal(w, axis1=-2, axis2=-1)[..., 1:].mean(-1)
+    return out
+
+
+@pytest.mark.parametrize("exclude_first", [False, True])
+def test_role_scores_of_a_models_float32_weights_equal_their_definitions_in_float64(exclude_first):
+    """The live lab scores a model's float32 patterns as they are (no float64 copy) and takes each row's mass once
+    for the three patterns; every score still equals the docstring's formula in float64 to 1e-6."""
+    gen = torch.Generator().manual_seed(0)
+    t = 24
+    ids = repeated(t // 2)
+    logits = torch.randn(2, 3, t, t, generator=gen) * 3
+    a = logits.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf")).softmax(-1).numpy()
+    assert a.dtype == np.float32
+    got = R.role_scores(a, ids, exclude_first=exclude_first)
+    want = _by_definition(a, ids, exclude_first)
+    for role, value in want.items():
+        np.testing.assert_allclose(got[role], value, rtol=1e-6, atol=1e-9, err_msg=role)

@@ -696,6 +696,12 @@ def test_the_page_marks_its_maps_stale_while_computing_and_after_an_error(browse
     note = browser.execute_script("return document.getElementById('lab-stale').textContent")
     label = browser.execute_script("return document.getElementById('lab-ckpt-label').textContent")
     assert css(browser, "#model-view.stale") and css(browser, "#head-view.stale"), "computing: maps not marked"
+    # faded at once, on the views' own layers: a fading transition or a filter re-rasterised thousands of nodes in
+    # software, on the cores the server computes the answer on (100 ms of a 500-token answer, docs/benchmarks.md)
+    for view in ("head-view", "model-view", "inside", "lab-tokens"):
+        style = browser.execute_script("const s = getComputedStyle(document.getElementById(arguments[0])); "
+                                       "return [s.opacity, s.transitionDuration, s.filter, s.willChange];", view)
+        assert style == ["0.45", "0s", "none", "opacity"], (view, style)
     assert "computing" in note and f"step {STEPS[-1]}" in note, note
     assert label.startswith(f"step {STEPS[0]}") and f"the maps below: step {STEPS[-1]}" in label, label
     browser.execute_script("window.fetch = window.__realFetch; window.__release()")

@@ -1374,6 +1374,54 @@ def test_the_maps_answer_is_light_and_compressed(client):
     assert "content-encoding" not in stream.headers, "a generation's stream must not wait for a compressor"
 
 
+@pytest.mark.parametrize("accept, coding", [
+    ("gzip, deflate, br, zstd", "zstd"),  # what Chromium sends, to localhost too
+    ("zstd", "zstd"),
+    ("gzip, zstd;q=0", "gzip"),  # refused by quality 0: never sent what a client said it cannot read
+    ("gzip, deflate", "gzip"),
+    ("identity", None),
+])
+def test_an_answer_comes_in_the_coding_the_client_asked_for_and_decodes_to_the_same_json(client, accept, coding):
+    """A 500-token answer is about 2.7 MB of JSON: zstd writes it as small as gzip's fastest level in a sixth of the
+    time (lab/compression.py). A client that asks for zstd gets it, one that does not gets gzip or the plain bytes,
+    and each decodes to the same answer; a generation's stream stays unencoded whatever is accepted."""
+    import gzip
+
+    import zstandard
+
+    body = {"text": TEXT, "ablation": False, "inside": False}
+    plain = client.post("/api/analyze", json=body, headers={"accept-encoding": "identity"}).json()
+    # read the raw bytes off the wire: the test client would otherwise decode them itself
+    with client.stream("POST", "/api/analyze", json=body, headers={"accept-encoding": accept}) as r:
+        raw = b"".join(r.iter_raw())
+        assert r.status_code == 200, r.status_code
+        assert r.headers.get("content-encoding") == coding, (accept, r.headers.get("content-encoding"))
+        assert "accept-encoding" in r.headers.get("vary", "").lower(), r.headers
+    if coding == "zstd":
+        frame = zstandard.ZstdDecompressor().decompressobj()
+        decoded = frame.decompress(raw)
+        assert frame.eof, "the zstd frame is not finished: a browser may wait for the rest or refuse it"
+    else:
+        decoded = gzip.decompress(raw) if coding == "gzip" else raw
+    got = json.loads(decoded)
+    assert got.keys() == plain.keys() and got["frames"] == plain["frames"] and got["scores"] == plain["scores"]
+    assert coding is None or len(raw) < 0.7 * len(decoded), f"{len(raw)} bytes on the wire for {len(decoded)}"
+    stream = client.post("/api/generate", json={"text": "ROMEO:", "max_new_tokens": 5},
+                         headers={"accept-encoding": accept})
+    assert "content-encoding" not in stream.headers, "a generation's stream must not wait for a compressor"
+
+
+@pytest.mark.parametrize("header, coding, said", [
+    ("gzip, deflate, br, zstd", "zstd", True), ("ZSTD;q=0.5", "zstd", True), ("zstd;q=0", "zstd", False),
+    ("zstd ; q=0.0", "zstd", False), ("gzip", "zstd", False), ("xzstd, zstdx", "zstd", False), ("", "zstd", False),
+    ("zstd;q=oops", "zstd", False),
+])
+def test_accept_encoding_is_read_by_coding_and_quality(header, coding, said):
+    from attention_lab.lab.compression import accepts
+
+    assert accepts(header, coding) is said, header
+
+
 @pytest.mark.parametrize("given, good, bad", [
     ("0.0.0.0", ["0.0.0.0:8008", "127.0.0.1:8008"], ["192.168.1.5:8008", "evil.example.com:8008"]),
     ("192.168.1.5", ["192.168.1.5:8008", "localhost:8008"], ["192.168.1.6:8008", "evil.example.com:8008"]),

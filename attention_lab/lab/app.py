@@ -46,7 +46,7 @@ import numpy as np
 import torch
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.middleware.gzip import DEFAULT_EXCLUDED_CONTENT_TYPES, GZipMiddleware
+from starlette.middleware.gzip import DEFAULT_EXCLUDED_CONTENT_TYPES
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -54,6 +54,7 @@ from starlette.routing import Route
 from attention_lab.interp.analysis import analyze, batched_ablation, text_losses
 from attention_lab.interp.capture import token_window
 from attention_lab.interp.interventions import intervention_edits, parse_interventions
+from attention_lab.lab.compression import Compression
 from attention_lab.lab.guard import Guard
 from attention_lab.lab.models import Loaded, NotFound, Registry
 from attention_lab.lab.requests import (
@@ -556,9 +557,9 @@ def create_app(registry: Registry, *, worker: Worker | None = None, page: Callab
         ],
         middleware=[
             Middleware(Guard, hosts=list(hosts), counts=worker),  # outermost: a refused request reaches nothing
-            # answers of a few MiB: compressed when the client accepts it (fast level; a thread past 128 KiB);
-            # the generation's stream is left alone, so each token arrives when made
-            Middleware(GZipMiddleware, minimum_size=1024, compresslevel=GZIP_LEVEL,
+            # answers of a few MiB: compressed when the client accepts it (zstd, else gzip at its fastest level;
+            # in a thread past 128 KiB); the generation's stream is left alone, so each token arrives when made
+            Middleware(Compression, minimum_size=1024, compresslevel=GZIP_LEVEL,
                        exclude_content_types=(*DEFAULT_EXCLUDED_CONTENT_TYPES, "application/x-ndjson",
                                               "application/octet-stream")),  # float32 bytes hardly shrink
         ],
