@@ -84,3 +84,16 @@ def whole_and_resumed(tmp_path):
         return losses(whole), losses(part)
 
     return run
+
+
+@pytest.fixture
+def torch_threads(monkeypatch) -> dict:
+    """torch's thread count as a number the test reads and sets: {"n": the count (2 to begin), "set": every count
+    the code set, in order}. Code that sets threads is seen doing it, and the real pool is never changed under the
+    tests that run after."""
+    import torch
+
+    state = {"n": 2, "set": []}
+    monkeypatch.setattr(torch, "get_num_threads", lambda: state["n"])
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: (state["set"].append(n), state.update(n=n)))
+    return state

@@ -213,16 +213,14 @@ def test_generation_table_compares_with_hugging_faces_faster_setting_each_round(
 
 
 @pytest.mark.parametrize("measured, want", [({1: 1.0, 2: 1.5}, 1), ({1: 1.5, 2: 1.0}, 2)])
-def test_the_generation_bench_decodes_ours_and_hfs_our_threads_in_the_count_sampling_measures(monkeypatch, tmp_path,
-                                                                                               measured, want):
+def test_the_generation_bench_decodes_ours_and_hfs_our_threads_in_the_count_sampling_measures(
+        monkeypatch, tmp_path, torch_threads, measured, want):
     """Ours cached and Hugging Face's 'our threads' run in the thread count sampling's measurement picks
     (runtime/decoding.decoding_thread_count); the other calls keep torch's threads."""
     import bench.generation as generation
     from attention_lab.runtime import decoding
 
-    state = {"n": 2}
-    monkeypatch.setattr(torch, "get_num_threads", lambda: state["n"])
-    monkeypatch.setattr(torch, "set_num_threads", lambda n: state.update(n=n))
+    state = torch_threads
     monkeypatch.setattr(decoding, "time_candidates", lambda run, counts: {n: measured[n] for n in counts})
     monkeypatch.setenv(decoding.CACHE_DIR_ENV, str(tmp_path))  # a measurement of its own, in memory and on disk
     decoding.forget_measurements()

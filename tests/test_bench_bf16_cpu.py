@@ -130,15 +130,13 @@ def test_the_bench_step_runs_each_model_under_the_asked_autocast(monkeypatch):
 
 
 @pytest.mark.parametrize("gain, want", [(0.97, ("float32", 1)), (0.90, ("bfloat16", 2))])
-def test_the_decoding_benchs_auto_column_says_what_sampling_decoded_in(capsys, monkeypatch, tmp_path, gain, want):
+def test_the_decoding_benchs_auto_column_says_what_sampling_decoded_in(capsys, monkeypatch, tmp_path, torch_threads,
+                                                                     gain, want):
     """"auto picks" is what generate_text decoded in under auto (on_decoding), margins included: a 3% gain is
     inside them (float32, one thread), a 10% gain is not. The uncached path keeps every thread."""
     from attention_lab.runtime import decoding
 
     monkeypatch.setenv(decoding.CACHE_DIR_ENV, str(tmp_path))
-    monkeypatch.setattr(torch, "get_num_threads", lambda: state["n"])
-    monkeypatch.setattr(torch, "set_num_threads", lambda n: state.update(n=n))
-    state = {"n": 2}
     monkeypatch.setattr(decoding, "time_decoding", lambda decode, device: {torch.float32: 1.0, torch.bfloat16: gain})
     monkeypatch.setattr(decoding, "time_candidates", lambda run, counts: {1: 1.0, 2: gain})
     assert decoding_dtype.main(["--quick"]) == 0

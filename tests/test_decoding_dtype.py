@@ -555,12 +555,11 @@ def threads_seen(monkeypatch) -> list:
 
 
 @pytest.mark.parametrize("seconds, want", [(ONE_WINS, 1), (ALL_WIN, 2)])
-def test_generate_text_decodes_in_the_measured_threads_keyed_by_its_dtype(monkeypatch, seconds, want):
+def test_generate_text_decodes_in_the_measured_threads_keyed_by_its_dtype(monkeypatch, torch_threads, seconds,
+                                                                          want):
     """The measurement's probe decodes in each count, the sample in the faster one, torch's count comes back
     after; each dtype keeps a measurement of its own (bf16 weights and float32 read different bytes)."""
-    monkeypatch.setattr(torch, "get_num_threads", lambda: state["n"])
-    monkeypatch.setattr(torch, "set_num_threads", lambda n: state.update(n=n))
-    state = {"n": 2}
+    state = torch_threads
     model = tiny_model()
     measured = []
 
@@ -592,13 +591,12 @@ def test_generate_text_decodes_in_the_measured_threads_keyed_by_its_dtype(monkey
 
 
 @pytest.mark.parametrize("use_cache", [True, False])
-def test_auto_times_the_dtype_in_one_thread_and_the_threads_in_the_chosen_dtype(monkeypatch, use_cache):
+def test_auto_times_the_dtype_in_one_thread_and_the_threads_in_the_chosen_dtype(monkeypatch, torch_threads,
+                                                                                 use_cache):
     """With the cache: the dtype is measured in one thread (the key's thread count says 1, as stored before), then
     the threads are measured decoding the chosen dtype's way (here bf16 weights), and the sample decodes so.
     Without it the dtype is measured in every thread, the way full forward passes run, and no thread count is."""
-    monkeypatch.setattr(torch, "get_num_threads", lambda: state["n"])
-    monkeypatch.setattr(torch, "set_num_threads", lambda n: state.update(n=n))
-    state = {"n": 2}
+    state = torch_threads
     model = tiny_model()
     dtype_measured_in, thread_probes = [], []
 

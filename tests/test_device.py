@@ -122,16 +122,14 @@ def test_auto_dtype_follows_this_cpus_capabilities_and_float32_autocast_is_a_no_
     assert y.dtype == torch.bfloat16, "bf16 autocast on the CPU must run matmuls in bf16"
 
 
-def test_decoding_threads_sets_the_count_asked_and_restores_it(monkeypatch):
+def test_decoding_threads_sets_the_count_asked_and_restores_it(torch_threads):
     """sample.py decodes in the thread count it chose (one thread or all: runtime/decoding.decoding_thread_count);
     None keeps torch's threads, a GPU's decoding leaves the CPU's alone, and the count comes back afterwards, even
     on an error."""
     from attention_lab.runtime.device import decoding_threads
 
-    calls = []
-    state = {"n": 2}
-    monkeypatch.setattr(torch, "get_num_threads", lambda: state["n"])
-    monkeypatch.setattr(torch, "set_num_threads", lambda n: (calls.append(n), state.update(n=n)))
+    state = torch_threads
+    calls = state["set"]
     cpu = torch.device("cpu")
     with decoding_threads(cpu, 1):
         assert state["n"] == 1, "decoding asked for one thread"
