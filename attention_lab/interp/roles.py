@@ -168,11 +168,17 @@ def detection_score(a: np.ndarray, d: np.ndarray, *, exclude_first: bool = False
     return stripe if target_rows_only else all_rows
 
 
+def _weights(a) -> np.ndarray:
+    """Attention weights as read here: float32 or float64 as given (no copy), anything else as float64."""
+    a = np.asarray(a)
+    return a if a.dtype in (np.float32, np.float64) else a.astype(np.float64)
+
+
 def _excluded(a: np.ndarray, exclude_first: bool, exclude_self: bool) -> np.ndarray:
     """a with key 0 and/or the diagonal zeroed, on a float64 copy (never the caller's pattern); a itself, in its
     own float dtype, when nothing is excluded (no copy: the live lab scores 16 heads x 500^2 at every pause)."""
     if not (exclude_first or exclude_self):
-        return a if a.dtype in (np.float32, np.float64) else np.asarray(a, dtype=np.float64)
+        return _weights(a)
     a = np.array(a, dtype=np.float64)  # a copy: the exclusions below must not edit the caller's pattern
     if exclude_first:
         a[..., :, 0] = 0.0
@@ -205,9 +211,7 @@ def normalised_entropy(a: np.ndarray) -> np.ndarray:
     """H(A[i, :i+1]) / log(i + 1), averaged over rows i >= 1: a (..., T, T) -> (...). -w log w is taken in a's own
     float dtype, with torch on every core (a 500-token text's 16 heads: 10 ms, against 35 in float64 numpy), and
     summed in float64."""
-    a = np.asarray(a)
-    if a.dtype not in (np.float32, np.float64):
-        a = a.astype(np.float64)
+    a = _weights(a)
     if not (a.flags.c_contiguous and a.flags.writeable):  # torch shares the memory: it wants it writeable
         a = np.array(a, order="C")
     a = torch.from_numpy(a)
@@ -223,9 +227,7 @@ def role_scores(attn: np.ndarray, ids: np.ndarray, *, exclude_first: bool = Fals
     score (`induction_all_rows`, TransformerLens's detect_head). exclude_first / exclude_self apply to both.
     The weights are read in their own float dtype (float32 from a model) and every sum is taken in float64.
     """
-    attn = np.asarray(attn)
-    if attn.dtype not in (np.float32, np.float64):
-        attn = attn.astype(np.float64)
+    attn = _weights(attn)
     ids = np.asarray(ids)
     if attn.ndim == 4:
         attn, ids = attn[None], ids[None]

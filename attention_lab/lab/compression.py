@@ -19,7 +19,6 @@ from starlette.middleware.gzip import GZipMiddleware, IdentityResponder
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 ZSTD_LEVEL = 1  # as small as gzip's level 1 on an answer, and much faster; level 3 is 4x slower for 5% fewer bytes
-THREAD_MINIMUM = 128 * 1024  # a body this large is compressed off the event loop, as Starlette does for gzip
 
 
 def accepts(header: str, coding: str) -> bool:
@@ -41,12 +40,14 @@ def accepts(header: str, coding: str) -> bool:
 class ZstdResponder(IdentityResponder):
     content_encoding = "zstd"
 
-    def __init__(self, app: ASGIApp, minimum_size: int, *, level: int, exclude_content_types: tuple[str, ...]):
+    def __init__(self, app: ASGIApp, minimum_size: int, *, level: int, thread_minimum_size: int,
+                 exclude_content_types: tuple[str, ...]):
         super().__init__(app, minimum_size, exclude_content_types=exclude_content_types)
         self.stream = zstandard.ZstdCompressor(level=level).compressobj()
+        self.thread_minimum_size = thread_minimum_size  # past it, off the event loop: GZipMiddleware's own bound
 
     async def apply_compression(self, body: bytes, *, more_body: bool) -> bytes:
-        if len(body) >= THREAD_MINIMUM:
+        if len(body) >= self.thread_minimum_size:
             return await anyio.to_thread.run_sync(self._compress, body, more_body)
         return self._compress(body, more_body)
 
@@ -65,6 +66,7 @@ class Compression(GZipMiddleware):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and accepts(Headers(scope=scope).get("accept-encoding", ""), "zstd"):
             responder = ZstdResponder(self.app, self.minimum_size, level=self.zstd_level,
+                                      thread_minimum_size=self.thread_minimum_size,
                                       exclude_content_types=self.exclude_content_types)
             await responder(scope, receive, send)
         else:

@@ -149,6 +149,7 @@ class Lab {
     const $ = (id) => document.getElementById(id);
     this.$ = $;
     $("lab").hidden = false;
+    for (const id of STALE_VIEWS) { const n = $(id); if (n) n.classList.add("lab-view"); } // each on its own layer
     this.text = $("lab-text");
     // the page opens with a text in the box (page.py LAB_EXAMPLE unless the server says otherwise), analysed as
     // soon as the models are listed (pickModel), so the first look shows maps; typing replaces it
