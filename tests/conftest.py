@@ -6,7 +6,15 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
+
+from attention_lab.runtime.omp import bound_spinning
+
+# before torch loads OpenMP: a bounded spin, as the entry points use (runtime/omp.py). `make test` runs a process a
+# core (pytest-xdist), each with the two threads below, and libgomp's default spin would keep a core busy waiting for
+# a thread the other process has descheduled: the suite took 14.5 min that way on a 2-core EPYC, 11.8 with this
+bound_spinning()
+
+import torch  # noqa: E402
 
 # two cores: keep every test on the same thread count so timings and results are stable
 torch.set_num_threads(min(2, torch.get_num_threads()))
