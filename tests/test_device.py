@@ -180,3 +180,17 @@ print("|".join(seen))
     source = (repo / (entry.replace(".", "/") + ".py")).read_text()
     assert source.index("bound_spinning()") < source.index("import torch"), \
         f"{entry}: the setting must come before torch is imported"
+
+
+def test_the_test_session_itself_waits_with_a_bounded_spin():
+    """`make test` runs a pytest process a core, each with two torch threads: conftest bounds OpenMP's spin before torch
+    loads, as the entry points do (libgomp's default spin cost the suite 8 minutes of CPU: docs/testing.md). A
+    setting the environment already had wins."""
+    import os
+    from pathlib import Path
+
+    assert "GOMP_SPINCOUNT" in os.environ or "OMP_WAIT_POLICY" in os.environ, \
+        "the tests run with libgomp's default spin: conftest must call bound_spinning()"
+    source = (Path(__file__).parent / "conftest.py").read_text()
+    assert source.index("bound_spinning()") < source.index("import torch"), \
+        "conftest: the setting must come before torch is imported"
