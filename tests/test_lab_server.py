@@ -1139,6 +1139,48 @@ def test_an_intervention_closed_after_it_started_stops_computing(gated):
     assert httpx.post(url + "api/analyze", json={"text": "ROMEO:"}, timeout=60).status_code == 200
 
 
+def test_a_stream_closed_during_a_step_leaves_the_queue_counted_right(gated):
+    """The probe: /api/generate's stream, its client gone while a token's job runs. The cancelled step was running,
+    not queued: the queue's count must not go down for it (a negative count lets more requests wait than
+    max_waiting, and the lab never reads idle)."""
+    import httpx
+
+    app, url = gated
+    worker = app.state.worker
+    warm = {"text": "ROMEO:", "max_new_tokens": 1}  # the process's decoding measurement, as in the test above
+    assert httpx.post(url + "api/generate", json=warm, timeout=60).status_code == 200
+    GatedRegistry.forwards = 0
+    GatedRegistry.slow = True
+    sock = raw_post(url, "/api/generate", {"text": "ROMEO:", "max_new_tokens": 256})
+    until("the stream to start", lambda: GatedRegistry.forwards >= 4)
+    sock.close()
+    until("the stream's jobs to end", lambda: worker.open == 0 and worker.jobs == worker.started)
+    GatedRegistry.slow = False
+    assert worker.queued == 0, f"the queue counts {worker.queued} jobs with none waiting"
+    assert GatedRegistry.forwards < 100, f"{GatedRegistry.forwards} forward passes for a client that left"
+
+
+def test_a_streams_later_tokens_are_never_refused_for_a_full_queue(client, monkeypatch):
+    """Only a request's first job may be refused (429) when the queue is full: every later token of a stream and of
+    an intervention's continuations is let in (admit=False), or a stream being read ends in "the lab is busy"."""
+    worker = client.app.state.worker
+    real, seen = worker.run, []
+
+    async def run(fn, *args, watch=None, admit=True):
+        seen.append((getattr(fn, "__name__", "?"), admit))
+        return await real(fn, *args, watch=watch, admit=admit)
+
+    monkeypatch.setattr(worker, "run", run)
+    lines = generate_lines(client, {"text": "ROMEO:", "max_new_tokens": 3, "seed": 1})
+    assert lines[-1].get("done"), lines
+    status, _ = post(client, "/api/intervene", {"text": "ROMEO:", "interventions": [ZERO],
+                                                "generate": {"max_new_tokens": 2}})
+    assert status == 200
+    steps = [admit for name, admit in seen if name == "step"]
+    assert len(steps) == 3 + 2 * 2 and not any(steps), f"(job, admit) of each job: {seen}"
+    assert [admit for name, admit in seen if name != "step"] == [True, True], f"first jobs are admitted: {seen}"
+
+
 @pytest.mark.parametrize("path, body, passes", [
     ("/api/analyze", {"text": TEXT, "ablation": False}, 1),  # the page's data is not built after the pass
     ("/api/compare", {"text": TEXT, "models": ["0", "0"], "checkpoints": list(STEPS)}, 1),  # b not run
