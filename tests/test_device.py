@@ -184,7 +184,7 @@ print("|".join(seen))
 
 def test_the_test_session_itself_waits_with_a_bounded_spin():
     """`make test` runs a pytest process a core, each with two torch threads: conftest bounds OpenMP's spin before torch
-    loads, as the entry points do (libgomp's default spin cost the suite 8 minutes of CPU: docs/testing.md). A
+    loads, as the entry points do (libgomp's default spin cost the suite 5 more minutes of CPU: docs/testing.md). A
     setting the environment already had wins."""
     import os
     from pathlib import Path
