@@ -1071,6 +1071,11 @@ def gated(runs):
         lg.addHandler(kept)
     loggers[0].setLevel(logging.INFO)
     GatedRegistry.gate.set()
+    # a process's first continuation measures which dtype decodes fastest (runtime/decoding.py): many passes in one
+    # job, which cannot stop half-way. Taken first, on an app of its own (the test's worker starts at 0 jobs), so
+    # that in every test a token's job is one pass, whatever ran before in this process
+    with TestClient(create_app(GatedRegistry.open([runs["gpt"]])), base_url=LOCAL) as warm:
+        assert warm.post("/api/generate", json={"text": "ROMEO:", "max_new_tokens": 1}).status_code == 200
     GatedRegistry.forwards, GatedRegistry.slow = 0, False
     app = create_app(GatedRegistry.open([runs["gpt"]]), worker=Worker(max_waiting=6))
     app.state.kept = kept
@@ -1119,11 +1124,6 @@ def test_an_intervention_closed_after_it_started_stops_computing(gated):
 
     app, url = gated
     worker = app.state.worker
-    # a process's first continuation measures which dtype decodes fastest (runtime/decoding.py): many passes in one
-    # job, which cannot stop half-way. Measured here first, so that every job below is one pass, whatever ran before
-    warm = {"text": "ROMEO:", "interventions": [ZERO], "generate": {"max_new_tokens": 1}}
-    assert httpx.post(url + "api/intervene", json=warm, timeout=60).status_code == 200
-    GatedRegistry.forwards = 0
     GatedRegistry.slow = True
     sock = raw_post(url, "/api/intervene", {"text": "ROMEO:", "interventions": [ZERO],
                                             "generate": {"max_new_tokens": 256}})
@@ -1143,13 +1143,8 @@ def test_a_stream_closed_during_a_step_leaves_the_queue_counted_right(gated):
     """The probe: /api/generate's stream, its client gone while a token's job runs. The cancelled step was running,
     not queued: the queue's count must not go down for it (a negative count lets more requests wait than
     max_waiting, and the lab never reads idle)."""
-    import httpx
-
     app, url = gated
     worker = app.state.worker
-    warm = {"text": "ROMEO:", "max_new_tokens": 1}  # the process's decoding measurement, as in the test above
-    assert httpx.post(url + "api/generate", json=warm, timeout=60).status_code == 200
-    GatedRegistry.forwards = 0
     GatedRegistry.slow = True
     sock = raw_post(url, "/api/generate", {"text": "ROMEO:", "max_new_tokens": 256})
     until("the stream to start", lambda: GatedRegistry.forwards >= 4)
