@@ -13,6 +13,8 @@ the number of processes. Every file is written to a temp name in the same direct
 with os.replace, so a killed run leaves temp files and no meta.json, never a trusted half-file.
 """
 
+from __future__ import annotations
+
 import functools
 import hashlib
 import json
@@ -22,12 +24,11 @@ import platform
 import shutil
 import time
 from dataclasses import asdict, dataclass
+from importlib import metadata
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
-import datasets
 import numpy as np
-import pyarrow.compute as pc
 import tokenizers
 from filelock import FileLock
 
@@ -35,6 +36,9 @@ from data.config import DataConfig
 from data.files import atomic_write, fsync_dir
 from data.sources import corpus_fingerprint, load_corpus
 from data.tokenizer import EOT, Tokenizer
+
+if TYPE_CHECKING:  # read and tokenized in data/sources.py's functions: prepared tokens are reused without it
+    import datasets
 
 FORMAT_VERSION = 1  # bump when the layout or content of a prepared directory changes
 BATCH = 1000  # documents per tokenizer/map batch
@@ -211,7 +215,7 @@ def _prepare(cfg: DataConfig, key: str, out: Path, log: Callable[[str], None]) -
         "prepare_seconds": round(time.perf_counter() - start, 2),
         "versions": {
             "python": platform.python_version(),
-            "datasets": datasets.__version__,
+            "datasets": metadata.version("datasets"),
             "tokenizers": tokenizers.__version__,
             "numpy": np.__version__,
         },
@@ -265,6 +269,8 @@ def _tokenize(batch: dict, tokenizer: Tokenizer, dtype: str) -> dict:
 def _write_split(
     docs: datasets.Dataset, tok: Tokenizer, dtype: np.dtype, path: Path, work: Path, num_proc: int, key: str
 ) -> dict:
+    import pyarrow.compute as pc
+
     if num_proc > 1:
         # The tokenizer already used its thread pool (training); forked workers would warn and go serial anyway.
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -195,7 +195,9 @@ def test_error_midway_through_a_file_leaves_nothing_behind(tmp_path, corpus, mon
     cfg = text_cfg(tmp_path, corpus)
     monkeypatch.setattr(prepare, "BATCH", 2)  # several chunks per .bin file
     calls = {"n": 0}
-    original = prepare.pc.list_flatten
+    import pyarrow.compute as pc  # data/prepare.py imports it where it writes a split
+
+    original = pc.list_flatten
 
     def flaky(*args, **kwargs):
         calls["n"] += 1
@@ -203,12 +205,12 @@ def test_error_midway_through_a_file_leaves_nothing_behind(tmp_path, corpus, mon
             raise RuntimeError("simulated crash while writing train.bin")
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(prepare.pc, "list_flatten", flaky)
+    monkeypatch.setattr(pc, "list_flatten", flaky)
     with pytest.raises(RuntimeError, match="simulated crash"):
         prepare_data(cfg, log=quiet)
     assert prepared_dirs(tmp_path / "cache") == [], "a failed preparation must not leave its directory"
 
-    monkeypatch.setattr(prepare.pc, "list_flatten", original)
+    monkeypatch.setattr(pc, "list_flatten", original)
     tokenize_calls.clear()
     data = prepare_data(cfg, log=quiet)
     assert tokenize_calls, "the rerun must prepare from scratch"
