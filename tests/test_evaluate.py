@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attention_lab.training.evaluate import split_nats, tiling_windows
+from attention_lab.training.evaluate import EVAL_TOKENS, split_nats, tiling_windows, windows_per_pass
 from model import GPT, GPTConfig
 
 T = 16
@@ -72,10 +72,17 @@ def test_partial_last_window_scores_only_new_targets(model):
     assert total == pytest.approx(head_total + tail, rel=1e-5)
 
 
-@pytest.mark.parametrize("batch_size", [1, 4, 100])
+@pytest.mark.parametrize("batch_size", [1, 4, 100, None])
 def test_batch_size_does_not_change_the_score(model, batch_size):
     toks = tokens(6 * T + 9, seed=2)
     reference = split_nats(model, toks, batch_size=2)
     total, count = split_nats(model, toks, batch_size=batch_size)
     assert count == reference[1]
     assert math.isclose(total, reference[0], rel_tol=1e-5), f"batch {batch_size}: {total} vs {reference[0]}"
+
+
+def test_the_default_batch_is_about_eval_tokens_of_windows_and_never_under_eight():
+    """A short context is batched up to EVAL_TOKENS tokens a pass (its 8 windows a pass spent seconds of Python on a
+    split); the 256-token default keeps 16, a long context never drops under 8."""
+    assert windows_per_pass(32) == EVAL_TOKENS // 32 == 128
+    assert windows_per_pass(256) == 16 and windows_per_pass(1024) == 8 and windows_per_pass(100_000) == 8
