@@ -282,6 +282,21 @@ def hub_cfg(tmp_path, **kwargs) -> DataConfig:
                          **kwargs})
 
 
+def test_every_hub_setting_that_changes_the_documents_changes_the_key(tmp_path):
+    """A hub corpus is keyed by what is read from it: each of these settings picks other documents or other text,
+    so a change must prepare again, never reuse the other setting's val.bin."""
+    base = hub_cfg(tmp_path, path="someone/corpus", max_train_docs=100, max_val_docs=10, val_split="validation")
+    key = prepare.cache_key(base)
+    assert prepare.cache_key(hub_cfg(tmp_path, path="someone/corpus", max_train_docs=100, max_val_docs=10,
+                                     val_split="validation")) == key, "the same settings, the same key"
+    for changed in (dict(max_val_docs=11), dict(max_train_docs=101), dict(text_field="story"),
+                    dict(doc_start_regex="^ = "), dict(train_split="train[:50%]"), dict(config_name="other"),
+                    dict(revision="v2"), dict(val_split="test"), dict(path="someone/other")):
+        cfg = hub_cfg(tmp_path, **{"path": "someone/corpus", "max_train_docs": 100, "max_val_docs": 10,
+                                   "val_split": "validation", **changed})
+        assert prepare.cache_key(cfg) != key, f"{changed} must change the key"
+
+
 def test_hub_source_on_local_parquet(tmp_path, parquet_file):
     cfg = hub_cfg(tmp_path, path="parquet", data_files=[str(parquet_file)], text_field="story")
     data = prepare_data(cfg, log=quiet)
@@ -412,3 +427,21 @@ def test_a_single_file_is_split_by_lines(tmp_path):
     val = data.tokenizer.decode(data.tokens("val"))
     assert val == "".join(lines[90:]) + EOT, f"the last 10% of lines is the validation text: {val[:60]!r}"
     assert data.meta["val_docs"] == [f"book[{len(''.join(lines[:90]))}:]"], data.meta["val_docs"]
+    assert data.tokenizer.decode(data.tokens("train")) == "".join(lines[:90]) + EOT, "the train text stops at the cut"
+
+
+def test_a_single_file_cut_between_lines_trains_on_none_of_the_validation_text(tmp_path):
+    """The cut goes back to the start of the line the target falls in: the train text is everything before it and
+    the validation text everything after, not one character of it in both."""
+    path = tmp_path / "book.txt"
+    lines = [f"line {i}{'.' * (i % 7)} of the only book\n" for i in range(50)]  # lines of unequal length
+    text = "".join(lines)
+    path.write_text(text)
+    data = prepare_data(DataConfig(source="text", files=[str(path)], tokenizer="char", val_fraction=0.13,
+                                   cache_dir=str(tmp_path / "c")), log=quiet)
+    train = data.tokenizer.decode(data.tokens("train")).removesuffix(EOT)
+    val = data.tokenizer.decode(data.tokens("val")).removesuffix(EOT)
+    target = int(len(text) * 0.87)
+    assert text[target - 1] != "\n", "the test needs a target inside a line"
+    assert train + val == text, "train and validation are the text cut once, in order"
+    assert train.endswith("\n") and len(train) < target, f"cut at a line start before the target: {train[-30:]!r}"
