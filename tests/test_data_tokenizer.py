@@ -1,7 +1,9 @@
 """Tokenizers: exact round trips, the char vocabulary and its unknown-character warning, files, labels."""
 
 import json
+import os
 import warnings
+from pathlib import Path
 
 import pytest
 import tokenizers
@@ -89,6 +91,29 @@ def test_char_vocabulary_is_the_training_characters(char):
     assert char.decode(ids) == text, "decode must not insert spaces between characters"
     assert char.decode([*ids[:3], char.eot_id]) == text[:3] + EOT
     assert char.token_strings(char.encode("a\n")) == ["a", "\\n"]
+
+
+def test_char_ids_follow_code_point_order_in_every_process():
+    """The ids are the characters in code-point order after the two specials, whatever order Python's set gives
+    them: a tokenizer rebuilt in another process (another hash seed) must give the corpus the same ids, or a cached
+    train.bin and a checkpoint would meet a vocabulary of other ids."""
+    import subprocess
+    import sys
+
+    chars = sorted(set("".join(TRAIN_TEXT)))
+    code = ("import json, sys; from data.tokenizer import Tokenizer; "
+            "t = Tokenizer.train_char([json.loads(sys.argv[1])]); "
+            "print(json.dumps([t.encode(c)[0] for c in json.loads(sys.argv[2])]))")
+    seen = set()
+    for seed in ("1", "2", "3"):
+        proc = subprocess.run([sys.executable, "-c", code, json.dumps(TRAIN_TEXT), json.dumps(chars)],
+                              capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent,
+                              env={**os.environ, "PYTHONHASHSEED": seed})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        ids = json.loads(proc.stdout)
+        assert ids == list(range(2, 2 + len(chars))), f"PYTHONHASHSEED={seed}: ids {ids[:8]}... not in code-point order"
+        seen.add(tuple(ids))
+    assert len(seen) == 1
 
 
 def test_char_unknown_characters_warn_and_map_to_unk(char):

@@ -55,6 +55,20 @@ def save(root: Path, step: int, **kwargs) -> Path:
 # --------------------------------------------------------------------------------------------------------- modes
 
 
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit, OSError], ids=["ctrl-c", "exit", "error"])
+def test_an_interrupted_atomic_write_leaves_the_old_file_and_no_temporary(tmp_path, stop):
+    """Ctrl-C (KeyboardInterrupt) and sys.exit (SystemExit) are not Exceptions: the temporary is removed for them
+    too, and the file keeps its earlier contents."""
+    target = tmp_path / "meta.json"
+    target.write_text("old\n")
+    with pytest.raises(stop):
+        with atomic_write(target) as f:
+            f.write("half of the new")
+            raise stop()
+    assert target.read_text() == "old\n", "the earlier file is untouched"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["meta.json"], "no temporary left beside it"
+
+
 def test_atomic_write_gives_the_umask_mode(tmp_path, umask):
     plain = tmp_path / "plain.txt"
     plain.write_text("x")  # what a non-atomic write gives, for comparison
