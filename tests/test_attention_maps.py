@@ -162,6 +162,25 @@ def test_attention_figure_renders_to_an_rgb_array():
         attention_figure(w[0], ["x"] * (T - 1))
 
 
+def test_every_head_is_drawn_on_one_colour_scale_with_the_future_greyed_out():
+    """Heads compare by colour only if they share one scale over [0, 1] (the colorbar is drawn once), whatever each
+    head's own largest weight (a window cropped from a longer text has no row of weight 1); the masked future is
+    the light-grey 'bad' colour, never a weight of 0 painted dark."""
+    t, nh = 6, 3
+    rows = np.tril(np.ones((t, t), dtype=np.float32))
+    w = np.stack([rows * (h + 1) / (4 * (np.arange(t)[:, None] + 1)) for h in range(nh)])  # largest 0.25, 0.5, 0.75
+    fig = attention_figure(w, [f"t{i}" for i in range(t)], "one scale")
+    images = [ax.images[0] for ax in fig.axes if ax.images]
+    assert len(images) == nh, f"one image per head: {len(images)}"
+    for h, im in enumerate(images):
+        assert (im.norm.vmin, im.norm.vmax) == (0.0, 1.0), f"head {h} is scaled to {im.norm.vmin}..{im.norm.vmax}"
+        future = np.ma.getmaskarray(im.get_array())
+        np.testing.assert_array_equal(future, np.triu(np.ones((t, t), dtype=bool), k=1),
+                                      err_msg=f"head {h}: the future (above the diagonal) must be masked, and only it")
+        grey = im.cmap(np.ma.masked_invalid([np.nan]))[0]
+        assert np.allclose(grey[:3], [0xE6 / 255] * 3), f"the masked future is light grey, not {grey}"
+
+
 def test_attention_figure_thins_labels_and_pools_long_texts():
     t = 300
     w = np.tril(np.ones((2, t, t), dtype=np.float32)) / np.arange(1, t + 1, dtype=np.float32)[:, None]

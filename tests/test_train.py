@@ -152,8 +152,11 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, data_cache):
     train_mod.train(debug_config(data_cache, *common, "train.max_steps=10"), split_dir)
     # re-running in the same directory resumes from its latest checkpoint
     train_mod.train(debug_config(data_cache, *common, "train.max_steps=20"), split_dir)
-    full, _ = read_metrics(full_dir)
-    split, _ = read_metrics(split_dir)
+    full, full_evals = read_metrics(full_dir)
+    split, split_evals = read_metrics(split_dir)
+    assert sorted(split) == sorted(full) == list(range(1, 21)), (
+        f"the resumed run's metrics.jsonl must keep the lines logged before the stop: steps {sorted(split)}")
+    assert sorted(split_evals) == sorted(full_evals), f"evaluations {sorted(split_evals)} vs {sorted(full_evals)}"
     for step in range(11, 21):
         assert split[step] == full[step], (
             f"step {step}: resumed run loss {split[step]!r} != uninterrupted {full[step]!r}; "
