@@ -331,6 +331,27 @@ def test_the_default_launcher_runs_one_run_per_core_where_joblib_is_installed():
     assert auto_launcher(2) == ("joblib", 2) and auto_launcher(16) == ("joblib", 16)
 
 
+def test_jobs_sizes_the_launcher_the_claim_runs_under(tmp_path, monkeypatch, capsys):
+    """`--launcher joblib --jobs N` reaches the runs as N at a time with the cores shared between them; `--jobs`
+    with another launcher is one error line, not ignored."""
+    from attention_lab.claims import cli as claims_cli
+
+    seen = []
+
+    def fake_run_claim(claim, out, quick, launcher=(), rate_check=None):
+        seen.append(tuple(launcher))
+        return out / "report.md"
+
+    monkeypatch.setattr(claims_cli, "run_claim", fake_run_claim)
+    monkeypatch.setattr(claims_cli.os, "cpu_count", lambda: 6)
+    assert claims_cli.main(["mask", "--quick", "--launcher", "joblib", "--jobs", "3", "--out", str(tmp_path)]) == 0
+    assert seen == [("hydra/launcher=joblib", "hydra.launcher.n_jobs=3", "train.num_threads=2")], seen
+    capsys.readouterr()
+    assert claims_cli.main(["mask", "--quick", "--launcher", "basic", "--jobs", "3", "--out", str(tmp_path)]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(seen) == 1 and err and err[-1].startswith("error:") and "--jobs" in err[-1], err
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # the context control can fail
 
