@@ -75,7 +75,8 @@ def split_nats(model: GPT, tokens: np.ndarray, batch_size: int | None = None, de
     batch_size windows a forward pass (default: windows_per_pass)."""
     device = torch.device(device)
     block_size = model.config.block_size
-    batch_size = batch_size or windows_per_pass(block_size)
+    if batch_size is None:
+        batch_size = windows_per_pass(block_size)
     starts, first = tiling_windows(len(tokens), block_size)
     total, count = 0.0, 0
     with eval_mode(model):
