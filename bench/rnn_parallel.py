@@ -26,7 +26,6 @@ import torch
 
 from bench.common import describe_machine, interleaved, log, machine_line, median
 
-
 CLAIMS_PRESET = ("experiment=claims",)  # attention_lab/claims/catalog.py BASE
 CONTEXT = ("model.block_size=512", "train.batch_size=4")  # the rnn claim's own (catalog.py LONG)
 

@@ -38,7 +38,7 @@ if "google.colab" in sys.modules:
     os.chdir("attention-lab")
 
 # %%
-import math  # for your own code in the "your turn" cells
+import math  # noqa: F401  (for your own code in the "your turn" cells)
 from pathlib import Path
 
 import matplotlib.pyplot as plt

@@ -18,7 +18,6 @@ from attention_lab.claims.catalog import BASE, BASE_LR, QUICK
 from attention_lab.training.config import compose
 from model import GPT, GPTConfig
 
-
 # ---------------------------------------------------------------------------------------------------------------
 # the statistics, against simulated claims with a known truth
 

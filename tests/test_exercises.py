@@ -8,16 +8,15 @@ Each test names the planted bug it catches (tests/mutations.py, "the exercises (
 from __future__ import annotations
 
 import math
-import textwrap
 import time
 
 import pytest
 import torch
+from exercise_learners import LEARNERS
 
 from attention_lab.exercises import EXERCISES, answers, check, skeleton, solution, start
 from attention_lab.exercises.__main__ import main as cli_main
 from attention_lab.exercises.book import TOLERANCE, multi_head_with, table_with
-from exercise_learners import LEARNERS
 from model.positions import sinusoidal_table
 
 HEADER = "import math\n\nimport torch\nimport torch.nn.functional as F\n\n\n"

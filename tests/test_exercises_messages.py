@@ -12,11 +12,11 @@ import re
 
 import pytest
 import torch
+from exercise_learners import HEADER, LEARNERS
+from test_exercises import HAND_WRITTEN
 
 from attention_lab.exercises import EXERCISES, answers, check
 from attention_lab.exercises.checking import MEASURED
-from exercise_learners import HEADER, LEARNERS
-from test_exercises import HAND_WRITTEN
 
 
 def test_the_values_shown_are_the_largest_differences_own():

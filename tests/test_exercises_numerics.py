@@ -11,10 +11,10 @@ import math
 
 import pytest
 import torch
+from exercise_learners import CORRECT, HEADER, LEARNERS
 
 from attention_lab.exercises import EXERCISES, check
 from attention_lab.exercises.book import EXP_OVERFLOW, HALF_MAX, scores_with
-from exercise_learners import CORRECT, HEADER, LEARNERS
 
 
 def write(tmp_path, body: str, stem: str = "mine"):

@@ -22,6 +22,7 @@ import pytest
 transformers = pytest.importorskip("transformers")
 
 import torch  # noqa: E402
+from test_export import TEXT, randomise, tiny  # noqa: E402
 
 import sample as sample_mod  # noqa: E402
 from attention_lab import sampling  # noqa: E402
@@ -30,7 +31,6 @@ from attention_lab.store.checkpoint import save_checkpoint  # noqa: E402
 from attention_lab.training.config import compose  # noqa: E402
 from data.tokenizer import Tokenizer  # noqa: E402
 from model import GPT  # noqa: E402
-from test_export import TEXT, randomise, tiny  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 ATOL = 1e-5

@@ -22,6 +22,18 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from test_viewer import (  # noqa: F401
+    STEP_INSIDE_TOL,
+    _panel_rows,
+    _same,
+    assert_quiet,
+    browser,
+    css,
+    hover,
+    screenshot,
+    shots,
+    visible,
+)
 
 from attention_lab.interp.capture import capture_attention
 from attention_lab.interp.heads import HeadAblation, ablation_effects
@@ -31,8 +43,6 @@ from attention_lab.store.checkpoint import load_checkpoint, save_checkpoint
 from attention_lab.viewer import page as viewer
 from data.tokenizer import Tokenizer
 from model import GPT, GPTConfig
-from test_viewer import (  # noqa: F401
-    STEP_INSIDE_TOL, _panel_rows, _same, assert_quiet, browser, css, hover, screenshot, shots, visible)
 
 CORPUS = "ROMEO:\nBut soft, what light through yonder window breaks? It is the east, and Juliet is the sun.\n"
 STEPS = (10, 20, 30)  # the checkpoints of each run; the last is the best, where the lab opens

@@ -34,9 +34,9 @@ from attention_lab.lab import app as lab_app
 from attention_lab.lab.app import create_app
 from attention_lab.lab.models import NotFound, Registry
 from attention_lab.lab.requests import MAX_BODY
-from attention_lab.viewer.page import json_safe
 from attention_lab.sampling import generate_text
 from attention_lab.store.checkpoint import load_checkpoint, save_checkpoint
+from attention_lab.viewer.page import json_safe
 from data.tokenizer import Tokenizer
 from model import GPT, LSTMLM, GPTConfig, LSTMConfig, hooked
 

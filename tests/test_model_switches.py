@@ -22,7 +22,7 @@ import model.attention as attention_module
 import train as train_mod
 from attention_lab.interop.convert import FIELD_ROLES, plan_export
 from attention_lab.interop.hf import export_pretrained
-from attention_lab.interp.inside import steppable, step_inside
+from attention_lab.interp.inside import step_inside, steppable
 from attention_lab.store.checkpoint import load_checkpoint
 from attention_lab.training.config import compose
 from attention_lab.viewer.report import dump_attention

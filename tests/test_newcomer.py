@@ -68,8 +68,9 @@ def test_compare_on_a_one_model_lab_says_what_to_send(runs):
 
 
 def test_the_logit_lens_line_shows_a_newline_once_escaped(tmp_path, capsys):
-    import sample
     from test_sample import make_run
+
+    import sample
 
     run = make_run(tmp_path / "run")
     assert sample.main(["--run", str(run), "--prompt", "ROMEO:\n", "--max-new-tokens", "0", "--out",

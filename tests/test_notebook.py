@@ -13,14 +13,14 @@ import re
 
 import numpy as np
 import pytest
+from test_sample import make_run
+from test_viewer import browser  # noqa: F401  (the headless Chromium fixture)
 
 import attention_lab
 from attention_lab.interp.analysis import analyze
 from attention_lab.interp.interventions import Intervention
 from attention_lab.store.checkpoint import load_checkpoint
 from attention_lab.viewer.page import dequantise
-from test_sample import make_run
-from test_viewer import browser  # noqa: F401  (the headless Chromium fixture)
 
 TEXT = "ROMEO:\nBut soft, what light"
 

@@ -8,11 +8,11 @@ import json
 import re
 
 import pytest
+from test_sample import make_run
 
 import sample
 from attention_lab.viewer import page as viewer
 from attention_lab.viewer.report import rebuild_sample
-from test_sample import make_run
 
 ISLAND = re.compile(r'<script type="application/json" id="data">(.*?)</script>', re.S)
 
@@ -100,8 +100,9 @@ def test_a_checkpoint_that_cannot_hold_the_samples_tokens_is_refused_and_the_sam
     line and leaves the sample as it was: with another tokenizer (its context long enough) the same ids are other
     tokens; with a context shorter than the sample the window would be cropped. Planted bug:
     rebuild_accepts_another_tokenizer (either refusal alone let through, the sample overwritten)."""
-    from data.tokenizer import Tokenizer
     from test_sample import BLOCK, CORPUS
+
+    from data.tokenizer import Tokenizer
 
     run, folder, page = written
     copy = tmp_path / "copy"

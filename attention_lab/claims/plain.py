@@ -21,8 +21,8 @@ import math
 
 import numpy as np
 
-from attention_lab.claims.stats import OUTLIER_K
 from attention_lab.claims.catalog import Claim, at_value
+from attention_lab.claims.stats import OUTLIER_K
 
 # per metric: what the arm with the lower number did better, and the size in words (lower is the claim's side)
 VERBS = {"bpb": "predicted the test text better than",
@@ -132,7 +132,7 @@ def clause(claim: Claim, doc: dict, of: tuple[str, str], metric: str, items: lis
     better, worse = said(claim, of[0]), said(claim, of[1])
     c0 = items[0][1]
     if of[0] == of[1]:  # one arm's number against the same runs read with the pasted control
-        better, worse = f"{better} with its trained attention", f"the same runs with attention pasted uniform"
+        better, worse = f"{better} with its trained attention", "the same runs with attention pasted uniform"
     verb = VERBS.get(metric, f"was lower in {metric} than")
     where = f" at {var} = {_values([at for at, _ in items])}" if var else ""
     means = [c["mean"] for _, c in items]

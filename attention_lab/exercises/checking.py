@@ -564,8 +564,8 @@ def _pass_message(ex: Exercise, runs: list[Run], where: str, convention: str | N
     tols = "; ".join(f"{str(d).removeprefix('torch.')} {ex.tolerance[d]}" for d in dtypes)
     note = ""
     if any(bool(((r.ref[0] == -torch.inf) & (r.mine[0].float() > -torch.inf)).any()) for r in runs):
-        note = (f"\n  note: you hide keys with a large negative number, not -inf: the same weights after the softmax "
-                f"(exp of it is 0), but a query that sees no key gets a uniform row instead of NaN")
+        note = ("\n  note: you hide keys with a large negative number, not -inf: the same weights after the softmax "
+                "(exp of it is 0), but a query that sees no key gets a uniform row instead of NaN")
     other = f" in the {convention} convention" if convention else ""
     lines = [f"pass: {ex.name} ({ex.title}){other} agrees with {ex.reference_name} on {len(runs)} cases "
              f"({', '.join(r.case.label for r in runs)}) within {tols}.{note}"]

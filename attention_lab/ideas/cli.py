@@ -293,7 +293,7 @@ def idea_positions(args, opened: Opened, out: Path) -> None:
                   f"'{labels[-1]}', the {len(ids) - 1} tokens before it shuffled {len(shuffle.orders)} times (the "
                   f"query kept last); how far the query's output moves (|change|, the output's own length "
                   f"{shuffle.size:.2f}):")
-            print(f"  positions switched off: " + ", ".join(f"{c:.1e}" for c in shuffle.change_off)
+            print("  positions switched off: " + ", ".join(f"{c:.1e}" for c in shuffle.change_off)
                   + " (rounding: the same weighted sum over the same set of keys)")
             print(f"  with the model's {shuffle.encoding}: " + ", ".join(f"{c:.2f}" for c in shuffle.change_on)
                   + " (the order of the keys changes what the query reads)")
@@ -464,7 +464,7 @@ def idea_mask(args, opened: Opened, out: Path) -> None:
           f"{len(future)} are 0.0); the {q + 1} visible weights sum to {row.weights[: q + 1].sum():.6f}")
     zero = row.weights_zero[q + 1:]
     if len(zero):
-        after, grad = row.weights_after, row.after_grad[q + 1:]
+        grad = row.after_grad[q + 1:]
         vis, fut = np.exp(row.scores_open[: q + 1].astype(np.float64)), np.exp(row.scores_open[q + 1:].astype(np.float64))
         raised = vis.sum() / (vis.sum() + np.e * fut.sum())
         print(f"a 0 after the softmax instead (tutorial 4 warns against it): the softmax runs over every key, the "

@@ -53,6 +53,7 @@ from starlette.routing import Route
 
 from attention_lab.interp.analysis import analyze, batched_ablation, text_losses
 from attention_lab.interp.capture import token_window
+from attention_lab.interp.inside import steppable
 from attention_lab.interp.interventions import intervention_edits, parse_interventions
 from attention_lab.lab.compression import Compression
 from attention_lab.lab.guard import Guard
@@ -74,7 +75,6 @@ from attention_lab.lab.requests import (
 )
 from attention_lab.sampling import generate_text
 from attention_lab.viewer.page import json_safe, lab_page, role_info
-from attention_lab.interp.inside import steppable
 from attention_lab.viewer.report import inside_data, model_circuits, page_data, text_circuits
 from model import hooked
 
