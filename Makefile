@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # torch first, pinned: the CPU wheel on this machine. On a GPU box: make TORCH="torch==2.13.0" with your CUDA index.
 TORCH ?= torch==2.13.0
 
-.PHONY: install train test bench gpu-check mutate notebooks clean
+.PHONY: install train test lint bench gpu-check mutate notebooks clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,10 @@ bench: install
 # the GPU path in one call (bench/gpu_check.py): every step that matters on a GPU, one table, exit 1 on a failure
 gpu-check: install
 	$(PY) -m bench.gpu_check $(ARGS)
+
+# ruff over the code (ruff.toml); the suite runs it too (tests/test_lint.py)
+lint: install
+	$(PY) -m ruff check .
 
 # plant each bug of tests/mutations.py in a temporary copy and check the tests catch it (a few minutes)
 mutate: install

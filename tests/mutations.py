@@ -2325,6 +2325,11 @@ MUTATIONS = (
              ("tests/test_planted_bugs.py::test_a_resume_trains_with_this_runs_dropout_backend_and_qk_norm",),
              "resuming with model.dropout=0.1 (or another non-shape setting) silently builds the checkpoint's "
              "config: no dropout, while the run's config.json says 0.1"),
+    Mutation("unused_import_left_behind", "attention_lab/claims/report.py",
+             "import math\nimport os\n", "import math\nimport os\nimport shutil\n",
+             ("tests/test_lint.py",),
+             "an import left behind after its use was removed (ruff check; often the trace of a value computed and "
+             "then forgotten)"),
     Mutation("gpt2_preset_rope", "configs/model/gpt2.yaml",
              "pos_encoding: learned",
              "pos_encoding: rope",
