@@ -27,7 +27,7 @@ import torch  # noqa: E402
 
 from attention_lab.runtime import cli, distributed  # noqa: E402
 from attention_lab.runtime.device import eval_mode, pick_device, pick_dtype  # noqa: E402
-from attention_lab.runtime.flops import measure_peak_flops  # noqa: E402
+from attention_lab.runtime.flops import kept_peak_flops  # noqa: E402
 from attention_lab.store.checkpoint import CheckpointError, find_checkpoint, save_checkpoint  # noqa: E402
 from attention_lab.store.layout import RunLayout  # noqa: E402
 from attention_lab.store.logger import RunLogger  # noqa: E402
@@ -53,11 +53,6 @@ from attention_lab.training.state import TrainState  # noqa: E402
 from data.batches import BatchSampler, eval_batches  # noqa: E402
 from data.prepare import bits_per_byte, prepare_data  # noqa: E402
 from model import arch_of, num_params  # noqa: E402
-
-# the matmul peak measured in this process, per device and dtype: the runs of one multirun (a sweep, a claim's arms)
-# share the machine, so they share its measurement (about 1.5 s a run on 2 CPU cores idle, 3.5 s busy: longer than
-# a small run's training)
-PEAKS: dict[tuple[str, torch.dtype], float] = {}
 
 
 def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dict:
@@ -108,10 +103,13 @@ def setup_run(cfg: Config, run_dir: Path, overrides: list[str], info, device, dt
                            world_size=info.world_size, repeat_frac=tc.repeat_frac)
     state = TrainState(configure_optimizer(raw_model, cfg.optim, device), sampler, device)
     n_params = num_params(raw_model)
-    # the MFU denominator: the matmul peak in the dtype the run computes in (bf16 runs 2-8x float32 on some CPUs)
-    if not tc.peak_flops and (str(device), dtype) not in PEAKS:
-        PEAKS[(str(device), dtype)] = measure_peak_flops(device, dtype)
-    peak = tc.peak_flops or PEAKS[(str(device), dtype)] * info.world_size
+    # the MFU denominator: the matmul peak in the dtype the run computes in (bf16 runs 2-8x float32 on some CPUs),
+    # measured once on this machine and kept (runtime/flops.py), or as the config gives it
+    if tc.peak_flops:
+        peak, peak_source = tc.peak_flops, "config"
+    else:
+        peak, measured = kept_peak_flops(device, dtype)
+        peak, peak_source = peak * info.world_size, "measured" if measured else "kept"
     run = Run(cfg, RunLayout(run_dir), overrides, info, device, dtype, log, data, model_cfg, raw_model, model, state,
               torch.amp.GradScaler(device.type) if dtype == torch.float16 else None,
               eval_batches(data.tokens("val"), model_cfg.block_size, tc.batch_size, tc.eval_batches),
@@ -124,7 +122,7 @@ def setup_run(cfg: Config, run_dir: Path, overrides: list[str], info, device, dt
             callback.resume(run_dir, state.step)
     log.provenance(recorded_config(cfg, raw_model), overrides, {  # a learner's attention: their file and its hash
         "data_dir": str(data.dir.resolve()), "world_size": info.world_size, "n_params": n_params, "peak_flops": peak,
-        "peak_dtype": str(dtype)[6:], "device": str(device)})
+        "peak_dtype": str(dtype)[6:], "peak_source": peak_source, "device": str(device)})
     shape = (f"{model_cfg.n_layer} layers x {model_cfg.n_head} heads x {model_cfg.n_embd} wide, "
              f"{model_cfg.pos_encoding} positions" if arch_of(model_cfg) == "gpt" else
              f"an LSTM: {model_cfg.n_layer} layers x {model_cfg.n_embd} wide (embedding and hidden size)"

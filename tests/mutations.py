@@ -2325,6 +2325,17 @@ MUTATIONS = (
              ("tests/test_planted_bugs.py::test_a_resume_trains_with_this_runs_dropout_backend_and_qk_norm",),
              "resuming with model.dropout=0.1 (or another non-shape setting) silently builds the checkpoint's "
              "config: no dropout, while the run's config.json says 0.1"),
+    Mutation("peak_kept_without_the_dtype", "attention_lab/runtime/flops.py",
+             'decoding.kept_seconds(("matmul peak", str(dtype).removeprefix("torch.")), names, best_seconds)',
+             'decoding.kept_seconds(("matmul peak",), names, best_seconds)',
+             ("tests/test_train_step.py::test_mfu_divides_by_the_matmul_peak_of_the_runs_own_dtype_measured_once_then_kept",),
+             "the kept matmul peak is keyed without the dtype: after a bf16 run a float32 run divides by bf16's peak "
+             "(MFU understated 2-8x on CPUs with bf16 units), or the other way round"),
+    Mutation("peak_from_kept_seconds_halved", "attention_lab/runtime/flops.py",
+             "return max(2.0 * int(n) ** 3 / seconds[n] for n in names), measured",
+             "return max(int(n) ** 3 / seconds[n] for n in names), measured",
+             ("tests/test_train_step.py::test_the_kept_peak_is_the_best_sizes_rate_and_a_gpus_is_measured_in_each_process",),
+             "the kept peak is read back as n^3 / seconds, not 2 n^3: every MFU doubled"),
     Mutation("unused_import_left_behind", "attention_lab/claims/report.py",
              "import math\nimport os\n", "import math\nimport os\nimport shutil\n",
              ("tests/test_lint.py",),

@@ -152,25 +152,68 @@ def test_compile_trains_the_same_numbers_and_saves_the_plain_module(tmp_path, da
     assert final["step"] == 6
 
 
-def test_mfu_divides_by_the_matmul_peak_of_the_runs_own_dtype(tmp_path, data_cache, monkeypatch):
+def test_mfu_divides_by_the_matmul_peak_of_the_runs_own_dtype_measured_once_then_kept(tmp_path, data_cache,
+                                                                                    monkeypatch):
     """A bf16 run's MFU is measured against the bf16 matmul peak (2-8x the float32 one on CPUs with AVX512-BF16
-    or AMX), not against float32's, which would overstate it by that factor."""
+    or AMX), not against float32's, which would overstate it by that factor. The peak is measured by the first run
+    and kept: the next run (a fresh process) reads it; a run in another dtype measures its own; a peak the config
+    gives is taken as it is. provenance.json says which."""
+    from attention_lab.runtime import decoding, flops
+
+    monkeypatch.setenv(decoding.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    decoding.forget_measurements()
     asked = []
 
-    def peak(device, dtype, **kw):
+    def rates(device, dtype, **kw):  # FLOP/s per matmul size: the best is 2048's
         asked.append(dtype)
-        return {torch.float32: 1e11, torch.bfloat16: 4e11}[dtype]
+        peak = {torch.float32: 1e11, torch.bfloat16: 4e11}[dtype]
+        return {n: [peak / 4, peak if n == 2048 else peak / 2] for n in flops.CPU_SIZES}
 
-    monkeypatch.setattr(train_mod, "measure_peak_flops", peak)
-    monkeypatch.setattr(train_mod, "PEAKS", {})  # nothing measured yet in this process
-    run = tmp_path / "bf16"
-    train_mod.train(compose(["experiment=debug", f"data.cache_dir={data_cache}", "train.dtype=bfloat16",
-                             "train.peak_flops=null", "train.max_steps=2", "train.eval_interval=2",
-                             "train.log_interval=1", "train.sample_tokens=0", "train.head_roles=false",
-                             "train.film=false"]), run)
+    monkeypatch.setattr(flops, "matmul_rates", rates)
+    common = ["experiment=debug", f"data.cache_dir={data_cache}", "train.peak_flops=null", "train.max_steps=2",
+              "train.eval_interval=2", "train.log_interval=1", "train.sample_tokens=0", "train.head_roles=false",
+              "train.film=false"]
+
+    def provenance(name: str, *more: str) -> dict:
+        decoding.forget_measurements()  # each run a new process: what it knows comes from the file
+        train_mod.train(compose([*common, *more]), tmp_path / name)
+        return json.loads((tmp_path / name / "provenance.json").read_text())
+
+    first = provenance("bf16", "train.dtype=bfloat16")
     assert asked == [torch.bfloat16], f"the peak was measured in {asked}, the run computes in bfloat16"
-    provenance = json.loads((run / "provenance.json").read_text())
-    assert provenance["peak_flops"] == 4e11 and provenance["peak_dtype"] == "bfloat16", provenance
+    assert first["peak_flops"] == pytest.approx(4e11) and first["peak_dtype"] == "bfloat16", first
+    assert first["peak_source"] == "measured"
+    again = provenance("bf16_again", "train.dtype=bfloat16")
+    assert asked == [torch.bfloat16], "the second run read the kept peak instead of measuring again"
+    assert again["peak_flops"] == pytest.approx(4e11) and again["peak_source"] == "kept", again
+    other = provenance("fp32", "train.dtype=float32")
+    assert asked == [torch.bfloat16, torch.float32], "float32's peak is its own measurement, not bf16's kept one"
+    assert other["peak_flops"] == pytest.approx(1e11) and other["peak_source"] == "measured", other
+    given = provenance("given", "train.dtype=bfloat16", "train.peak_flops=7e11")
+    assert given["peak_flops"] == 7e11 and given["peak_source"] == "config" and len(asked) == 2, given
+
+
+def test_the_kept_peak_is_the_best_sizes_rate_and_a_gpus_is_measured_in_each_process(tmp_path, monkeypatch):
+    from attention_lab.runtime import decoding, flops
+
+    monkeypatch.setenv(decoding.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    decoding.forget_measurements()
+    calls = []
+
+    def rates(device, dtype, **kw):
+        calls.append(torch.device(device).type)
+        return {512: [3e9, 1e9], 1024: [2e9, 6e9], 2048: [5e9]} if calls[-1] == "cpu" else {4096: [8e12], 8192: [9e12]}
+
+    peak, measured = flops.kept_peak_flops("cpu", torch.float32, rates)
+    assert peak == pytest.approx(6e9) and measured, "the best sample of the best size"
+    stored = json.loads(decoding.cache_file().read_text())["entries"]
+    assert any(e["key"]["model"] == str(("matmul peak", "float32")) for e in stored), stored
+    decoding.forget_measurements()
+    assert flops.kept_peak_flops("cpu", torch.float32, rates) == (pytest.approx(6e9), False) and calls == ["cpu"]
+    assert flops.kept_peak_flops("cuda:0", torch.bfloat16, rates) == (9e12, True)
+    assert flops.kept_peak_flops("cuda:0", torch.bfloat16, rates) == (9e12, False), "once per process"
+    monkeypatch.setattr(flops, "_GPU_PEAKS", {})  # a new process
+    assert flops.kept_peak_flops("cuda:0", torch.bfloat16, rates)[1] and calls == ["cpu", "cuda", "cuda"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

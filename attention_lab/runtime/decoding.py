@@ -32,7 +32,8 @@ may drop one's new entry, which is then measured again.
 
 Training's `model.attn_backend=auto` (sdpa against the math path, one attention layer's step:
 attention_lab/training/backend.py) and `train.loss_chunk=auto` (the loss whole or in blocks:
-attention_lab/training/loss_chunk.py) keep their measurements in the same file, under keys of their own;
+attention_lab/training/loss_chunk.py) keep their measurements in the same file, under keys of their own, and so
+does the trainer's matmul peak (the MFU denominator: the best seconds per matmul of each size, runtime/flops.py);
 `kept_seconds` is the file's interface for any such measurement of named candidates.
 
     decoding_model(model, dtype, device)  what decodes in dtype, under which autocast (bf16 weights on a CPU)
@@ -303,7 +304,8 @@ def _store(cache_key: str, seconds: dict[str, float]) -> None:
                      "and in one thread against all (attention_lab/runtime/decoding.py); per attention layer step in "
                      "each backend, what `model.attn_backend=auto` trains with (attention_lab/training/backend.py); "
                      "per output layer and loss step whole or chunked, what `train.loss_chunk=auto` trains with "
-                     "(attention_lab/training/loss_chunk.py); delete this file to measure again",
+                     "(attention_lab/training/loss_chunk.py); per square matmul of each size, the matmul peak the "
+                     "trainer's MFU divides by (attention_lab/runtime/flops.py); delete this file to measure again",
             "entries": [{"key": json.loads(k), "seconds": v} for k, v in list(entries.items())[-KEEP:]]}
     path, tmp = "the cache file", None
     try:

@@ -5,6 +5,13 @@ BLAS reaches on large square matmuls, **in the dtype the run computes in**: a bf
 AVX512-BF16 runs about 2x a float32 one and on an AMX Xeon 4-8x, so dividing a bf16 run's FLOP/s by the
 float32 peak overstates MFU by that factor. On a shared machine a busy moment lowers the measurement, so the
 best of several samples is taken. bench/peak.py prints the same measurement as a table.
+
+The trainer's peak is kept (kept_peak_flops): measuring takes 1.5-4 s on 2 CPU cores, which every `train.py` paid
+at its start, a quarter of a debug run. On a CPU the best seconds per matmul of each size go into the measurement
+file of decoding.py (kept_seconds: keyed by the CPU's name, torch's version, its bf16/AMX flags, the thread count,
+and here the dtype), and a later run reads them. Delete that file to measure again, e.g. after a run measured
+while the machine was busy (`provenance.json` says whether a run's peak was measured or kept). A GPU's is measured
+once per process, as before: the file's key names the CPU, not the GPU.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from collections.abc import Callable
 
 import torch
 
+from attention_lab.runtime import decoding
 from attention_lab.runtime.device import synchronize
 
 # big enough to reach the BLAS's peak, small enough that all take ~1-2 s on 2 CPU cores
@@ -81,3 +89,32 @@ def measure_peak_flops(device: torch.device | str, dtype: torch.dtype, quick: bo
     else:
         rates = matmul_rates(device, dtype, samples=samples)
     return max(max(r) for r in rates.values())
+
+
+_GPU_PEAKS: dict[tuple[str, torch.dtype], float] = {}  # this process's GPU measurements (none are kept in the file)
+
+
+def kept_peak_flops(device: torch.device | str, dtype: torch.dtype,
+                    measure: Callable[[torch.device, torch.dtype], dict[int, list[float]]] | None = None
+                    ) -> tuple[float, bool]:
+    """measure_peak_flops as the trainer takes it, kept (module docstring): (FLOP/s, whether it was measured now).
+
+    On a CPU: the best seconds per (n, n) matmul of each of CPU_SIZES, from this process's memory or the
+    measurement file, else measured (measure: matmul_rates unless given) and stored; the peak is the best size's
+    2 n^3 / seconds. Elsewhere: measured once per process and device.
+    """
+    device = torch.device(device)
+    if device.type != "cpu":
+        key = (str(device), dtype)
+        measured = key not in _GPU_PEAKS
+        if measured:
+            _GPU_PEAKS[key] = max(max(r) for r in (measure or matmul_rates)(device, dtype).values())
+        return _GPU_PEAKS[key], measured
+
+    def best_seconds() -> dict[str, float]:
+        rates = (measure or matmul_rates)(device, dtype)
+        return {str(n): 2.0 * n**3 / max(r) for n, r in rates.items()}
+
+    names = tuple(str(n) for n in CPU_SIZES)
+    seconds, measured = decoding.kept_seconds(("matmul peak", str(dtype).removeprefix("torch.")), names, best_seconds)
+    return max(2.0 * int(n) ** 3 / seconds[n] for n in names), measured
