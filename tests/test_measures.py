@@ -118,6 +118,22 @@ def test_residual_streams_are_the_models_own_stream():
     torch.testing.assert_close(logits, model(x).logits, msg="the last row is what ln_f reads")
 
 
+def test_residual_streams_of_a_model_left_training_with_dropout_are_its_eval_streams():
+    """The measures read a model the trainer may hand over in training mode (every evaluation): with dropout on, a
+    stream recorded in training mode would be a random draw, different at each call."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=V, block_size=32, n_layer=2, n_head=2, n_embd=16, pos_encoding="learned",
+                          dropout=0.5))
+    x, _ = counter(3, 10)
+    model.eval()
+    want = residual_streams(model, x)
+    model.train()
+    got = [residual_streams(model, x) for _ in range(2)]
+    assert model.training, "residual_streams gives the model back in training mode"
+    for stream in got:
+        torch.testing.assert_close(stream, want, msg="recorded in eval mode: no dropout, the same at every call")
+
+
 def test_contextual_similarity_is_one_at_the_embedding_without_positions_and_subtracts_the_baseline():
     model = gpt("none")
     x = torch.randint(V, (12, 20), generator=torch.Generator().manual_seed(1))

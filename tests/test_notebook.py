@@ -53,6 +53,10 @@ def test_the_page_holds_this_texts_analysis(run):
     assert "inside" in data, "a causal model's page has the step-inside panel"
     assert html.unescape(re.search(r'srcdoc="(.*?)"', page._repr_html_(), re.S).group(1)) == page.html, \
         "the iframe's srcdoc does not unescape to the page"
+    sandbox = re.search(r'sandbox="([^"]*)"', page._repr_html_()).group(1).split()
+    assert sandbox == ["allow-scripts"], (
+        f"the page's scripts (the user's text among its data) run sandboxed in an origin of their own, never the "
+        f"notebook's: sandbox={sandbox}")
 
 
 def test_interventions_change_the_page_and_are_named_in_its_notes(run):
@@ -85,5 +89,8 @@ def test_the_page_runs_inside_its_iframe(run, browser, tmp_path):  # noqa: F811
         WebDriverWait(browser, 10).until(lambda d: d.execute_script("return document.body.dataset.ready") == "1")
         cells = browser.execute_script("return document.querySelectorAll('#grid canvas').length")
         assert cells >= 4, f"the model view inside the iframe drew {cells} heads, expected 2 layers x 2 heads"
+        reach = browser.execute_script("try { return 'reached ' + window.parent.document.title } "
+                                       "catch (e) { return 'blocked: ' + e.name }")
+        assert reach == "blocked: SecurityError", f"the page reached the notebook around it: {reach}"
     finally:
         browser.switch_to.default_content()
