@@ -67,7 +67,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
                    help="decoding dtype (bfloat16: on a CPU the weights cast to bf16 once, on a GPU autocast); auto: "
                         "on a CPU whichever of float32 and bf16 decodes faster here (timed once per machine and "
-                        "model on a few steps, kept in ~/.cache/attention-lab/decoding_dtype.json), bf16 on CUDA "
+                        "model on a few steps, kept in ~/.cache/attention-lab/measurements.json), bf16 on CUDA "
                         "GPUs, else float32 (MPS too)")
     p.add_argument("--threads", type=threads_flag, default="auto", metavar="{auto,N}",
                    help="CPU threads to decode in; auto (default): with the KV cache one thread or all of torch's, "

@@ -466,13 +466,13 @@ def test_the_cache_folder_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv(decoding.CACHE_DIR_ENV)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
-    assert decoding.cache_file() == tmp_path / "home" / ".cache" / "attention-lab" / "decoding_dtype.json"
+    assert decoding.cache_file() == tmp_path / "home" / ".cache" / "attention-lab" / "measurements.json"
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert decoding.cache_file() == tmp_path / "xdg" / "attention-lab" / "decoding_dtype.json"
+    assert decoding.cache_file() == tmp_path / "xdg" / "attention-lab" / "measurements.json"
     monkeypatch.setenv("XDG_CACHE_HOME", "relative/path")  # the XDG spec: ignored
-    assert decoding.cache_file() == tmp_path / "home" / ".cache" / "attention-lab" / "decoding_dtype.json"
+    assert decoding.cache_file() == tmp_path / "home" / ".cache" / "attention-lab" / "measurements.json"
     monkeypatch.setenv(decoding.CACHE_DIR_ENV, str(tmp_path / "mine"))
-    assert decoding.cache_file() == tmp_path / "mine" / "decoding_dtype.json"
+    assert decoding.cache_file() == tmp_path / "mine" / "measurements.json"
 
 
 # ------------------------------------------------------------------------ cached decoding's threads: one or all

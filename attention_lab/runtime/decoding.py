@@ -20,9 +20,12 @@ It is stored under a key of everything the speed depends on: the CPU's name, tor
 AMX flags, the thread count, and the caller's key (the model's shape, cached or not). Any of these different: a
 new measurement. The file is
 
-    $ATTENTION_LAB_CACHE_DIR/decoding_dtype.json          when that variable is set (the tests set it)
-    $XDG_CACHE_HOME/attention-lab/decoding_dtype.json      else, when that one is set
-    ~/.cache/attention-lab/decoding_dtype.json             else
+    $ATTENTION_LAB_CACHE_DIR/measurements.json        when that variable is set (the tests set it)
+    $XDG_CACHE_HOME/attention-lab/measurements.json   else, when that one is set
+    ~/.cache/attention-lab/measurements.json          else
+
+(Before 2026-11-29 the file was named decoding_dtype.json, when it held only decoding's measurements; an old file is
+not read, and what it held is measured again once.)
 
 Delete it (or run `python -m bench.decoding_dtype`, which measures afresh and overwrites its entries) to measure
 again, e.g. after the machine's load changed for good. The file is a cache, never a requirement: missing,
@@ -77,7 +80,7 @@ CANDIDATES = (torch.float32, torch.bfloat16)
 MARGIN = 0.05
 
 CACHE_DIR_ENV = "ATTENTION_LAB_CACHE_DIR"
-FILE_NAME = "decoding_dtype.json"
+FILE_NAME = "measurements.json"
 FORMAT = 1  # the file's layout; a file of another format is read as empty (and rewritten)
 KEEP = 64  # entries kept in the file, the most recently measured: one per machine setup, model shape and path
 CAPABILITIES = ("amx_bf16", "amx_tile", "avx512_bf16")  # the flags of torch.cpu.get_capabilities a key names
