@@ -277,8 +277,8 @@ MUTATIONS = (
               "tests/test_viewer.py::test_hovering_a_token_changes_the_shown_weights"),
              "the page reads another head's weights than attention.npy holds", browser=True),
     Mutation("peak_in_float32", "train.py",
-             "measure_peak_flops(device, dtype)", "measure_peak_flops(device, torch.float32)",
-             ("tests/test_train_step.py::test_mfu_divides_by_the_matmul_peak_of_the_runs_own_dtype",),
+             "kept_peak_flops(device, dtype)", "kept_peak_flops(device, torch.float32)",
+             ("tests/test_train_step.py::test_mfu_divides_by_the_matmul_peak_of_the_runs_own_dtype_measured_once_then_kept",),
              "a bf16 run's MFU is divided by the float32 matmul peak"),
     # attention variants (tests/test_model_variants.py)
     Mutation("gqa_tiles_instead_of_groups", "model/attention.py",
