@@ -6,8 +6,8 @@ AVX512-BF16 runs about 2x a float32 one and on an AMX Xeon 4-8x, so dividing a b
 float32 peak overstates MFU by that factor. On a shared machine a busy moment lowers the measurement, so the
 best of several samples is taken. bench/peak.py prints the same measurement as a table.
 
-The trainer's peak is kept (kept_peak_flops): measuring takes 1.5-4 s on 2 CPU cores, which every `train.py` paid
-at its start, a quarter of a debug run. On a CPU the best seconds per matmul of each size go into the measurement
+The trainer's peak is kept (kept_peak_flops): measuring took 2 s on 2 idle cores of an AMD EPYC (4 s on busy ones),
+which every `train.py` without `train.peak_flops` paid at its start. On a CPU the best seconds per matmul of each size go into the measurement
 file of decoding.py (kept_seconds: keyed by the CPU's name, torch's version, its bf16/AMX flags, the thread count,
 and here the dtype), and a later run reads them. Delete that file to measure again, e.g. after a run measured
 while the machine was busy (`provenance.json` says whether a run's peak was measured or kept). A GPU's is measured
@@ -88,6 +88,11 @@ def measure_peak_flops(device: torch.device | str, dtype: torch.dtype, quick: bo
         rates = matmul_rates(device, dtype, QUICK_SIZES, samples=2, min_s=QUICK_SAMPLE_S)
     else:
         rates = matmul_rates(device, dtype, samples=samples)
+    return best_rate(rates)
+
+
+def best_rate(rates: dict[int, list[float]]) -> float:
+    """The best FLOP/s among every size's samples (matmul_rates' output): the peak."""
     return max(max(r) for r in rates.values())
 
 
@@ -108,7 +113,7 @@ def kept_peak_flops(device: torch.device | str, dtype: torch.dtype,
         key = (str(device), dtype)
         measured = key not in _GPU_PEAKS
         if measured:
-            _GPU_PEAKS[key] = max(max(r) for r in (measure or matmul_rates)(device, dtype).values())
+            _GPU_PEAKS[key] = best_rate((measure or matmul_rates)(device, dtype))
         return _GPU_PEAKS[key], measured
 
     def best_seconds() -> dict[str, float]:
