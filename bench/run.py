@@ -2,7 +2,7 @@
 
     python -m bench.run                     everything (2-5 minutes on 2 CPU cores, longer when they are busy)
     python -m bench.run --quick             tiny settings, seconds: checks that every benchmark still runs
-    python -m bench.run --only train,peak   a subset (names: peak, train, generate, attention, data)
+    python -m bench.run --only train,peak   a subset (names: peak, train, generate, attention, data, figures)
     python -m bench.run --out r.json --md last_run.md
     python -m bench.run --only peak,train --dtype auto    the bf16 step and its MFU where the CPU has native bf16
 
@@ -38,6 +38,7 @@ BENCHMARKS = {
     "generate": "bench.generation",
     "attention": "bench.attention",
     "data": "bench.data_prep",
+    "figures": "bench.figures",
 }
 
 

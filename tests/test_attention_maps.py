@@ -10,6 +10,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from attention_lab.interp.capture import capture_attention
 from attention_lab.interp.figures import (
+    AttentionFrames,
     attention_figure,
     figure_to_array,
     log_attention_to_tensorboard,
@@ -191,6 +192,30 @@ def test_attention_figure_thins_labels_and_pools_long_texts():
     assert "one label per 7" in title and "max-pooled 2x2" in title, f"the title should say what was thinned: {title!r}"
     pooled = pool_max(np.arange(16, dtype=float).reshape(1, 4, 4), 2)
     np.testing.assert_array_equal(pooled, [[[5, 7], [13, 15]]], err_msg="pool_max takes each block's max")
+
+
+def causal_rows(rng: np.random.Generator, nh: int, t: int) -> np.ndarray:
+    w = np.tril(rng.random((nh, t, t), dtype=np.float32))
+    return w / w.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("nh, t", [(2, 12), (5, 50), (1, 300)], ids=["short", "two rows of heads, thinned", "pooled"])
+def test_attention_frames_draw_the_pixels_of_a_fresh_figure_at_every_frame(nh, t):
+    """The trainer's heatmaps (AttentionFrames: the still parts drawn once, the heatmaps and title redrawn over
+    them) are pixel for pixel what attention_figure draws from nothing, at the first frame and at later ones with
+    other weights and another title, for each layer, where a tick mark meets a heatmap's edge too."""
+    rng = np.random.default_rng(0)
+    labels = [f"t{i}" for i in range(t)]
+    frames = AttentionFrames(labels)
+    for step, layer in ((0, 0), (0, 1), (10, 0)):  # a first frame of each layer, then a later one
+        w = causal_rows(rng, nh, t)
+        title = f"layer {layer}, step {step}"
+        want = figure_to_array(attention_figure(w, labels, title, dpi=72))
+        got = frames.pixels(layer, w, title)
+        assert got.shape == want.shape, f"step {step} layer {layer}: {got.shape} != {want.shape}"
+        differ = np.abs(got.astype(int) - want.astype(int)).max(-1) > 0
+        assert not differ.any(), (f"step {step} layer {layer}: {differ.sum()} pixels differ from a fresh figure, "
+                                  f"rows {np.unique(np.nonzero(differ)[0])[:10]}")
 
 
 def test_log_attention_to_tensorboard_writes_images_and_summary(tmp_path):

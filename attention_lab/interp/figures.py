@@ -52,6 +52,59 @@ def attention_figure(
     (upper triangle) is light grey.
     Heads share their axes: query labels on the left column, key labels on the bottom row.
     """
+    return _attention_layout(weights_layer, labels, title, max_labels=max_labels, max_cells=max_cells, dpi=dpi)[0]
+
+
+class AttentionFrames:
+    """One prompt's heatmaps drawn again at every evaluation, as the trainer does: a figure per layer is laid out
+    and its axes, tick labels and colour bar drawn once; each later frame redraws only the heads' heatmaps and the
+    title over that background (matplotlib's blitting). The pixels are those a fresh `attention_figure` draws
+    (tests/test_attention_maps.py), in a tenth to a twentieth of the time (docs/benchmarks.md).
+    """
+
+    def __init__(self, labels: Sequence[str], *, max_labels: int = 48, max_cells: int = 256, dpi: int = 72):
+        self.labels, self.max_labels, self.max_cells, self.dpi = list(labels), max_labels, max_cells, dpi
+        self._layers: dict[int, tuple] = {}  # layer -> (shape, figure, images, suptitle, background)
+
+    def pixels(self, layer: int, weights_layer: np.ndarray, title: str) -> np.ndarray:
+        """(nh, T, T) -> RGB pixels (H, W, 3) uint8 of that layer's figure with these weights and this title."""
+        w = np.asarray(weights_layer, dtype=np.float32)
+        kept = self._layers.get(layer)
+        if kept is None or kept[0] != w.shape:  # a first frame (or another shape): lay the figure out
+            fig, images, suptitle = _attention_layout(w, self.labels, title, max_labels=self.max_labels,
+                                                      max_cells=self.max_cells, dpi=self.dpi)
+            for artist in (*images, suptitle):
+                if artist is not None:
+                    artist.set_animated(True)  # left out of the background
+            _draw_quietly(fig.canvas.draw)
+            kept = self._layers[layer] = (w.shape, fig, images, suptitle, fig.canvas.copy_from_bbox(fig.bbox))
+        _, fig, images, suptitle, background = kept
+        shown, full_title = _heatmap_values(w, len(self.labels), title, self.max_labels, self.max_cells)
+        canvas = fig.canvas
+        canvas.restore_region(background)
+        for image, values in zip(images, shown):
+            image.set_data(np.ma.masked_invalid(values))
+            image.axes.draw_artist(image)
+        if suptitle is not None:
+            suptitle.set_text(full_title)
+            _draw_quietly(lambda: fig.draw_artist(suptitle))
+        return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+
+
+def _heatmap_values(w: np.ndarray, t: int, title: str, max_labels: int, max_cells: int) -> tuple[np.ndarray, str]:
+    """What the heatmaps show, (nh, n, n) with NaN for the masked future, and the title with its notes."""
+    step = label_step(t, max_labels)
+    pool = math.ceil(t / max_cells)
+    notes = [f"{t} tokens, one label per {step}"] if step > 1 else []
+    if pool > 1:
+        notes.append(f"max-pooled {pool}x{pool}")
+    if notes:
+        title = f"{title}  ({'; '.join(notes)})".strip()
+    return pool_max(np.where(np.triu(np.ones((t, t), dtype=bool), k=1), np.nan, w), pool), title
+
+
+def _attention_layout(weights_layer, labels, title, *, max_labels, max_cells, dpi):
+    """attention_figure's figure, with the artists a frame redraws: (figure, the heads' images, the suptitle)."""
     w = np.asarray(weights_layer, dtype=np.float32)
     if w.ndim != 3 or w.shape[1] != w.shape[2]:
         raise ValueError(f"attention_figure needs weights of shape (n_head, T, T), got {w.shape}")
@@ -62,12 +115,7 @@ def attention_figure(
     ticks = np.arange(0, t, step)
     tick_labels = [token_label(labels[i]) for i in ticks]
     pool = math.ceil(t / max_cells)
-    notes = [f"{t} tokens, one label per {step}"] if step > 1 else []
-    if pool > 1:
-        notes.append(f"max-pooled {pool}x{pool}")
-    if notes:
-        title = f"{title}  ({'; '.join(notes)})".strip()
-    shown = pool_max(np.where(np.triu(np.ones((t, t), dtype=bool), k=1), np.nan, w), pool)  # (nh, n, n); NaN: future
+    shown, title = _heatmap_values(w, t, title, max_labels, max_cells)  # (nh, n, n); NaN: future
     edge = shown.shape[-1] * pool - 0.5  # the pooled image, in token coordinates
 
     # Layout in inches, by hand: constrained layout would measure every tick label several times, and the
@@ -85,16 +133,19 @@ def attention_figure(
 
     cmap = colormaps["viridis"].with_extremes(bad="#e6e6e6")
     norm = PowerNorm(gamma=0.5, vmin=0.0, vmax=1.0)
-    image = None
+    images = []
     for h in range(nh):
         row, col = divmod(h, ncols)
         left = label_room + col * (side + gap)
         top = suptitle + head_title + row * (head_title + side + gap)
         ax = fig.add_axes((left / width, 1 - (top + side) / height, side / width, side / height))
-        image = ax.imshow(
+        # the heatmap above the ticks (zorder 1 over the axis's 0.5): a frame drawn over the background lands
+        # the same pixels where a tick mark meets the image's edge
+        images.append(ax.imshow(
             np.ma.masked_invalid(shown[h]), cmap=cmap, norm=norm, aspect="auto", interpolation="nearest",
-            extent=(-0.5, edge, edge, -0.5),
-        )
+            extent=(-0.5, edge, edge, -0.5), zorder=1,
+        ))
+        ax.set_axisbelow(True)
         ax.set_xlim(-0.5, t - 0.5)
         ax.set_ylim(t - 0.5, -0.5)
         ax.spines[:].set_visible(False)  # a frame would cover the first-token column of long texts
@@ -113,11 +164,10 @@ def attention_figure(
     bar_height = min(side, 3.0)
     bar_top = suptitle + head_title + bar_height
     cax = fig.add_axes(((width - colorbar + 0.2) / width, 1 - bar_top / height, 0.15 / width, bar_height / height))
-    fig.colorbar(image, cax=cax).set_label("attention weight", fontsize=fontsize)
+    fig.colorbar(images[-1], cax=cax).set_label("attention weight", fontsize=fontsize)
     cax.tick_params(labelsize=fontsize)
-    if title:
-        fig.suptitle(title, fontsize=fontsize + 3, y=1 - 0.12 / height, va="top")
-    return fig
+    title_text = fig.suptitle(title, fontsize=fontsize + 3, y=1 - 0.12 / height, va="top") if title else None
+    return fig, images, title_text
 
 
 def pool_max(w: np.ndarray, pool: int) -> np.ndarray:
@@ -135,10 +185,15 @@ def pool_max(w: np.ndarray, pool: int) -> np.ndarray:
 def figure_to_array(fig: Figure) -> np.ndarray:
     """Render a figure to RGB pixels (H, W, 3) uint8, for SummaryWriter.add_image(..., dataformats="HWC")."""
     canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+    _draw_quietly(canvas.draw)
+    return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+
+
+def _draw_quietly(draw) -> None:
+    """Draw without matplotlib's warning for each glyph its font lacks (a token may be any character)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Glyph .* missing from", category=UserWarning)
-        canvas.draw()
-    return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+        draw()
 
 
 def markdown_code(text: str) -> str:
@@ -156,19 +211,21 @@ def log_attention_to_tensorboard(
     token_ids: Sequence[int] | None = None,
     max_labels: int = 48,
     dpi: int = 72,
+    frames: AttentionFrames | None = None,
 ) -> list[str]:
     """Add one heatmap image per layer to a SummaryWriter: tags `<tag_prefix>/layer_00`, ...
 
     weights (L, nh, T, T); labels: the T token strings. With token_ids, also add the measured head-role table
-    (attention_lab/interp/heads.py) as text under `<tag_prefix>/head_summary`. Returns the tags written; the caller
-    flushes/closes the writer.
+    (attention_lab/interp/heads.py) as text under `<tag_prefix>/head_summary`. A caller that logs the same prompt
+    again and again passes its `frames` (AttentionFrames of these labels), which draw the figures' still parts
+    once. Returns the tags written; the caller flushes/closes the writer.
     """
     w = np.asarray(weights)
+    frames = frames or AttentionFrames(labels, max_labels=max_labels, dpi=dpi)
     tags = []
     for layer in range(w.shape[0]):
         tag = f"{tag_prefix}/layer_{layer:02d}"
-        fig = attention_figure(w[layer], labels, f"layer {layer}, step {step}", max_labels=max_labels, dpi=dpi)
-        writer.add_image(tag, figure_to_array(fig), step, dataformats="HWC")
+        writer.add_image(tag, frames.pixels(layer, w[layer], f"layer {layer}, step {step}"), step, dataformats="HWC")
         tags.append(tag)
     if token_ids is not None:
         tag = f"{tag_prefix}/head_summary"

@@ -20,6 +20,7 @@ import torch
 
 from attention_lab.interp.capture import capture_attention
 from attention_lab.interp.figures import (
+    AttentionFrames,
     figure_to_array,
     log_attention_to_tensorboard,
     position_loss_figure,
@@ -92,12 +93,13 @@ class ProbeAttention(Callback):
 
     def __init__(self, tokenizer, prompt_ids: list[int], description: str = "the film's prompt"):
         self.tokenizer, self.prompt_ids, self.description = tokenizer, prompt_ids, description
+        self.heatmaps = AttentionFrames(tokenizer.token_strings(prompt_ids))  # laid out once, redrawn per evaluation
 
     def on_evaluate(self, ctx: EvalContext) -> None:
         weights = self.frame(ctx)
         if ctx.log.writer is not None:
-            log_attention_to_tensorboard(ctx.log.writer, weights, self.tokenizer.token_strings(self.prompt_ids),
-                                         ctx.step, "attention")
+            log_attention_to_tensorboard(ctx.log.writer, weights, self.heatmaps.labels, ctx.step, "attention",
+                                         frames=self.heatmaps)
 
     def on_snapshot(self, ctx: EvalContext) -> None:
         """A film frame between evaluations: the prompt's attention (one forward pass over its tokens), no heatmaps."""
