@@ -367,7 +367,7 @@ MUTATIONS = (
              ("tests/test_lab_page.py::test_the_lab_opens_with_the_example_analysed_and_typing_replaces_it",),
              "the live lab opens empty again: no maps until the learner types or presses the example", browser=True),
     Mutation("head_table_footnote_without_glossary", "attention_lab/interp/heads.py",
-             '"each column\'s word is a docs/glossary.md entry; "', '""',
+             '"what the columns say (each word is a docs/glossary.md entry):"', '"what the columns say:"',
              ("tests/test_readme.py::test_sample_pys_head_table_points_to_the_glossary_and_every_word_it_prints_has_an_entry",),
              "sample.py's head table prints prev, ent, ·TL, copy, OV circuit with no pointer to where they are defined"),
     Mutation("head_view_weights_from_the_8bit_copy", "attention_lab/viewer/assets/main.js",

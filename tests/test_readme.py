@@ -255,8 +255,9 @@ def test_sample_pys_head_table_points_to_the_glossary_and_every_word_it_prints_h
 
     grid = np.full((1, 2), 0.25)
     table = format_head_table(head_rows({r: grid for r in ROLES}, grid, grid, grid))
-    header, footnote = table.splitlines()[0], table.splitlines()[-1]
-    assert "docs/glossary.md" in footnote, f"the table's footnote should point to docs/glossary.md: {footnote!r}"
+    n_rows = grid.size
+    header, footnote = table.splitlines()[0], "\n".join(table.splitlines()[1 + n_rows:])  # the legend under the rows
+    assert "docs/glossary.md" in footnote, f"the table's legend should point to docs/glossary.md: {footnote!r}"
     words = set()
     for column in header.split():
         words |= {column} if "\u00b7" not in column else {column.split("\u00b7")[0], "\u00b7" + column.split("\u00b7")[1]}

@@ -296,8 +296,32 @@ def head_rows(scores: dict[str, np.ndarray], ablation: np.ndarray | None = None,
     return rows
 
 
+def legend_lines(ablation: bool, copying: bool, text: bool) -> list[str]:
+    """The head table's legend: each column in plain words, the technical name last (docs/glossary.md has each)."""
+    lines = ["what the columns say (each word is a docs/glossary.md entry):",
+             "  role       the pattern the head follows most, in words (mixed: none stands out)",
+             "  prev dup ind first self",
+             "             share of the head's attention on: the previous token (prev); an earlier copy of this token "
+             "(dup);",
+             "             the token after an earlier copy, as an induction head does (ind); the first token (first); "
+             "itself (self).",
+             "             prev, dup and ind count the queries that have such a token (the stripe)",
+             "  ent        how spread out the attention is: near 0 on one token, 1 = evenly on every earlier token",
+             "  ·TL        the same share over every query, as TransformerLens's detect_head counts it "
+             "(attention_lab/interp/roles.py)"]
+    if ablation:
+        lines += ["  ablation   the loss change on this text, in nats/token, when the head is switched off",
+                  "             (+ the model needs it, - it does better without it)"]
+    if copying:
+        lines.append("  copy       the share of tokens that the head, attending to one, raises above all others as "
+                     "the next token (its OV circuit)")
+    if text:
+        lines.append("  copy@text  the same on this text, for the token each position attends to most")
+    return lines
+
+
 def format_head_table(rows: Sequence[dict]) -> str:
-    """head_rows -> a fixed-width table with a legend line."""
+    """head_rows -> a fixed-width table and, under it, what each column says in words."""
     cols = [(MEASURES[role].short, role) for role in ROLES]
     has_ablation = bool(rows) and "ablation" in rows[0]
     has_copying = bool(rows) and "copying" in rows[0]
@@ -314,12 +338,5 @@ def format_head_table(rows: Sequence[dict]) -> str:
         if has_text:
             line += f"  {r['copying_text']:9.2f}"
         lines.append(line)
-    lines.append("each column's word is a docs/glossary.md entry; "
-                 "prev, dup, ind: share of attention on the role's target over the queries that have one (the stripe); "
-                 "\u00b7TL: the same over every query, TransformerLens's detect_head (attention_lab/interp/roles.py); "
-                 "ent: entropy, 1 = uniform"
-                 + ("; ablation: loss change (nats/token) on this text when the head is zeroed (+ the model needs "
-                    "it, - it does better without it)" if has_ablation else "")
-                 + ("; copy: share of tokens whose own logit the head's OV circuit raises most" if has_copying else "")
-                 + ("; copy@text: the same on this text, for the token each position attends to most" if has_text else ""))
+    lines += legend_lines(has_ablation, has_copying, has_text)
     return "\n".join(lines)
