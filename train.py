@@ -146,11 +146,7 @@ def run_loop(run: Run) -> dict:
     t_start = run.run_start if by_budget else session_t0  # the budget's and the schedule's clock
     run.session_start = t_start
     meter = Throughput(state.step, run.tokens_per_step, run.flops_per_step, run.peak_flops)
-    progress = None
-    if info.is_main and tc.progress:
-        from tqdm.auto import tqdm
-
-        progress = tqdm(total=tc.max_steps, initial=state.step, desc="train", dynamic_ncols=True, leave=False)
+    progress = open_progress(tc, state) if info.is_main and tc.progress else None
     if not steps_left(state.step, tc.max_steps, tc.max_minutes, tc.stop):
         log.print(f"{run.layout.root} already finished {state.step} of {tc.max_steps} steps; nothing to train. "
                   "Raise train.max_steps to go on.")
@@ -168,14 +164,15 @@ def run_loop(run: Run) -> dict:
         while steps_left(state.step, tc.max_steps, tc.max_minutes, tc.stop) and not spent:
             loss, grad_norm, lr = optimizer_step(run)
             if progress is not None:
-                progress.update(1)
+                progress.update(min(progress.total, time.time() - t_start) - progress.n if by_budget else 1)
             last = not steps_left(state.step, tc.max_steps, tc.max_minutes, tc.stop)  # the step cap reached
             if state.step % tc.log_interval == 0 or last:
                 values = {"loss": loss, "bpb": bits_per_byte(loss, run.data.meta, "train"), "lr": lr,
                           "grad_norm": grad_norm, **meter.read(state.step)}
                 log.metrics(state.step, values, tb_prefix="train")
                 if progress is not None:
-                    progress.set_postfix(loss=f"{loss:.3f}", tok_s=f"{values['tokens_per_s']:,.0f}", refresh=False)
+                    progress.set_postfix(step=state.step, loss=f"{loss:.3f}", tok_s=f"{values['tokens_per_s']:,.0f}",
+                                         refresh=False)
             # every process must take the same branch below: agree on both flags
             out_of_time = tc.max_minutes is not None and time.time() - t_start > 60 * tc.max_minutes
             out_of_time = distributed.any_true(out_of_time, info, run.device)
@@ -205,6 +202,19 @@ def run_loop(run: Run) -> dict:
     if progress is not None:
         progress.close()
     return finish(run, start_step, time.time() - session_t0, interrupted)
+
+
+def open_progress(tc, state):
+    """The console's progress bar. A run that its time budget ends (train.stop=budget) counts the budget's seconds,
+    so the bar's end and its ETA are the clock's; a run that max_steps ends counts steps."""
+    from tqdm.auto import tqdm
+
+    if tc.stop == "budget" and tc.max_minutes is not None:
+        total = round(60 * tc.max_minutes)
+        return tqdm(total=total, initial=min(total, round(state.seconds)), desc="train", unit="s", dynamic_ncols=True,
+                    leave=False, bar_format="{l_bar}{bar}| {n:.0f}/{total} s of the time budget [{elapsed}<{remaining}"
+                                            "{postfix}]")
+    return tqdm(total=tc.max_steps, initial=state.step, desc="train", unit="step", dynamic_ncols=True, leave=False)
 
 
 def optimizer_step(run: Run) -> tuple[float, float, float]:

@@ -38,6 +38,24 @@ def test_steps_mode_keeps_max_steps_as_the_cap_and_its_schedule_by_steps():
     assert not steps_left(20, 20, None, "budget") and schedule_position(7, 99.0, 20, None, "budget") == 7
 
 
+def test_the_progress_bar_of_a_budget_run_counts_the_budgets_seconds_and_a_steps_run_its_steps():
+    """A learner's `make train` ends on its 8 minutes: a bar over max_steps (sized for a fast CPU) would promise an
+    hour on a slow one (the learner's walk saw an ETA of 56 min). Resumed, each bar starts where the run was."""
+    from types import SimpleNamespace
+
+    budget = train_mod.open_progress(SimpleNamespace(stop="budget", max_minutes=8.0, max_steps=1800),
+                                     SimpleNamespace(seconds=90.4, step=300))
+    steps = train_mod.open_progress(SimpleNamespace(stop="steps", max_minutes=8.0, max_steps=1800),
+                                    SimpleNamespace(seconds=90.4, step=300))
+    try:
+        assert (budget.total, budget.n, budget.unit) == (480, 90, "s"), (budget.total, budget.n, budget.unit)
+        assert "90/480 s of the time budget" in str(budget), str(budget)
+        assert (steps.total, steps.n, steps.unit) == (1800, 300, "step"), (steps.total, steps.n, steps.unit)
+    finally:
+        budget.close()
+        steps.close()
+
+
 def test_the_default_preset_runs_on_its_budget_and_the_short_presets_on_their_steps():
     assert compose([]).train.stop == "budget" and compose([]).train.max_minutes is not None
     for preset in ("debug", "claims", "induction"):
@@ -62,13 +80,13 @@ def saved_seconds(run: Path) -> float:
     return state["seconds"]
 
 
-def test_a_run_on_its_budget_goes_past_max_steps_until_the_time_is_spent(tmp_path, data_cache):
+def test_a_run_on_its_budget_goes_past_max_steps_until_the_time_is_spent(tmp_path, data_cache, capsys):
     common = [*FAST, f"data.cache_dir={data_cache}", f"train.max_minutes={BUDGET_MIN}"]
     capped = train_mod.train(compose([*common, "train.stop=steps"]), tmp_path / "steps")
     assert capped["step"] == 10, f"train.stop=steps: max_steps=10 caps the run, it stopped at {capped['step']}"
 
     run = tmp_path / "budget"
-    final = train_mod.train(compose([*common, "train.stop=budget"]), run)
+    final = train_mod.train(compose([*common, "train.stop=budget", "train.progress=true"]), run)
     assert final["step"] > 10, (f"train.stop=budget stopped at step {final['step']}, max_steps: a machine faster than "
                                f"the budget assumed must train until its {BUDGET_MIN} min are spent")
     console = (run / "console.log").read_text()
@@ -79,6 +97,8 @@ def test_a_run_on_its_budget_goes_past_max_steps_until_the_time_is_spent(tmp_pat
     assert rates[max(rates)] < 0.25 * lr, (f"the schedule ends with the budget, not at max_steps: lr "
                                            f"{rates[max(rates)]} at the last step (peak {lr})")
     assert saved_seconds(run) >= 60 * BUDGET_MIN, "the checkpoint holds the run's clock (seconds trained)"
+    bar = capsys.readouterr().err
+    assert f"/{round(60 * BUDGET_MIN)} s of the time budget" in bar, f"the bar counts the budget's seconds: {bar[-300:]}"
 
 
 def test_a_resume_on_a_budget_goes_on_from_the_time_already_spent(tmp_path, data_cache):
