@@ -93,11 +93,12 @@ class ProbeAttention(Callback):
 
     def __init__(self, tokenizer, prompt_ids: list[int], description: str = "the film's prompt"):
         self.tokenizer, self.prompt_ids, self.description = tokenizer, prompt_ids, description
-        self.heatmaps = AttentionFrames(tokenizer.token_strings(prompt_ids))  # laid out once, redrawn per evaluation
+        self.heatmaps: AttentionFrames | None = None  # the TensorBoard figures: laid out once, redrawn per evaluation
 
     def on_evaluate(self, ctx: EvalContext) -> None:
         weights = self.frame(ctx)
         if ctx.log.writer is not None:
+            self.heatmaps = self.heatmaps or AttentionFrames(self.tokenizer.token_strings(self.prompt_ids))
             log_attention_to_tensorboard(ctx.log.writer, weights, self.heatmaps.labels, ctx.step, "attention",
                                          frames=self.heatmaps)
 
