@@ -5,7 +5,8 @@ only, with the model in eval mode. A callback may add numbers to `ctx.metrics` (
 in TensorBoard under `val/`) and write what it likes through `ctx.log`. `after_evaluate(ctx)` runs once the
 evaluation's metrics line and checkpoint are written (the film reads them). `resume(run_dir, step)` lets a
 callback pick up what an earlier session of the run recorded. A new probe is a new class here, not a new branch
-in the loop; `build_callbacks` says which run.
+in the loop; `build_callbacks` says which run. The figures (matplotlib) are imported by the callbacks that
+draw, when they first draw: a run without TensorBoard (the claims' quick runs) never loads them.
 """
 
 from __future__ import annotations
@@ -14,18 +15,12 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from attention_lab.interp.capture import capture_attention
-from attention_lab.interp.figures import (
-    AttentionFrames,
-    figure_to_array,
-    log_attention_to_tensorboard,
-    position_loss_figure,
-    role_fingerprint_figure,
-)
 from attention_lab.interp.heads import PhaseChangeDetector, head_name, measure_heads, repeated_tokens_probe
 from attention_lab.interp.measures import attention_stats
 from attention_lab.interp.roles import ROLES, TRACKED_ROLES
@@ -39,6 +34,9 @@ from data.batches import eval_batches
 from data.files import atomic_write, write_json_atomic
 from data.prepare import PreparedData
 from model import GPT, GPTConfig, LSTMConfig, generate, has_attention
+
+if TYPE_CHECKING:
+    from attention_lab.interp.figures import AttentionFrames
 
 
 @dataclass
@@ -98,6 +96,8 @@ class ProbeAttention(Callback):
     def on_evaluate(self, ctx: EvalContext) -> None:
         weights = self.frame(ctx)
         if ctx.log.writer is not None:
+            from attention_lab.interp.figures import AttentionFrames, log_attention_to_tensorboard  # matplotlib
+
             self.heatmaps = self.heatmaps or AttentionFrames(self.tokenizer.token_strings(self.prompt_ids))
             log_attention_to_tensorboard(ctx.log.writer, weights, self.heatmaps.labels, ctx.step, "attention",
                                          frames=self.heatmaps)
@@ -219,6 +219,8 @@ class HeadRoles(Callback):
                                           ctx.step)
         for key, v in report.model_metrics().items():
             writer.add_scalar(f"model/{key}", v, ctx.step)
+        from attention_lab.interp.figures import figure_to_array, position_loss_figure, role_fingerprint_figure
+
         shown = {r: report.scores[r] for r in TRACKED_ROLES}
         if report.ablation_probe is not None:
             shown["ablation (probe repeat, nats)"] = report.ablation_probe
