@@ -2364,6 +2364,38 @@ MUTATIONS = (
              ("tests/test_attention_maps.py::test_attention_frames_draw_the_pixels_of_a_fresh_figure_at_every_frame",),
              "a fresh figure draws its tick marks over the heatmap's edge while a redrawn frame paints the heatmap "
              "over them: the trainer's frames differ from the figure they stand for"),
+    # a code-only round on the heatmap frames, the budget's progress bar and the head table's legend (2026-11-29,
+    # fifth session): the helper read only the code; the first three were caught as they were
+    Mutation("heatmap_frames_title_loses_its_notes", "attention_lab/interp/figures.py",
+             "suptitle.set_text(full_title)", "suptitle.set_text(title)",
+             ("tests/test_attention_maps.py",),
+             "the trainer's redrawn heatmaps of a long prompt lose the title's notes (one label per k, max-pooled) "
+             "that a fresh figure shows, so thinned labels and pooled blocks read as single tokens"),
+    Mutation("heatmap_frames_background_not_restored", "attention_lab/interp/figures.py",
+             "canvas.restore_region(background)", "pass",
+             ("tests/test_attention_maps.py",),
+             "each evaluation's heatmap is drawn over the last one: the titles pile up into a smear"),
+    Mutation("steps_progress_bar_starts_at_zero_on_resume", "train.py",
+             'initial=state.step, desc="train", unit="step"', 'initial=0, desc="train", unit="step"',
+             ("tests/test_train_budget.py",),
+             "a resumed steps run's bar starts at 0, not at the step it resumed from"),
+    Mutation("tensorboard_heatmaps_all_show_layer_0", "attention_lab/interp/figures.py",
+             "frames.pixels(layer, w[layer], ", "frames.pixels(layer, w[0], ",
+             ("tests/test_attention_maps.py::test_log_attention_to_tensorboard_writes_images_and_summary",),
+             "every attention/layer_XX image in TensorBoard shows layer 0's heads under its own layer's title: the "
+             "deeper layers' patterns (induction heads) are never seen"),
+    Mutation("budget_progress_bar_restarts_on_resume", "train.py",
+             "min(progress.total, time.time() - t_start) - progress.n",
+             "min(progress.total, time.time() - session_t0) - progress.n",
+             ("tests/test_train_budget.py::test_a_resume_on_a_budget_goes_on_from_the_time_already_spent",),
+             "a resumed budget run's bar falls back to 0 s at its first step and counts this session only, ending "
+             "short of its total while the run stops on the budget's clock"),
+    Mutation("head_legend_omits_tl_columns", "attention_lab/interp/heads.py",
+             ",\n             \"  \u00b7TL        the same share over every query, as TransformerLens's detect_head counts it \"\n"
+             "             \"(attention_lab/interp/roles.py)\"]",
+             "]",
+             ("tests/test_readme.py::test_sample_pys_head_table_points_to_the_glossary_and_every_word_it_prints_has_an_entry",),
+             "sample.py's head table prints prev\u00b7TL, dup\u00b7TL and ind\u00b7TL columns that its legend never explains"),
     Mutation("unused_import_left_behind", "attention_lab/claims/report.py",
              "import math\nimport os\n", "import math\nimport os\nimport shutil\n",
              ("tests/test_lint.py",),

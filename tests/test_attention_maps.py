@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
 import torch
@@ -235,3 +237,11 @@ def test_log_attention_to_tensorboard_writes_images_and_summary(tmp_path):
         f"image event: step {image.step}, {image.width}x{image.height}"
     assert image.encoded_image_string[:8] == b"\x89PNG\r\n\x1a\n", "TensorBoard images are stored as PNG"
     assert "probe/head_summary/text_summary" in acc.Tags()["tensors"], acc.Tags()["tensors"]
+    # each layer's image is that layer's heads (PNG is lossless: the very pixels of its figure)
+    from PIL import Image
+
+    for layer in (0, 1):
+        png = acc.Images(f"probe/layer_{layer:02d}")[0].encoded_image_string
+        got = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+        want = figure_to_array(attention_figure(w[layer], [str(i) for i in ids], f"layer {layer}, step 7", dpi=72))
+        assert got.shape == want.shape and np.array_equal(got, want), f"probe/layer_{layer:02d} is not layer {layer}'s map"

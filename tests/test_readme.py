@@ -263,6 +263,12 @@ def test_sample_pys_head_table_points_to_the_glossary_and_every_word_it_prints_h
         words |= {column} if "\u00b7" not in column else {column.split("\u00b7")[0], "\u00b7" + column.split("\u00b7")[1]}
     words |= {w for w in ("OV circuit", "nats", "c_proj", "probe") if w in footnote}
     assert {"copy", "copy@text", "ent", "\u00b7TL", "ablation", "OV circuit"} <= words, f"the table changed: {words}"
+    # ... and the legend explains every column the header prints, by its name at the start of a legend line
+    keys = {k for line in footnote.splitlines()[1:] if line.startswith("  ") and not line.startswith("   ")
+            for k in re.split(r"\s{2,}", line.strip())[0].split()}
+    header_words = {w for column in header.split()[1:] for w in
+                    ([column] if "\u00b7" not in column else ["\u00b7" + column.split("\u00b7")[1]])}
+    assert header_words <= keys, f"the legend never explains {sorted(header_words - keys)}:\n{footnote}"
     entries = glossary_entries()
     for word in sorted(words):
         pattern = re.compile(r"(?<![\w\u00b7])" + re.escape(word) + r"(?![\w])", re.I)

@@ -10,6 +10,7 @@ asks only whether the run went past max_steps, stopped on its clock, and where i
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -101,7 +102,7 @@ def test_a_run_on_its_budget_goes_past_max_steps_until_the_time_is_spent(tmp_pat
     assert f"/{round(60 * BUDGET_MIN)} s of the time budget" in bar, f"the bar counts the budget's seconds: {bar[-300:]}"
 
 
-def test_a_resume_on_a_budget_goes_on_from_the_time_already_spent(tmp_path, data_cache):
+def test_a_resume_on_a_budget_goes_on_from_the_time_already_spent(tmp_path, data_cache, capsys):
     common = [*FAST, f"data.cache_dir={data_cache}", "train.stop=budget"]
     run = tmp_path / "run"
     first = train_mod.train(compose([*common, f"train.max_minutes={BUDGET_MIN}"]), run)
@@ -109,7 +110,13 @@ def test_a_resume_on_a_budget_goes_on_from_the_time_already_spent(tmp_path, data
     assert again["steps_this_session"] == 0, (
         f"the budget was spent before the resume, yet it trained {again['steps_this_session']} more steps: the "
         "run's clock restarted")
-    more = train_mod.train(compose([*common, f"train.max_minutes={2 * BUDGET_MIN}"]), run)
+    capsys.readouterr()
+    more = train_mod.train(compose([*common, f"train.max_minutes={2 * BUDGET_MIN}", "train.progress=true"]), run)
+    total = round(120 * BUDGET_MIN)
+    counts = [float(n) for n in re.findall(rf"(\d+)/{total} s of the time budget", capsys.readouterr().err)]
+    assert counts and min(counts) >= 60 * BUDGET_MIN - 1 and max(counts) >= total - 2, (
+        f"resumed with {60 * BUDGET_MIN:.0f} of {total} s spent, the bar counts the run's clock from there to the "
+        f"end; it showed {counts}")
     assert more["step"] > first["step"], "a larger budget goes on"
     resumed = lrs(run)[first["step"] + 1]
     peak = compose(common).optim.lr
