@@ -2391,9 +2391,7 @@ MUTATIONS = (
              "a resumed budget run's bar falls back to 0 s at its first step and counts this session only, ending "
              "short of its total while the run stops on the budget's clock"),
     Mutation("head_legend_omits_tl_columns", "attention_lab/interp/heads.py",
-             ",\n             \"  \u00b7TL        the same share over every query, as TransformerLens's detect_head counts it \"\n"
-             "             \"(attention_lab/interp/roles.py)\"]",
-             "]",
+             '    lines += legend_entry("\\u00b7TL", ', '    lines + legend_entry("\\u00b7TL", ',
              ("tests/test_readme.py::test_sample_pys_head_table_points_to_the_glossary_and_every_word_it_prints_has_an_entry",),
              "sample.py's head table prints prev\u00b7TL, dup\u00b7TL and ind\u00b7TL columns that its legend never explains"),
     Mutation("unused_import_left_behind", "attention_lab/claims/report.py",

@@ -15,7 +15,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from attention_lab.interp.roles import LABEL_ROLES, LABEL_THRESHOLD, MEASURES, ROLES, role_label, role_scores
+from attention_lab.interp.roles import (
+    LABEL_ROLES,
+    LABEL_THRESHOLD,
+    MEASURES,
+    ROLE_TABLE,
+    ROLES,
+    role_label,
+    role_scores,
+)
 
 # ------------------------------------------------------------------------------------------------------------
 # the built-in probe: random tokens, repeated
@@ -297,27 +305,28 @@ def head_rows(scores: dict[str, np.ndarray], ablation: np.ndarray | None = None,
 
 
 def legend_lines(ablation: bool, copying: bool, text: bool) -> list[str]:
-    """The head table's legend: each column in plain words, the technical name last (docs/glossary.md has each)."""
+    """The head table's legend, a column to a line: each role score's words are its `help` in roles.ROLE_TABLE (the
+    pages' tooltips say the same), the technical name last; docs/glossary.md has each word."""
     lines = ["what the columns say (each word is a docs/glossary.md entry):",
-             "  role       the pattern the head follows most, in words (mixed: none stands out)",
-             "  prev dup ind first self",
-             "             share of the head's attention on: the previous token (prev); an earlier copy of this token "
-             "(dup);",
-             "             the token after an earlier copy, as an induction head does (ind); the first token (first); "
-             "itself (self).",
-             "             prev, dup and ind count the queries that have such a token (the stripe)",
-             "  ent        how spread out the attention is: near 0 on one token, 1 = evenly on every earlier token",
-             "  ·TL        the same share over every query, as TransformerLens's detect_head counts it "
-             "(attention_lab/interp/roles.py)"]
+             *legend_entry("role", "the pattern the head follows most, in words (mixed: none stands out)")]
+    for role in ROLE_TABLE:
+        if role.form != "all rows":  # the detect_head forms: one line for the three, below
+            lines += legend_entry(role.short, role.help)
+    lines += legend_entry("\u00b7TL", "the same share over every query row, as TransformerLens's detect_head counts it "
+                                      "(attention_lab/interp/roles.py)")
     if ablation:
-        lines += ["  ablation   the loss change on this text, in nats/token, when the head is switched off",
-                  "             (+ the model needs it, - it does better without it)"]
+        lines += legend_entry("ablation", MEASURES["ablation"].help)
     if copying:
-        lines.append("  copy       the share of tokens that the head, attending to one, raises above all others as "
-                     "the next token (its OV circuit)")
+        lines += legend_entry("copy", "the share of tokens that the head, attending to one, raises above all others "
+                                      "as the next token (its OV circuit)")
     if text:
-        lines.append("  copy@text  the same on this text, for the token each position attends to most")
+        lines += legend_entry("copy@text", "the same on this text, for the token each position attends to most")
     return lines
+
+
+def legend_entry(column: str, words: str) -> list[str]:
+    """One legend entry, one line: the column's name, then its words (unwrapped, so that no phrase is cut)."""
+    return [f"  {column:<10} {words}"]
 
 
 def format_head_table(rows: Sequence[dict]) -> str:
