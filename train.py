@@ -146,7 +146,7 @@ def run_loop(run: Run) -> dict:
     t_start = run.run_start if by_budget else session_t0  # the budget's and the schedule's clock
     run.session_start = t_start
     meter = Throughput(state.step, run.tokens_per_step, run.flops_per_step, run.peak_flops)
-    progress = open_progress(tc, state) if info.is_main and tc.progress else None
+    progress = open_progress(tc, state, by_budget) if info.is_main and tc.progress else None
     if not steps_left(state.step, tc.max_steps, tc.max_minutes, tc.stop):
         log.print(f"{run.layout.root} already finished {state.step} of {tc.max_steps} steps; nothing to train. "
                   "Raise train.max_steps to go on.")
@@ -204,12 +204,12 @@ def run_loop(run: Run) -> dict:
     return finish(run, start_step, time.time() - session_t0, interrupted)
 
 
-def open_progress(tc, state):
-    """The console's progress bar. A run that its time budget ends (train.stop=budget) counts the budget's seconds,
-    so the bar's end and its ETA are the clock's; a run that max_steps ends counts steps."""
+def open_progress(tc, state, by_budget: bool):
+    """The console's progress bar. A run that its time budget ends (by_budget: train.stop=budget) counts the budget's
+    seconds, so the bar's end and its ETA are the clock's; a run that max_steps ends counts steps."""
     from tqdm.auto import tqdm
 
-    if tc.stop == "budget" and tc.max_minutes is not None:
+    if by_budget:
         total = round(60 * tc.max_minutes)
         return tqdm(total=total, initial=min(total, round(state.seconds)), desc="train", unit="s", dynamic_ncols=True,
                     leave=False, bar_format="{l_bar}{bar}| {n:.0f}/{total} s of the time budget [{elapsed}<{remaining}"

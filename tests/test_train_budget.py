@@ -45,9 +45,9 @@ def test_the_progress_bar_of_a_budget_run_counts_the_budgets_seconds_and_a_steps
     from types import SimpleNamespace
 
     budget = train_mod.open_progress(SimpleNamespace(stop="budget", max_minutes=8.0, max_steps=1800),
-                                     SimpleNamespace(seconds=90.4, step=300))
+                                     SimpleNamespace(seconds=90.4, step=300), by_budget=True)
     steps = train_mod.open_progress(SimpleNamespace(stop="steps", max_minutes=8.0, max_steps=1800),
-                                    SimpleNamespace(seconds=90.4, step=300))
+                                    SimpleNamespace(seconds=90.4, step=300), by_budget=False)
     try:
         assert (budget.total, budget.n, budget.unit) == (480, 90, "s"), (budget.total, budget.n, budget.unit)
         assert "90/480 s of the time budget" in str(budget), str(budget)
