@@ -50,7 +50,7 @@ def run(ctx: Context) -> Table:
             fresh.append(_evaluations(
                 lambda layer, w, title: figure_to_array(attention_figure(w, labels, title, dpi=72)), evaluations))
             kept = AttentionFrames(labels)
-            frames.append(_evaluations(kept.pixels, evaluations))
+            frames.append(_evaluations(lambda layer, w, title: kept.pixels(w, title), evaluations))
         n = cfg["evaluations"]
         rows.append({"shape": what, "layers": n_layer, "heads": n_head, "tokens": t,
                      "fresh_s": median(fresh) / n, "frames_s": median(frames) / n,

@@ -206,15 +206,16 @@ def causal_rows(rng: np.random.Generator, nh: int, t: int) -> np.ndarray:
 def test_attention_frames_draw_the_pixels_of_a_fresh_figure_at_every_frame(nh, t):
     """The trainer's heatmaps (AttentionFrames: the still parts drawn once, the heatmaps and title redrawn over
     them) are pixel for pixel what attention_figure draws from nothing, at the first frame and at later ones with
-    other weights and another title, for each layer, where a tick mark meets a heatmap's edge too."""
+    other weights and another title (another layer's, a later evaluation's), where a tick mark meets a heatmap's
+    edge too."""
     rng = np.random.default_rng(0)
     labels = [f"t{i}" for i in range(t)]
     frames = AttentionFrames(labels)
-    for step, layer in ((0, 0), (0, 1), (10, 0)):  # a first frame of each layer, then a later one
+    for step, layer in ((0, 0), (0, 1), (10, 0)):  # the first frame, another layer's, then a later evaluation's
         w = causal_rows(rng, nh, t)
         title = f"layer {layer}, step {step}"
         want = figure_to_array(attention_figure(w, labels, title, dpi=72))
-        got = frames.pixels(layer, w, title)
+        got = frames.pixels(w, title)
         assert got.shape == want.shape, f"step {step} layer {layer}: {got.shape} != {want.shape}"
         differ = np.abs(got.astype(int) - want.astype(int)).max(-1) > 0
         assert not differ.any(), (f"step {step} layer {layer}: {differ.sum()} pixels differ from a fresh figure, "

@@ -176,6 +176,21 @@ def test_dumped_pngs_and_summary(dumped):
         "header, 4 heads, the legend, the logit lens:\n" + "\n".join(lines)
 
 
+def test_each_layers_png_is_that_layers_heatmaps_as_a_fresh_figure_draws_them(dumped, run_dir):
+    """The layers' figures are laid out once and redrawn (AttentionFrames): each layer's PNG is still, pixel for
+    pixel, attention_figure of that layer's weights under that layer's title."""
+    from attention_lab.interp.figures import attention_figure, figure_to_array
+
+    weights = np.load(dumped / "attention.npy")
+    labels = json.loads((dumped / "tokens.json").read_text(encoding="utf-8"))["tokens"]
+    for layer in range(weights.shape[0]):
+        got = matplotlib.image.imread(dumped / f"layer_{layer:02d}.png")[..., :3]
+        want = figure_to_array(attention_figure(weights[layer], labels, f"{run_dir.name} step 100, layer {layer}",
+                                                dpi=90))
+        assert got.shape == want.shape, f"layer {layer}: {got.shape} != {want.shape}"
+        assert np.array_equal(np.round(got * 255).astype(np.uint8), want), f"layer_{layer:02d}.png is not layer {layer}'s map"
+
+
 def test_tensorboard_events_hold_the_heatmaps_and_the_text(dumped, run_dir):
     tb = run_dir / "tb" / "samples" / dumped.name
     assert list(tb.glob("events.out.tfevents.*")), f"no event file in {tb}"

@@ -56,30 +56,31 @@ def attention_figure(
 
 
 class AttentionFrames:
-    """One prompt's heatmaps drawn again at every evaluation, as the trainer does: a figure per layer is laid out
-    and its axes, tick labels and colour bar drawn once; each later frame redraws only the heads' heatmaps and the
-    title over that background (matplotlib's blitting). The pixels are those a fresh `attention_figure` draws
-    (tests/test_attention_maps.py); a later frame takes 15-90 ms where a fresh figure took 0.6-1.2 s on 2 AMD EPYC
-    cores (docs/benchmarks.md).
+    """One prompt's heatmaps drawn again and again: every layer at every evaluation, as the trainer does, or every
+    layer of one sample, as sample.py does. A layer's figure differs from another's only in its heatmaps and its
+    title, so the figure is laid out and its axes, tick labels and colour bar drawn once; each frame redraws only
+    the heads' heatmaps and the title over that background (matplotlib's blitting). The pixels are those a fresh
+    `attention_figure` draws (tests/test_attention_maps.py); a frame takes 15-90 ms where a fresh figure took
+    0.6-1.2 s on 2 AMD EPYC cores (docs/benchmarks.md).
     """
 
     def __init__(self, labels: Sequence[str], *, max_labels: int = 48, max_cells: int = 256, dpi: int = 72):
         self.labels, self.max_labels, self.max_cells, self.dpi = list(labels), max_labels, max_cells, dpi
-        self._layers: dict[int, tuple] = {}  # layer -> (shape, figure, images, suptitle, background)
+        self._layout: tuple | None = None  # (shape and whether titled, figure, images, suptitle, background)
 
-    def pixels(self, layer: int, weights_layer: np.ndarray, title: str) -> np.ndarray:
-        """(nh, T, T) -> RGB pixels (H, W, 3) uint8 of that layer's figure with these weights and this title."""
+    def pixels(self, weights_layer: np.ndarray, title: str) -> np.ndarray:
+        """(nh, T, T) -> RGB pixels (H, W, 3) uint8 of one layer's figure with these weights and this title."""
         w = np.asarray(weights_layer, dtype=np.float32)
-        kept = self._layers.get(layer)
-        if kept is None or kept[0] != w.shape:  # a first frame (or another shape): lay the figure out
+        key = (w.shape, bool(title))  # a title takes room above the heads
+        if self._layout is None or self._layout[0] != key:  # a first frame (or another shape): lay it out
             fig, images, suptitle = _attention_layout(w, self.labels, title, max_labels=self.max_labels,
                                                       max_cells=self.max_cells, dpi=self.dpi)
             for artist in (*images, suptitle):
                 if artist is not None:
                     artist.set_animated(True)  # left out of the background
             _draw_quietly(fig.canvas.draw)
-            kept = self._layers[layer] = (w.shape, fig, images, suptitle, fig.canvas.copy_from_bbox(fig.bbox))
-        _, fig, images, suptitle, background = kept
+            self._layout = (key, fig, images, suptitle, fig.canvas.copy_from_bbox(fig.bbox))
+        _, fig, images, suptitle, background = self._layout
         shown, full_title = _heatmap_values(w, len(self.labels), title, self.max_labels, self.max_cells)
         canvas = fig.canvas
         canvas.restore_region(background)
@@ -226,7 +227,7 @@ def log_attention_to_tensorboard(
     tags = []
     for layer in range(w.shape[0]):
         tag = f"{tag_prefix}/layer_{layer:02d}"
-        writer.add_image(tag, frames.pixels(layer, w[layer], f"layer {layer}, step {step}"), step, dataformats="HWC")
+        writer.add_image(tag, frames.pixels(w[layer], f"layer {layer}, step {step}"), step, dataformats="HWC")
         tags.append(tag)
     if token_ids is not None:
         tag = f"{tag_prefix}/head_summary"

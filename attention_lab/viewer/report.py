@@ -29,7 +29,7 @@ import torch
 
 from attention_lab.interp.analysis import TextAnalysis, analyze
 from attention_lab.interp.circuits import copying_of, copying_score, ov_logits, qk_token_pairs
-from attention_lab.interp.figures import attention_figure, figure_to_array, markdown_code
+from attention_lab.interp.figures import AttentionFrames, markdown_code
 from attention_lab.interp.heads import format_head_table, head_rows
 from attention_lab.interp.inside import steppable
 from attention_lab.interp.roles import ROLE_HELP
@@ -97,9 +97,9 @@ def dump_attention(
         files.append(write_page(out.page, data, title or "attention"))
         files.append(save_page_data(out.page_data, data, title or "attention"))
 
+    frames = AttentionFrames(labels, dpi=dpi)  # the layers' figures differ only in their heatmaps: laid out once
     for layer in range(weights.shape[0]):
-        fig = attention_figure(weights[layer], labels, f"{title}, layer {layer}".lstrip(", "), dpi=dpi)
-        pixels = figure_to_array(fig)  # (H, W, 3) drawn once, for both the PNG and TensorBoard
+        pixels = frames.pixels(weights[layer], f"{title}, layer {layer}".lstrip(", "))  # for the PNG and TensorBoard
         matplotlib.image.imsave(out.layer_png(layer), pixels)
         files.append(out.layer_png(layer))
         if writer is not None:
