@@ -2411,6 +2411,21 @@ MUTATIONS = (
              'frames.pixels(weights[layer], f"{title}, layer 0".lstrip(", "))',
              ("tests/test_sample.py::test_each_layers_png_is_that_layers_heatmaps_as_a_fresh_figure_draws_them",),
              "every layer's PNG is titled layer 0: a reader takes a deep layer's induction head for layer 0's"),
+    Mutation("fingerprint_frames_keep_the_first_numbers", "attention_lab/interp/figures.py",
+             "                text.set_text(label)\n", "",
+             ("tests/test_attention_maps.py::test_fingerprint_frames_draw_the_pixels_of_a_fresh_figure_at_every_frame",),
+             "the trainer's head-role fingerprint in TensorBoard keeps the first evaluation's numbers in its cells "
+             "while their colours change: an induction head's score reads .02 over a bright cell"),
+    Mutation("fingerprint_frames_cells_over_their_frame", "attention_lab/interp/figures.py",
+             "        for spine in spines:\n            spine.axes.draw_artist(spine)\n", "",
+             ("tests/test_attention_maps.py::test_fingerprint_frames_draw_the_pixels_of_a_fresh_figure_at_every_frame",),
+             "the redrawn fingerprint's cells paint over each grid's frame: a redrawn frame is not the figure it "
+             "stands for"),
+    Mutation("fingerprint_frames_text_colour_kept", "attention_lab/interp/figures.py",
+             "                text.set_color(colour)\n", "",
+             ("tests/test_attention_maps.py::test_fingerprint_frames_draw_the_pixels_of_a_fresh_figure_at_every_frame",),
+             "a fingerprint cell keeps the first evaluation's text colour: a score that grew past 0.6 is written "
+             "white on a light cell, unreadable"),
     Mutation("unused_import_left_behind", "attention_lab/claims/report.py",
              "import math\nimport os\n", "import math\nimport os\nimport shutil\n",
              ("tests/test_lint.py",),

@@ -13,12 +13,15 @@ from torch.utils.tensorboard import SummaryWriter
 from attention_lab.interp.capture import capture_attention
 from attention_lab.interp.figures import (
     AttentionFrames,
+    FingerprintFrames,
     attention_figure,
     figure_to_array,
     log_attention_to_tensorboard,
     pool_max,
+    role_fingerprint_figure,
 )
 from attention_lab.interp.heads import format_head_table, head_rows, role_scores
+from attention_lab.interp.roles import TRACKED_ROLES
 from model import GPT, GPTConfig
 
 T = 20
@@ -219,6 +222,25 @@ def test_attention_frames_draw_the_pixels_of_a_fresh_figure_at_every_frame(nh, t
         assert got.shape == want.shape, f"step {step} layer {layer}: {got.shape} != {want.shape}"
         differ = np.abs(got.astype(int) - want.astype(int)).max(-1) > 0
         assert not differ.any(), (f"step {step} layer {layer}: {differ.sum()} pixels differ from a fresh figure, "
+                                  f"rows {np.unique(np.nonzero(differ)[0])[:10]}")
+
+
+@pytest.mark.parametrize("n_layer, n_head", [(2, 2), (3, 8)])
+def test_fingerprint_frames_draw_the_pixels_of_a_fresh_figure_at_every_frame(n_layer, n_head):
+    """The trainer's head-role fingerprint (FingerprintFrames: grids and labels drawn once, the cells' colours and
+    numbers and the title redrawn) is pixel for pixel what role_fingerprint_figure draws from nothing, at every
+    frame: scores under 1 (".42", white on dark cells), at 1 and past it ("1.2", black), and a negative ablation."""
+    rng = np.random.default_rng(1)
+    frames = FingerprintFrames()
+    for step in (0, 10, 20):
+        scores = {role: rng.random((n_layer, n_head)) * 1.3 for role in TRACKED_ROLES}
+        scores["ablation (probe repeat, nats)"] = rng.normal(0.0, 0.5, (n_layer, n_head))
+        title = f"head roles at step {step} (repeated-tokens probe)"
+        want = figure_to_array(role_fingerprint_figure(scores, title))
+        got = frames.pixels(scores, title)
+        assert got.shape == want.shape, f"step {step}: {got.shape} != {want.shape}"
+        differ = np.abs(got.astype(int) - want.astype(int)).max(-1) > 0
+        assert not differ.any(), (f"step {step}: {differ.sum()} pixels differ from a fresh fingerprint, "
                                   f"rows {np.unique(np.nonzero(differ)[0])[:10]}")
 
 

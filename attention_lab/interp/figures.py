@@ -241,6 +241,60 @@ def log_attention_to_tensorboard(
 
 def role_fingerprint_figure(scores: dict[str, np.ndarray], title: str = "", dpi: int = 72) -> Figure:
     """One small layers x heads grid per role, each cell coloured by its score and labelled with its value."""
+    return _fingerprint_layout(scores, title, dpi)[0]
+
+
+class FingerprintFrames:
+    """The trainer's head-role fingerprint at every evaluation: the grids, their titles and head and layer labels
+    are laid out and drawn once (for one set of roles at one model shape); each frame redraws only the cells'
+    colours and numbers and the title over them, as AttentionFrames does for the heatmaps. The pixels are those
+    a fresh `role_fingerprint_figure` draws (tests/test_attention_maps.py)."""
+
+    def __init__(self, dpi: int = 72):
+        self.dpi = dpi
+        self._layout: tuple | None = None  # (roles and shape, figure, images, cell texts, spines, suptitle, background)
+
+    def pixels(self, scores: dict[str, np.ndarray], title: str) -> np.ndarray:
+        """{role: (L, nh)} -> RGB pixels (H, W, 3) uint8 of the fingerprint with these scores and this title."""
+        values = {role: np.asarray(v, dtype=np.float64) for role, v in scores.items()}
+        key = (tuple(values), next(iter(values.values())).shape, bool(title))
+        if self._layout is None or self._layout[0] != key:
+            fig, images, texts, suptitle = _fingerprint_layout(values, title, self.dpi)
+            spines = [spine for image in images for spine in image.axes.spines.values()]
+            for artist in (*images, *texts, *spines, suptitle):
+                if artist is not None:
+                    artist.set_animated(True)  # left out of the background
+            _draw_quietly(fig.canvas.draw)
+            self._layout = (key, fig, images, texts, spines, suptitle, fig.canvas.copy_from_bbox(fig.bbox))
+        _, fig, images, texts, spines, suptitle, background = self._layout
+        fig.canvas.restore_region(background)
+        cells = iter(texts)
+        for image, v in zip(images, values.values()):  # in a fresh figure's order: the cells, the frame, the numbers
+            image.set_data(v)
+            image.axes.draw_artist(image)
+        for spine in spines:
+            spine.axes.draw_artist(spine)
+        for v in values.values():
+            for x in v.flat:
+                text = next(cells)
+                label, colour = _fingerprint_cell(x)
+                text.set_text(label)
+                text.set_color(colour)
+                _draw_quietly(lambda: text.axes.draw_artist(text))
+        if suptitle is not None:
+            suptitle.set_text(title)
+            _draw_quietly(lambda: fig.draw_artist(suptitle))
+        return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
+
+
+def _fingerprint_cell(v: float) -> tuple[str, str]:
+    """A fingerprint cell's number (".42", or "1.0" and beyond) and its colour on the magma map."""
+    return (f"{v:.2f}"[1:] if 0 <= v < 1 else f"{v:.1f}"), ("white" if v < 0.6 else "black")
+
+
+def _fingerprint_layout(scores, title, dpi):
+    """role_fingerprint_figure's figure, with the artists a frame redraws: (figure, each role's image, the cells'
+    texts role by role in row-major order, the suptitle)."""
     roles = list(scores)
     n_layer, n_head = np.asarray(scores[roles[0]]).shape
     cell = 0.42
@@ -251,23 +305,23 @@ def role_fingerprint_figure(scores: dict[str, np.ndarray], title: str = "", dpi:
     height = (0.5 if title else 0.1) + nrows * (side_h + 0.75)
     fig = Figure(figsize=(width, height), dpi=dpi)
     FigureCanvasAgg(fig)
+    images, texts = [], []
     for i, role in enumerate(roles):
         row, col = divmod(i, ncols)
         left = 0.5 + col * (side_w + 0.5)
         top = (0.5 if title else 0.1) + 0.35 + row * (side_h + 0.75)
         ax = fig.add_axes((left / width, 1 - (top + side_h) / height, side_w / width, side_h / height))
         values = np.asarray(scores[role], dtype=np.float64)
-        ax.imshow(values, cmap="magma", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
+        images.append(ax.imshow(values, cmap="magma", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest"))
         for (layer, head), v in np.ndenumerate(values):
-            ax.text(head, layer, f"{v:.2f}"[1:] if 0 <= v < 1 else f"{v:.1f}", ha="center", va="center",
-                    fontsize=7, color="white" if v < 0.6 else "black")
+            label, colour = _fingerprint_cell(v)
+            texts.append(ax.text(head, layer, label, ha="center", va="center", fontsize=7, color=colour))
         ax.set_title(role.replace("_", " "), fontsize=9, pad=3)
         ax.set_xticks(range(n_head), [f"H{h}" for h in range(n_head)], fontsize=7)
         ax.set_yticks(range(n_layer), [f"L{layer}" for layer in range(n_layer)], fontsize=7)
         ax.tick_params(length=0, pad=1)
-    if title:
-        fig.suptitle(title, fontsize=10, y=1 - 0.1 / height, va="top")
-    return fig
+    suptitle = fig.suptitle(title, fontsize=10, y=1 - 0.1 / height, va="top") if title else None
+    return fig, images, texts, suptitle
 
 
 def position_loss_figure(steps: Sequence[int], losses: np.ndarray, title: str = "", dpi: int = 72) -> Figure:

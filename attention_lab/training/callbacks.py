@@ -36,7 +36,7 @@ from data.prepare import PreparedData
 from model import GPT, GPTConfig, LSTMConfig, generate, has_attention
 
 if TYPE_CHECKING:
-    from attention_lab.interp.figures import AttentionFrames
+    from attention_lab.interp.figures import AttentionFrames, FingerprintFrames
 
 
 @dataclass
@@ -150,6 +150,7 @@ class HeadRoles(Callback):
         self.position_losses: list[np.ndarray] = []
         self.changes: list[dict] = []
         self.layout_written = False
+        self.fingerprint: FingerprintFrames | None = None  # the TensorBoard fingerprint: laid out once, redrawn
 
     def resume(self, run_dir: Path, step: int) -> None:
         """Replay the evaluations an earlier session of this run recorded (up to `step`), so phase changes are
@@ -219,13 +220,14 @@ class HeadRoles(Callback):
                                           ctx.step)
         for key, v in report.model_metrics().items():
             writer.add_scalar(f"model/{key}", v, ctx.step)
-        from attention_lab.interp.figures import figure_to_array, position_loss_figure, role_fingerprint_figure
+        from attention_lab.interp.figures import FingerprintFrames, figure_to_array, position_loss_figure
 
         shown = {r: report.scores[r] for r in TRACKED_ROLES}
         if report.ablation_probe is not None:
             shown["ablation (probe repeat, nats)"] = report.ablation_probe
-        fig = role_fingerprint_figure(shown, f"head roles at step {ctx.step} (repeated-tokens probe)")
-        writer.add_image("heads/fingerprint", figure_to_array(fig), ctx.step, dataformats="HWC")
+        self.fingerprint = self.fingerprint or FingerprintFrames()
+        fingerprint = self.fingerprint.pixels(shown, f"head roles at step {ctx.step} (repeated-tokens probe)")
+        writer.add_image("heads/fingerprint", fingerprint, ctx.step, dataformats="HWC")
         fig = position_loss_figure(self.steps, np.stack(self.position_losses), "validation loss by position")
         writer.add_image("model/position_loss_map", figure_to_array(fig), ctx.step, dataformats="HWC")
         if changes:
