@@ -2379,7 +2379,7 @@ MUTATIONS = (
              "the trainer's redrawn heatmaps of a long prompt lose the title's notes (one label per k, max-pooled) "
              "that a fresh figure shows, so thinned labels and pooled blocks read as single tokens"),
     Mutation("heatmap_frames_background_not_restored", "attention_lab/interp/figures.py",
-             "canvas.restore_region(background)", "pass",
+             "canvas = fig.canvas\n        canvas.restore_region(background)", "canvas = fig.canvas",
              ("tests/test_attention_maps.py",),
              "each evaluation's heatmap is drawn over the last one: the titles pile up into a smear"),
     Mutation("steps_progress_bar_starts_at_zero_on_resume", "train.py",
@@ -2421,6 +2421,10 @@ MUTATIONS = (
              ("tests/test_attention_maps.py::test_fingerprint_frames_draw_the_pixels_of_a_fresh_figure_at_every_frame",),
              "the redrawn fingerprint's cells paint over each grid's frame: a redrawn frame is not the figure it "
              "stands for"),
+    Mutation("fingerprint_frames_background_not_restored", "attention_lab/interp/figures.py",
+             "        fig.canvas.restore_region(background)\n", "",
+             ("tests/test_attention_maps.py::test_fingerprint_frames_draw_the_pixels_of_a_fresh_figure_at_every_frame",),
+             "each evaluation's fingerprint is drawn over the last one: the titles' step numbers pile up"),
     Mutation("fingerprint_frames_text_colour_kept", "attention_lab/interp/figures.py",
              "                text.set_color(colour)\n", "",
              ("tests/test_attention_maps.py::test_fingerprint_frames_draw_the_pixels_of_a_fresh_figure_at_every_frame",),
