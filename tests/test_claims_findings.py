@@ -385,6 +385,11 @@ def test_the_rate_check_trains_every_arm_again_at_a_third_of_its_rate_with_the_e
     cfg = json.loads((out / second["lstm equal time"]["run"] / "config.json").read_text())
     assert cfg["train"]["max_minutes"] == pytest.approx(max(budget, 0.05), abs=1e-3), "the budget at this rate"
     assert len(doc["comparisons_second"]) == 1 and doc["comparisons_second"][0]["worse"] == "lstm equal time"
+    # and at the further rate the claim names (a ninth): every arm trained there too, the LSTM on that budget
+    (ninth,) = doc["more_rates"]
+    assert ninth["factor"] == pytest.approx(1 / 9) and set(ninth["rates"]) == set(second), ninth
+    assert ninth["rates"]["transformer"] == pytest.approx(RNN_RATES["transformer"] / 9), ninth["rates"]
+    assert len(ninth["comparisons"]) == 1, ninth
     text = rep.read_text()
     assert "### The rate check: a second fixed rate" in text and "**What we found.**" in text
 
