@@ -29,7 +29,7 @@ EXPECTED_ROW_KEYS = {
     "kv_cache": {"variant", "length", "computed", "measured", "per_token"},
     "decode": {"variant", "length", "ms", "vs_mha"},
     "data": {"text_mb", "seconds", "mb_s", "tokens_s"},
-    "figures": {"shape", "layers", "heads", "tokens", "fresh_s", "frames_s", "speedup"},
+    "figures": {"figure", "shape", "layers", "heads", "tokens", "fresh_s", "frames_s", "speedup"},
 }
 
 
