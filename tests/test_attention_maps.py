@@ -169,6 +169,20 @@ def test_attention_figure_renders_to_an_rgb_array():
         attention_figure(w[0], ["x"] * (T - 1))
 
 
+@pytest.mark.parametrize("nh", [4, 5, 6, 8])
+def test_the_key_labels_sit_under_each_columns_lowest_head_and_the_query_labels_left_of_each_row(nh):
+    """Heads fill rows of four: the lowest head of every column names the keys (5 heads: head 0 has head 4 below
+    it, so heads 1-4 do), and the first head of every row names the queries."""
+    labels = [f"t{i}" for i in range(6)]
+    fig = attention_figure(causal_rows(np.random.default_rng(0), nh, 6), labels, "layer 0")
+    heads = fig.axes[:nh]  # then the colour bar
+    with_keys = [h for h, ax in enumerate(heads) if ax.get_xlabel() == "key"]
+    assert with_keys == [h for h in range(nh) if h + 4 >= nh], f"{nh} heads: key labels under heads {with_keys}"
+    assert all([t.get_text() for t in heads[h].get_xticklabels()] == labels for h in with_keys)
+    with_queries = [h for h, ax in enumerate(heads) if ax.get_ylabel() == "query"]
+    assert with_queries == list(range(0, nh, 4)), f"{nh} heads: query labels beside heads {with_queries}"
+
+
 def test_every_head_is_drawn_on_one_colour_scale_with_the_future_greyed_out():
     """Heads compare by colour only if they share one scale over [0, 1] (the colorbar is drawn once), whatever each
     head's own largest weight (a window cropped from a longer text has no row of weight 1); the masked future is
@@ -213,7 +227,7 @@ def test_attention_frames_draw_the_pixels_of_a_fresh_figure_at_every_frame(nh, t
     edge too."""
     rng = np.random.default_rng(0)
     labels = [f"t{i}" for i in range(t)]
-    frames = AttentionFrames(labels)
+    frames, kept = AttentionFrames(labels), []
     for step, layer in ((0, 0), (0, 1), (10, 0)):  # the first frame, another layer's, then a later evaluation's
         w = causal_rows(rng, nh, t)
         title = f"layer {layer}, step {step}"
@@ -223,6 +237,9 @@ def test_attention_frames_draw_the_pixels_of_a_fresh_figure_at_every_frame(nh, t
         differ = np.abs(got.astype(int) - want.astype(int)).max(-1) > 0
         assert not differ.any(), (f"step {step} layer {layer}: {differ.sum()} pixels differ from a fresh figure, "
                                   f"rows {np.unique(np.nonzero(differ)[0])[:10]}")
+        kept.append((want, got))
+    # each frame is the caller's to keep: a later frame leaves the earlier ones as they were drawn
+    assert all(np.array_equal(got, want) for want, got in kept), "a later frame drew over an earlier one's pixels"
 
 
 @pytest.mark.parametrize("n_layer, n_head", [(2, 2), (3, 8)])
@@ -231,7 +248,7 @@ def test_fingerprint_frames_draw_the_pixels_of_a_fresh_figure_at_every_frame(n_l
     numbers and the title redrawn) is pixel for pixel what role_fingerprint_figure draws from nothing, at every
     frame: scores under 1 (".42", white on dark cells), at 1 and past it ("1.2", black), and a negative ablation."""
     rng = np.random.default_rng(1)
-    frames = FingerprintFrames()
+    frames, kept = FingerprintFrames(), []
     for step in (0, 10, 20):
         scores = {role: rng.random((n_layer, n_head)) * 1.3 for role in TRACKED_ROLES}
         scores["ablation (probe repeat, nats)"] = rng.normal(0.0, 0.5, (n_layer, n_head))
@@ -242,6 +259,8 @@ def test_fingerprint_frames_draw_the_pixels_of_a_fresh_figure_at_every_frame(n_l
         differ = np.abs(got.astype(int) - want.astype(int)).max(-1) > 0
         assert not differ.any(), (f"step {step}: {differ.sum()} pixels differ from a fresh fingerprint, "
                                   f"rows {np.unique(np.nonzero(differ)[0])[:10]}")
+        kept.append((want, got))
+    assert all(np.array_equal(got, want) for want, got in kept), "a later frame drew over an earlier one's pixels"
 
 
 def test_log_attention_to_tensorboard_writes_images_and_summary(tmp_path):
