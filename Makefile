@@ -23,10 +23,11 @@ train: install
 	$(PY) train.py $(ARGS)
 
 # the suite in one process a core, 8 at most (pytest-xdist; TEST_WORKERS=0 runs it in this one), each test file whole
-# in one of them, in its own order: 12-13 minutes where one process took 18 on a 2-core EPYC (docs/testing.md)
+# in one of them, in its own order, the longest files first (tests/conftest.py): 12-13 minutes where one process
+# took 18 on a 2-core EPYC (docs/testing.md)
 TEST_WORKERS ?= auto
 test: install
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 8 --dist loadfile $(ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 8 --dist loadfile --no-loadscope-reorder $(ARGS)
 
 bench: install
 	$(PY) -m bench.run $(ARGS)

@@ -20,6 +20,21 @@ import torch  # noqa: E402
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 
+# The longest files first. `make test` gives each pytest process a whole file at a time (--dist loadfile) in this
+# order (--no-loadscope-reorder; xdist's own order puts the files with the most tests first, which left the GPU
+# check's one 69-s test to start last while the other core idled). Seconds each file took on 2 idle cores of the AMD
+# EPYC without native bf16 (2026-11-29): 271, 105, 96, 73, 72, 69, 60, 41, 36, 34, 34, 32. The others follow in
+# the order pytest collects them.
+LONGEST_FIRST = ("test_claims.py", "test_notebooks.py", "test_train.py", "test_viewer.py", "test_lab_page.py",
+                 "test_gpu_check.py", "test_claims_findings.py", "test_attn_backend.py", "test_lab_server.py",
+                 "test_model_switches.py", "test_export_attention.py", "test_bench.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file keeps its own order
+
+
 @pytest.fixture(scope="session", autouse=True)
 def user_cache(tmp_path_factory):
     """dtype auto's stored measurements (attention_lab/runtime/decoding.py) go to a session folder, never to the
