@@ -219,6 +219,14 @@ def causal_rows(rng: np.random.Generator, nh: int, t: int) -> np.ndarray:
     return w / w.sum(-1, keepdims=True)
 
 
+def assert_same_pixels(got: np.ndarray, want: np.ndarray, at: str) -> None:
+    """A redrawn frame is, pixel for pixel, the fresh figure it stands for."""
+    assert got.shape == want.shape, f"{at}: {got.shape} != {want.shape}"
+    differ = np.abs(got.astype(int) - want.astype(int)).max(-1) > 0
+    assert not differ.any(), (f"{at}: {differ.sum()} pixels differ from a fresh figure, "
+                              f"rows {np.unique(np.nonzero(differ)[0])[:10]}")
+
+
 @pytest.mark.parametrize("nh, t", [(2, 12), (5, 50), (1, 300)], ids=["short", "two rows of heads, thinned", "pooled"])
 def test_attention_frames_draw_the_pixels_of_a_fresh_figure_at_every_frame(nh, t):
     """The trainer's heatmaps (AttentionFrames: the still parts drawn once, the heatmaps and title redrawn over
@@ -233,10 +241,7 @@ def test_attention_frames_draw_the_pixels_of_a_fresh_figure_at_every_frame(nh, t
         title = f"layer {layer}, step {step}"
         want = figure_to_array(attention_figure(w, labels, title, dpi=72))
         got = frames.pixels(w, title)
-        assert got.shape == want.shape, f"step {step} layer {layer}: {got.shape} != {want.shape}"
-        differ = np.abs(got.astype(int) - want.astype(int)).max(-1) > 0
-        assert not differ.any(), (f"step {step} layer {layer}: {differ.sum()} pixels differ from a fresh figure, "
-                                  f"rows {np.unique(np.nonzero(differ)[0])[:10]}")
+        assert_same_pixels(got, want, f"step {step} layer {layer}")
         kept.append((want, got))
     # each frame is the caller's to keep: a later frame leaves the earlier ones as they were drawn
     assert all(np.array_equal(got, want) for want, got in kept), "a later frame drew over an earlier one's pixels"
@@ -255,10 +260,7 @@ def test_fingerprint_frames_draw_the_pixels_of_a_fresh_figure_at_every_frame(n_l
         title = f"head roles at step {step} (repeated-tokens probe)"
         want = figure_to_array(role_fingerprint_figure(scores, title))
         got = frames.pixels(scores, title)
-        assert got.shape == want.shape, f"step {step}: {got.shape} != {want.shape}"
-        differ = np.abs(got.astype(int) - want.astype(int)).max(-1) > 0
-        assert not differ.any(), (f"step {step}: {differ.sum()} pixels differ from a fresh fingerprint, "
-                                  f"rows {np.unique(np.nonzero(differ)[0])[:10]}")
+        assert_same_pixels(got, want, f"step {step}")
         kept.append((want, got))
     assert all(np.array_equal(got, want) for want, got in kept), "a later frame drew over an earlier one's pixels"
 
