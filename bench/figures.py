@@ -26,64 +26,73 @@ def _weights(rng: np.random.Generator, n_layer: int, n_head: int, t: int) -> np.
     return w / w.sum(-1, keepdims=True)
 
 
-def _evaluations(draw, evaluations: list[np.ndarray]) -> float:
-    """Seconds to draw every layer of each evaluation's weights."""
+def _timed(draw, evaluations: list) -> float:
+    """Seconds for draw(step, evaluation) over the evaluations, in order."""
     t0 = time.perf_counter()
-    for step, w in enumerate(evaluations):
-        for layer in range(w.shape[0]):
-            draw(layer, w[layer], f"layer {layer}, step {step}")
+    for step, evaluation in enumerate(evaluations):
+        draw(step, evaluation)
     return time.perf_counter() - t0
+
+
+def _fresh_against_frames(fresh, frames, evaluations: list, reps: int) -> dict:
+    """fresh(step, evaluation) draws an evaluation from nothing; frames() makes a new drawer of the same signature
+    over a kept layout (its first evaluation lays it out). Seconds per evaluation, medians of alternated reps."""
+    fresh_s, frames_s = [], []
+    for _ in range(reps):  # alternated, so that a busy moment weighs on both
+        fresh_s.append(_timed(fresh, evaluations))
+        frames_s.append(_timed(frames(), evaluations))
+    n = len(evaluations)
+    return {"fresh_s": median(fresh_s) / n, "frames_s": median(frames_s) / n,
+            "speedup": median(fresh_s) / median(frames_s)}
+
+
+def _heatmap_rows(ctx: Context, cfg: dict, rng: np.random.Generator) -> list[dict]:
+    """Every layer's heatmaps on the film's prompt (and a longer one), fresh against AttentionFrames."""
+    from attention_lab.interp.figures import AttentionFrames, attention_figure, figure_to_array
+
+    def every_layer(draw):
+        return lambda step, w: [draw(w[layer], f"layer {layer}, step {step}") for layer in range(len(w))]
+
+    rows = []
+    for what, n_layer, n_head, t in SHAPES[:1] if ctx.quick else SHAPES:
+        labels = [f"t{i}" for i in range(t)]
+        evaluations = [_weights(rng, n_layer, n_head, t) for _ in range(cfg["evaluations"])]
+        log(f"figures: {what}, {n_layer} layers x {n_head} heads, {t} tokens ...")
+        times = _fresh_against_frames(
+            every_layer(lambda w, title: figure_to_array(attention_figure(w, labels, title, dpi=72))),
+            lambda: every_layer(AttentionFrames(labels).pixels), evaluations, cfg["reps"])
+        rows.append({"figure": "every layer's heatmaps", "shape": what, "layers": n_layer, "heads": n_head,
+                     "tokens": t} | times)
+    return rows
 
 
 def _fingerprint_rows(ctx: Context, cfg: dict, rng: np.random.Generator) -> list[dict]:
     """The head-role fingerprint (the tracked roles and the probe's ablation, as the trainer draws it), fresh
-    against FingerprintFrames, per evaluation."""
+    against FingerprintFrames."""
     from attention_lab.interp.figures import FingerprintFrames, figure_to_array, role_fingerprint_figure
     from attention_lab.interp.roles import TRACKED_ROLES
+
+    def kept_fingerprint():
+        kept = FingerprintFrames()
+        return lambda step, scores: kept.pixels(scores, f"head roles at step {step}")
 
     rows = []
     for what, n_layer, n_head, _ in SHAPES[2:] if ctx.quick else (SHAPES[0], SHAPES[2]):
         evaluations = [{r: rng.random((n_layer, n_head)) for r in (*TRACKED_ROLES, "ablation (probe repeat, nats)")}
                        for _ in range(cfg["evaluations"])]
         log(f"figures: the fingerprint, {n_layer} layers x {n_head} heads ...")
-        fresh, frames = [], []
-        for _ in range(cfg["reps"]):
-            t0 = time.perf_counter()
-            for step, scores in enumerate(evaluations):
-                figure_to_array(role_fingerprint_figure(scores, f"head roles at step {step}"))
-            fresh.append(time.perf_counter() - t0)
-            kept, t0 = FingerprintFrames(), time.perf_counter()
-            for step, scores in enumerate(evaluations):
-                kept.pixels(scores, f"head roles at step {step}")
-            frames.append(time.perf_counter() - t0)
-        n = cfg["evaluations"]
+        times = _fresh_against_frames(
+            lambda step, scores: figure_to_array(role_fingerprint_figure(scores, f"head roles at step {step}")),
+            kept_fingerprint, evaluations, cfg["reps"])
         rows.append({"figure": "head-role fingerprint", "shape": what.split(",")[0], "layers": n_layer,
-                     "heads": n_head, "tokens": None, "fresh_s": median(fresh) / n, "frames_s": median(frames) / n,
-                     "speedup": median(fresh) / median(frames)})
+                     "heads": n_head, "tokens": None} | times)
     return rows
 
 
 def run(ctx: Context) -> Table:
-    from attention_lab.interp.figures import AttentionFrames, attention_figure, figure_to_array
-
     cfg = QUICK if ctx.quick else FULL
     rng = np.random.default_rng(0)
-    rows = []
-    for what, n_layer, n_head, t in SHAPES[:1] if ctx.quick else SHAPES:
-        labels = [f"t{i}" for i in range(t)]
-        evaluations = [_weights(rng, n_layer, n_head, t) for _ in range(cfg["evaluations"])]
-        log(f"figures: {what}, {n_layer} layers x {n_head} heads, {t} tokens ...")
-        fresh, frames = [], []
-        for _ in range(cfg["reps"]):  # alternated, so that a busy moment weighs on both
-            fresh.append(_evaluations(
-                lambda layer, w, title: figure_to_array(attention_figure(w, labels, title, dpi=72)), evaluations))
-            kept = AttentionFrames(labels)
-            frames.append(_evaluations(lambda layer, w, title: kept.pixels(w, title), evaluations))
-        n = cfg["evaluations"]
-        rows.append({"figure": "every layer's heatmaps", "shape": what, "layers": n_layer, "heads": n_head, "tokens": t,
-                     "fresh_s": median(fresh) / n, "frames_s": median(frames) / n,
-                     "speedup": median(fresh) / median(frames)})
-    rows += _fingerprint_rows(ctx, cfg, rng)
+    rows = _heatmap_rows(ctx, cfg, rng) + _fingerprint_rows(ctx, cfg, rng)
     return Table(
         name="figures",
         title="TensorBoard figures per evaluation: drawn from nothing vs the trainer's frames",
