@@ -2426,7 +2426,7 @@ MUTATIONS = (
              ("tests/test_attention_maps.py::test_fingerprint_frames_draw_the_pixels_of_a_fresh_figure_at_every_frame",),
              "each evaluation's fingerprint is drawn over the last one: the titles' step numbers pile up"),
     Mutation("fingerprint_frames_return_the_live_canvas", "attention_lab/interp/figures.py",
-             "        return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()",
+             "        return _rgb(fig.canvas)",
              "        return np.asarray(fig.canvas.buffer_rgba())[..., :3]",
              ("tests/test_attention_maps.py::test_fingerprint_frames_draw_the_pixels_of_a_fresh_figure_at_every_frame",),
              "FingerprintFrames.pixels hands out a view of its canvas: a caller that keeps an evaluation's "
@@ -2437,10 +2437,10 @@ MUTATIONS = (
              "a fingerprint cell keeps the first evaluation's text colour: a score that grew past 0.6 is written "
              "white on a light cell, unreadable"),
     Mutation('helper13_attention_frames_return_live_buffer', 'attention_lab/interp/figures.py',
-             '        return np.asarray(canvas.buffer_rgba())[..., :3].copy()',
-             '        return np.asarray(canvas.buffer_rgba())[..., :3]',
+             '    return np.asarray(canvas.buffer_rgba())[..., :3].copy()',
+             '    return np.asarray(canvas.buffer_rgba())[..., :3]',
              ('tests/test_attention_maps.py', 'tests/test_sample.py'),
-             "AttentionFrames.pixels returns a view of the canvas buffer instead of a copy, so any caller that keeps frames (e.g. one per layer) finds every earlier frame silently overwritten by the latest layer's heatmaps."),
+             "the frames' pixels are a view of the canvas buffer instead of a copy (_rgb, which both frames classes and figure_to_array return through), so any caller that keeps frames (e.g. one per layer) finds every earlier frame silently overwritten by the latest layer's heatmaps."),
     Mutation('helper13_diagonal_masked_as_future', 'attention_lab/interp/figures.py',
              'np.triu(np.ones((t, t), dtype=bool), k=1)',
              'np.triu(np.ones((t, t), dtype=bool), k=0)',

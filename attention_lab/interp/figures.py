@@ -75,11 +75,7 @@ class AttentionFrames:
         if self._layout is None or self._layout[0] != key:  # a first frame (or another shape): lay it out
             fig, images, suptitle = _attention_layout(w, self.labels, title, max_labels=self.max_labels,
                                                       max_cells=self.max_cells, dpi=self.dpi)
-            for artist in (*images, suptitle):
-                if artist is not None:
-                    artist.set_animated(True)  # left out of the background
-            _draw_quietly(fig.canvas.draw)
-            self._layout = (key, fig, images, suptitle, fig.canvas.copy_from_bbox(fig.bbox))
+            self._layout = (key, fig, images, suptitle, _still_background(fig, (*images, suptitle)))
         _, fig, images, suptitle, background = self._layout
         shown, full_title = _heatmap_values(w, len(self.labels), title, self.max_labels, self.max_cells)
         canvas = fig.canvas
@@ -90,7 +86,7 @@ class AttentionFrames:
         if suptitle is not None:
             suptitle.set_text(full_title)
             _draw_quietly(lambda: fig.draw_artist(suptitle))
-        return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+        return _rgb(canvas)
 
 
 def _heatmap_values(w: np.ndarray, t: int, title: str, max_labels: int, max_cells: int) -> tuple[np.ndarray, str]:
@@ -188,7 +184,22 @@ def figure_to_array(fig: Figure) -> np.ndarray:
     """Render a figure to RGB pixels (H, W, 3) uint8, for SummaryWriter.add_image(..., dataformats="HWC")."""
     canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
     _draw_quietly(canvas.draw)
+    return _rgb(canvas)
+
+
+def _rgb(canvas: FigureCanvasAgg) -> np.ndarray:
+    """The canvas's pixels as RGB (H, W, 3) uint8: a copy, the caller's to keep while the canvas is drawn again."""
     return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+
+
+def _still_background(fig: Figure, moving) -> object:
+    """Draw the figure without its `moving` artists (None skipped) and keep those pixels, the background each
+    frame restores before it draws them (matplotlib's blitting: animated artists are left out of a full draw)."""
+    for artist in moving:
+        if artist is not None:
+            artist.set_animated(True)
+    _draw_quietly(fig.canvas.draw)
+    return fig.canvas.copy_from_bbox(fig.bbox)
 
 
 def _draw_quietly(draw) -> None:
@@ -261,11 +272,8 @@ class FingerprintFrames:
         if self._layout is None or self._layout[0] != key:
             fig, images, texts, suptitle = _fingerprint_layout(values, title, self.dpi)
             spines = [spine for image in images for spine in image.axes.spines.values()]
-            for artist in (*images, *texts, *spines, suptitle):
-                if artist is not None:
-                    artist.set_animated(True)  # left out of the background
-            _draw_quietly(fig.canvas.draw)
-            self._layout = (key, fig, images, texts, spines, suptitle, fig.canvas.copy_from_bbox(fig.bbox))
+            background = _still_background(fig, (*images, *texts, *spines, suptitle))
+            self._layout = (key, fig, images, texts, spines, suptitle, background)
         _, fig, images, texts, spines, suptitle, background = self._layout
         fig.canvas.restore_region(background)
         cells = iter(texts)
@@ -284,7 +292,7 @@ class FingerprintFrames:
         if suptitle is not None:
             suptitle.set_text(title)
             _draw_quietly(lambda: fig.draw_artist(suptitle))
-        return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
+        return _rgb(fig.canvas)
 
 
 def _fingerprint_cell(v: float) -> tuple[str, str]:
