@@ -34,6 +34,7 @@ from attention_lab.store.logger import RunLogger  # noqa: E402
 from attention_lab.store.runlock import RunLock, RunLocked  # noqa: E402
 from attention_lab.training.backend import settle_attn_backend  # noqa: E402
 from attention_lab.training.callbacks import EvalContext, build_callbacks  # noqa: E402
+from attention_lab.training.compiling import measured_step, settle_compile  # noqa: E402
 from attention_lab.training.config import Config, register_configs, to_config  # noqa: E402
 from attention_lab.training.learner import recorded_config  # noqa: E402
 from attention_lab.training.loop import (  # noqa: E402
@@ -93,15 +94,20 @@ def setup_run(cfg: Config, run_dir: Path, overrides: list[str], info, device, dt
     # the model, config.json and every checkpoint get the concrete one
     cfg, measuring = settle_attn_backend(cfg, run_dir, device, dtype, info, log.print)
     model, model_cfg, saved, saved_meta = load_model(cfg, resolve_model_config(cfg, data), data, run_dir, log.print)
-    # train.loss_chunk=auto becomes a number here (measured on a CPU at the model's shape): config.json records it
-    cfg, measuring_loss = settle_loss_chunk(cfg, model_cfg.n_embd, model_cfg.block_size, model_cfg.vocab_size,
-                                            device, dtype, info, log.print)
     raw_model = model.to(device).train()
-    model = wrap_model(raw_model, tc, device, info, log.print)  # compiled and/or DDP; raw_model stays plain
     # data streams: one global random stream, each process reads its own slice of every global batch
     sampler = BatchSampler(data.tokens("train"), model_cfg.block_size, tc.batch_size, seed=tc.seed, rank=info.rank,
                            world_size=info.world_size, repeat_frac=tc.repeat_frac)
     state = TrainState(configure_optimizer(raw_model, cfg.optim, device), sampler, device)
+    # train.compile=auto becomes true or false here (on an AMX CPU, the run's own step timed eager and compiled;
+    # the weights and the optimizer put back as they were), then train.loss_chunk=auto a number (measured on a CPU
+    # at the model's shape, or 0 inside a compiled model): config.json records both
+    step = measured_step(cfg, state.optimizer, model_cfg.vocab_size, device, dtype)
+    cfg, compiled, measuring_compile = settle_compile(cfg, raw_model, state.optimizer, step, device, dtype, info,
+                                                      log.print)
+    cfg, measuring_loss = settle_loss_chunk(cfg, model_cfg.n_embd, model_cfg.block_size, model_cfg.vocab_size,
+                                            device, dtype, info, log.print)
+    model = wrap_model(raw_model, cfg.train, device, info, log.print, compiled)  # compiled and/or DDP; raw stays plain
     n_params = num_params(raw_model)
     # the MFU denominator: the matmul peak in the dtype the run computes in (bf16 runs 2-8x float32 on some CPUs),
     # measured once on this machine and kept (runtime/flops.py), or as the config gives it
@@ -114,7 +120,7 @@ def setup_run(cfg: Config, run_dir: Path, overrides: list[str], info, device, dt
               torch.amp.GradScaler(device.type) if dtype == torch.float16 else None,
               eval_batches(data.tokens("val"), model_cfg.block_size, tc.batch_size, tc.eval_batches),
               build_callbacks(cfg, data, model_cfg, log.print) if info.is_main else [], n_params, peak,
-              counted_startup=measuring + measuring_loss)
+              counted_startup=measuring + measuring_compile + measuring_loss)
     if saved is not None:
         state.load_state_dict(saved)
         run.last_eval = {k: v for k, v in saved_meta.items() if k in ("val_loss", "val_bpb")}

@@ -143,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
                         "slower matmuls, minutes a profile, and no run trains in it)")
     p.add_argument("--loss-chunk", type=int, default=0,
                    help="the default step's train.loss_chunk (the profile's and the comparisons' base)")
+    p.add_argument("--compiled", action="store_true",
+                   help="the default step's model compiled by inductor, as train.compile=auto picks on an AMX CPU "
+                        "(the profile after; the compile itself is paid before the profile's warm-up)")
     p.add_argument("overrides", nargs="*", help="Hydra overrides of the default run's config, e.g. model.n_embd=512 "
                    "train.batch_size=8 (another shape's step)")
     args = p.parse_args(argv)
@@ -158,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"## The default training step, profiled and compared\n\n{machine()}\n")
     print(f"- model {gcfg.n_layer} layers x {gcfg.n_head} heads x {gcfg.n_embd} wide, context {gcfg.block_size}, "
           f"vocab {gcfg.vocab_size}, batch {batch}; optimizer {ocfg.name} (Newton-Schulz dtype {ocfg.muon_ns_dtype}); "
-          f"attention {gcfg.attn_backend}; loss {f'{args.loss_chunk} rows at a time' if args.loss_chunk else 'all at once'}\n")
+          f"attention {gcfg.attn_backend}; loss {f'{args.loss_chunk} rows at a time' if args.loss_chunk else 'all at once'}"
+          + ("; compiled (inductor)" if args.compiled else "") + "\n")
     if args.dtypes is None and dtypes == (torch.float32,):
         print("- float32 only: this CPU has no native bf16 (bf16 would be emulated; --dtypes bfloat16,float32 "
               "measures it anyway)\n")
@@ -166,8 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_profile:
         shares, ms = {}, {}
         for dtype in dtypes:
-            shares[dtype], ms[dtype] = profile_table(Step(copy.deepcopy(base_model), ocfg, batch, dtype,
-                                                          args.loss_chunk))
+            step = Step(copy.deepcopy(base_model), ocfg, batch, dtype, args.loss_chunk)
+            shares[dtype], ms[dtype] = profile_table(compiled(step) if args.compiled else step)
         first = dtypes[0]
         groups = sorted(set().union(*map(set, shares.values())), key=lambda g: -shares[first].get(g, 0.0))
         print("### Profile: share of self CPU time over 3 steps (torch.profiler)\n")
@@ -186,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
           "> 1 is faster)\n")
     print("| setting | dtype | default ms | setting ms | ratio |\n|---|---|--:|--:|--:|")
     def fresh(dtype, model_change=lambda m: m, optim=ocfg, loss_chunk=args.loss_chunk) -> Step:
-        return Step(model_change(copy.deepcopy(base_model)), optim, batch, dtype, loss_chunk)
+        step = Step(model_change(copy.deepcopy(base_model)), optim, batch, dtype, loss_chunk)
+        return compiled(step) if args.compiled else step
 
     ns_f32 = dataclasses.replace(ocfg, muon_ns_dtype="float32")
     ns3 = dataclasses.replace(ocfg, muon_ns_steps=3)
@@ -211,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(("compile", "torch.compile of the model (inductor; the step's optimizer stays eager)", name,
                      lambda d=dtype: fresh(d), lambda d=dtype: compiled(fresh(d))))
     for key, name, label, make_base, make_other in rows:
-        if key not in wanted:
+        if key not in wanted or (key == "compile" and args.compiled):  # compiled against compiled: no row
             continue
         other = make_other()
         b, o, r = compare(make_base(), other, rounds)

@@ -51,6 +51,20 @@ def user_cache(tmp_path_factory):
         os.environ[CACHE_DIR_ENV] = before
 
 
+@pytest.fixture(autouse=True)
+def determinism_as_it_was():
+    """torch's deterministic-algorithms flags as they were before the test: a compiled run turns them on for its
+    process (attention_lab/training/compiling.py compiled_for_training), and the tests after it must not inherit
+    that."""
+    import torch
+
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              torch.utils.deterministic.fill_uninitialized_memory)
+    yield
+    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+    torch.utils.deterministic.fill_uninitialized_memory = before[2]
+
+
 @pytest.fixture
 def chunks_taken(monkeypatch) -> list:
     """The `rows` of every chunked loss the training step computes from now on (an empty list: the loss was taken

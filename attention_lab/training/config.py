@@ -79,7 +79,10 @@ class TrainConfig:
     seed: int = 1337
     device: str = "auto"  # auto: cuda if available, else Apple's mps if available, else cpu
     dtype: str = "auto"  # auto: bf16 autocast on a GPU that has it or a CPU with AMX/AVX512-BF16; float32 elsewhere
-    compile: bool = False  # torch.compile the model (CUDA; slow to start on CPU; never by default on MPS)
+    # torch.compile the model (inductor): true, false, or auto = compiled on CUDA, and on a CPU with AMX-BF16 when its
+    # own training step measures faster, the compile's seconds paid from the budget (attention_lab/training/compiling.py);
+    # never on MPS
+    compile: Any = False
     batch_size: int = 16  # sequences per micro-batch per process
     grad_accum: int = 1  # micro-batches per optimizer step
     # the training loss over this many positions' logits at a time (model.gpt.chunked_next_token_loss): the same
@@ -126,6 +129,9 @@ class TrainConfig:
         _positive("train", self, ("batch_size", "grad_accum", "max_steps", "eval_interval", "eval_batches",
                                   "log_interval", "keep_checkpoints", "head_roles_every", "probe_batch"))
         _non_negative("train", self, ("sample_tokens", "snapshots"))
+        if self.compile not in ("auto", True, False):
+            raise ValueError(f"train.compile={self.compile!r} must be auto, true or false")
+        self.compile = self.compile if self.compile == "auto" else bool(self.compile)
         if self.loss_chunk != "auto" and (isinstance(self.loss_chunk, bool) or not isinstance(self.loss_chunk, int)
                                           or self.loss_chunk < 0):
             raise ValueError(f"train.loss_chunk={self.loss_chunk!r} must be auto, 0 (the loss all at once) or a "

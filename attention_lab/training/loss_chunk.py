@@ -10,6 +10,8 @@ float32 (docs/benchmarks.md, issue 44). So auto decides per run:
 
     a number               that number (0: all at once), unmeasured
     CUDA, MPS              0, unmeasured: nothing was measured there
+    a compiled run         0, unmeasured: inductor fuses the loss into the compiled model (the compiled step with
+                           the loss whole was 1.05x the compiled step with it chunked, 2-core AMX Xeon, issue 44)
     a CPU                  the output layer's matmul and the loss, forward and backward, at the run's micro-batch,
                            context, width and vocabulary under the run's dtype, each way in turn over a few rounds,
                            the medians compared (time_loss); chunks only when that is faster by more than MARGIN
@@ -96,6 +98,9 @@ def choose_loss_chunk(cfg: Config, n_embd: int, block_size: int, vocab: int, dev
         return ChunkChoice(int(asked), "")
     if device.type != "cpu":
         return ChunkChoice(0, f"loss: all at once (train.loss_chunk=auto on {device.type}: nothing measured)")
+    if cfg.train.compile is True:
+        return ChunkChoice(0, "loss: all at once, inside the compiled model (train.loss_chunk=auto with "
+                              "train.compile: inductor fuses it; nothing measured)")
     rows = cfg.train.batch_size * block_size
     seconds, spent, where = kept_measurement(loss_key(rows, n_embd, vocab, dtype), WAYS,
                                              lambda: (measure or time_loss)(rows, n_embd, vocab, device, dtype))

@@ -17,6 +17,7 @@ from attention_lab.store.checkpoint import DEFAULT_PRESET
 from attention_lab.store.layout import RunLayout
 from attention_lab.store.logger import RunLogger
 from attention_lab.training.callbacks import Callback, Film
+from attention_lab.training.compiling import compiled_for_training
 from attention_lab.training.config import Config, TrainConfig
 from attention_lab.training.state import TrainState
 from data.prepare import PreparedData
@@ -62,15 +63,18 @@ class Run:
 
 
 def wrap_model(model: nn.Module, tc: TrainConfig, device: torch.device, info: distributed.DistInfo,
-               say=print) -> nn.Module:
-    """What the training step calls: the plain module, compiled when train.compile asks, DDP-wrapped under torchrun.
-    Checkpoints and evaluation keep using the plain module."""
-    if tc.compile:
+               say=print, compiled: nn.Module | None = None) -> nn.Module:
+    """What the training step calls: the plain module, compiled when train.compile is true (settled: never auto
+    here), DDP-wrapped under torchrun. compiled: the wrapper train.compile=auto's measurement already compiled
+    (attention_lab/training/compiling.py), taken as it is. Checkpoints and evaluation keep using the plain module."""
+    if tc.compile is True and compiled is not None:
+        model = compiled
+    elif tc.compile is True:
         if device.type == "cpu":
             say("note: torch.compile on CPU compiles for a minute or more before the first step")
         if device.type == "mps":  # never on by default: no preset compiles on a Mac, and none was tried on one
             say("note: torch.compile on Apple's MPS was never tried here; train.compile=false if it fails")
-        model = torch.compile(model)
+        model = compiled_for_training(model)
     if info.enabled:
         model = DDP(model, device_ids=[info.local_rank] if device.type == "cuda" else None)
     return model
