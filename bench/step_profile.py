@@ -52,6 +52,7 @@ GROUPS = {
 
 
 OTHER_ROWS = 6  # the largest ops outside GROUPS, each a row
+COMPILED_GRAPH = "## Call CompiledFxGraph"  # how torch.profiler names a compiled graph's call (--compiled)
 
 
 def machine() -> str:
@@ -102,6 +103,8 @@ def profile_table(step: Step, steps: int = 3) -> tuple[dict[str, float], float]:
     for e in prof.key_averages():
         if e.key in GROUPS:
             by_group[GROUPS[e.key]] += e.self_cpu_time_total
+        elif e.key.startswith(COMPILED_GRAPH):  # one row for inductor's generated kernels, whatever their hash
+            by_group["inductor's generated kernels (compiled graphs)"] += e.self_cpu_time_total
         else:
             others.append((e.self_cpu_time_total, e.key))
     total = sum(by_group.values()) + sum(t for t, _ in others)
