@@ -18,6 +18,7 @@ import torch
 import train as train_mod
 from attention_lab.runtime import decoding
 from attention_lab.runtime.distributed import DistInfo
+from attention_lab.store.checkpoint import load_checkpoint
 from attention_lab.training import compiling
 from attention_lab.training.compiling import (
     MARGIN,
@@ -146,11 +147,12 @@ def test_bad_values_are_refused_in_words():
 
 
 def test_the_measurement_puts_back_the_weights_the_optimizer_and_the_rng():
-    """Planted bug: the measured steps' updates left in the model (the run would start from weights that depend on
-    whether it measured). The 'compiler' here is the identity: the restore is what is tested."""
-    cfg = compose(["experiment=debug", "optim=muon"])
+    """Planted bugs: the measured steps' updates left in the model, or their dropout masks drawn from the run's own
+    random stream (the run would start from weights, or draw masks, that depend on whether it measured or read a
+    kept measurement). The 'compiler' here is the identity: the restore is what is tested."""
+    cfg = compose(["experiment=debug", "optim=muon", "model.dropout=0.1"])  # the steps draw dropout masks
     torch.manual_seed(0)
-    model = GPT(cfg.model.gpt(vocab_size=65))
+    model = GPT(cfg.model.gpt(vocab_size=65)).train()
     optimizer = configure_optimizer(model, cfg.optim, CPU)
     weights, moments = copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict())
     rng = torch.get_rng_state()
@@ -168,7 +170,13 @@ def test_train_py_records_auto_s_choice_and_takes_the_loss_whole_when_compiled(t
     """train.py settles auto before the first step: config.json says true or false, a compiled run's
     train.loss_chunk=auto is 0 and not measured, and the measurement's seconds count in the budget."""
     cpu_with(monkeypatch, amx=True)
-    monkeypatch.setattr(compiling, "time_compile", lambda model, optimizer, step: (dict(FAST), model))
+    wrappers = []
+
+    def measure(model, optimizer, step):  # 'compiled': a wrapper that counts the steps taken through it
+        wrappers.append(Counting(model))
+        return dict(FAST), wrappers[-1]
+
+    monkeypatch.setattr(compiling, "time_compile", measure)
     monkeypatch.setattr("attention_lab.training.loss_chunk.time_loss", refuse)
     common = ["experiment=debug", f"data.cache_dir={data_cache}", "train.compile=auto", "train.loss_chunk=auto",
               "train.max_steps=2", "train.eval_interval=2", "train.sample_tokens=0", "train.head_roles=false",
@@ -176,6 +184,22 @@ def test_train_py_records_auto_s_choice_and_takes_the_loss_whole_when_compiled(t
     train_mod.train(compose(common), tmp_path / "run")
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert saved["train"]["compile"] is True and saved["train"]["loss_chunk"] == 0, saved["train"]
+    assert len(wrappers) == 1 and wrappers[0].calls == 2, (
+        "both steps must go through the wrapper the measurement compiled (not the plain model, not a second compile)")
+    keys = list(load_checkpoint(tmp_path / "run", "latest").build_model().state_dict())
+    assert not any(k.startswith(("_orig_mod.", "inner.")) for k in keys), f"the wrapper was saved: {keys[:3]}"
+
+
+class Counting(torch.nn.Module):
+    """A stand-in for the compiled wrapper: the model's forward, counted."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.inner, self.calls = model, 0
+
+    def forward(self, *args, **kwargs):
+        self.calls += 1
+        return self.inner(*args, **kwargs)
 
 
 def test_the_measurement_counts_in_the_runs_time_budget(tmp_path, data_cache, monkeypatch):
