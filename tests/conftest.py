@@ -51,6 +51,19 @@ def user_cache(tmp_path_factory):
         os.environ[CACHE_DIR_ENV] = before
 
 
+@pytest.fixture
+def fresh_measurements(tmp_path, monkeypatch):
+    """A fresh process's memory of the autos' measurements (attention_lab/runtime/decoding.py) and an empty
+    measurement file of the test's own: a stub's timings kept in the session's file would decide later tests' runs.
+    A test file takes it for all its tests with `pytestmark = pytest.mark.usefixtures("fresh_measurements")`."""
+    from attention_lab.runtime import decoding
+
+    monkeypatch.setenv(decoding.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    decoding.forget_measurements()
+    yield
+    decoding.forget_measurements()
+
+
 @pytest.fixture(autouse=True)
 def determinism_as_it_was():
     """torch's deterministic-algorithms flags as they were before the test: a compiled run turns them on for its

@@ -39,14 +39,7 @@ CPU = torch.device("cpu")
 MATH_WINS, SDPA_WINS = {"sdpa": 2.0, "math": 1.0}, {"sdpa": 1.0, "math": 2.0}
 
 
-@pytest.fixture(autouse=True)
-def fresh_measurements(tmp_path, monkeypatch):
-    """A fresh process's memory and an empty measurement file of the test's own: a stub's timings stored in the
-    session's file would decide later tests' runs."""
-    monkeypatch.setenv(decoding.CACHE_DIR_ENV, str(tmp_path / "cache"))
-    decoding.forget_measurements()
-    yield
-    decoding.forget_measurements()
+pytestmark = pytest.mark.usefixtures("fresh_measurements")  # conftest.py: a measurement file of its own
 
 
 def stub(seconds: dict[str, float], calls: list | None = None):

@@ -36,13 +36,7 @@ ONE = DistInfo()
 BUDGET = 480.0  # the default run's 8 minutes
 
 
-@pytest.fixture(autouse=True)
-def fresh_measurements(tmp_path, monkeypatch):
-    """A fresh process's memory and an empty measurement file of the test's own."""
-    monkeypatch.setenv(decoding.CACHE_DIR_ENV, str(tmp_path / "cache"))
-    decoding.forget_measurements()
-    yield
-    decoding.forget_measurements()
+pytestmark = pytest.mark.usefixtures("fresh_measurements")  # conftest.py: a measurement file of its own
 
 
 def cpu_with(monkeypatch, amx: bool) -> None:

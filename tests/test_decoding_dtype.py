@@ -25,13 +25,7 @@ BF16_CPU = {"avx512_bf16": True, "amx_bf16": False}  # what torch.cpu.get_capabi
 PLAIN_CPU = {"avx512_bf16": False, "amx_bf16": False, "avx2": True}
 
 
-@pytest.fixture(autouse=True)
-def fresh_measurements(tmp_path, monkeypatch):
-    """A fresh process's memory and an empty cache folder of the test's own."""
-    monkeypatch.setenv(decoding.CACHE_DIR_ENV, str(tmp_path / "cache"))
-    decoding.forget_measurements()
-    yield
-    decoding.forget_measurements()
+pytestmark = pytest.mark.usefixtures("fresh_measurements")  # conftest.py: a measurement file of its own
 
 
 class FakeClock:

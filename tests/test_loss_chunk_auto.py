@@ -32,14 +32,7 @@ CHUNKS_WIN, WHOLE_WINS = {"whole": 2.0, "chunked": 1.0}, {"whole": 1.0, "chunked
 SHAPE = dict(n_embd=32, block_size=16, vocab=97)  # what choose_loss_chunk reads of the model
 
 
-@pytest.fixture(autouse=True)
-def fresh_measurements(tmp_path, monkeypatch):
-    """An empty measurement file of the test's own: a stub's timings kept in the session's file would decide
-    later tests' runs."""
-    monkeypatch.setenv(decoding.CACHE_DIR_ENV, str(tmp_path / "cache"))
-    decoding.forget_measurements()
-    yield
-    decoding.forget_measurements()
+pytestmark = pytest.mark.usefixtures("fresh_measurements")  # conftest.py: a measurement file of its own
 
 
 def stub(seconds: dict[str, float], calls: list | None = None):
