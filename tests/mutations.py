@@ -235,7 +235,7 @@ MUTATIONS = (
              ("tests/test_compile_auto.py::test_the_measurement_counts_in_the_runs_time_budget",),
              "train.compile=auto's measurement (the compile included) is paid outside the run's time budget"),
     Mutation("compiled_run_not_deterministic", "attention_lab/training/compiling.py",
-             "    torch.use_deterministic_algorithms(True, warn_only=True)\n", "",
+             "        torch.use_deterministic_algorithms(True, warn_only=True)\n", "        pass\n",
              ("tests/test_compile_auto.py::test_inductor_computes_the_eager_step_and_a_compiled_run_resumes_exactly",),
              "inductor's embedding backward adds with atomics: a compiled run resumed parts from the whole one"),
     Mutation("helper14_measured_wrapper_compiled_again", "attention_lab/training/run.py",

@@ -61,9 +61,11 @@ def compiled_for_training(model: nn.Module) -> nn.Module:
     run to run, and a resumed run would part from the uninterrupted one in the last bits within a few steps.
     With the flag, that one kernel falls back to eager's (deterministic) one. The flag stays on for the process
     (inductor reads it when it lowers a graph: at the first step, and at any recompile); torch's filling of new
-    memory, which the flag would also switch on, stays off (it costs every allocation a pass)."""
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.utils.deterministic.fill_uninitialized_memory = False
+    memory, which the flag would also switch on, stays off (it costs every allocation a pass). A model on a GPU
+    compiles without the flag: there it would also steer CUDA's own kernels, and nothing was measured on one."""
+    if next(model.parameters()).device.type == "cpu":
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.utils.deterministic.fill_uninitialized_memory = False
     return torch.compile(model)
 
 
