@@ -20,8 +20,9 @@ debug shape of an EPYC without native bf16 for 62 s. So auto decides per run:
                            MARGIN
 
 Both sides take the loss all at once inside the model, as a compiled run does (inductor fuses it; a compiled run's
-train.loss_chunk=auto is 0, unmeasured). The measurement takes real optimizer steps on synthetic tokens, then puts the weights and the optimizer back as
-they were and leaves the global RNG untouched: a run's numbers never depend on whether it measured. It is kept
+train.loss_chunk=auto is 0, unmeasured). The measurement takes real optimizer steps on synthetic tokens, then puts
+the weights and the optimizer back as they were and leaves the global RNG untouched: a run's numbers never depend
+on whether it measured. It is kept
 where the other autos keep theirs (attention_lab/runtime/decoding.py kept_seconds: keyed by the CPU, torch, its
 flags and the thread count, and here the model's config, the micro-batch, the optimizer and the dtype), so a machine
 pays the measurement once per shape; a run that measures counts the time in its budget, and when it compiles,
@@ -71,7 +72,8 @@ def compiled_for_training(model: nn.Module) -> nn.Module:
 
 def time_compile(model: nn.Module, optimizer, step: Callable[[nn.Module], object], rounds: int = 3,
                  clock: Callable[[], float] = time.perf_counter,
-                 compile_fn: Callable[[nn.Module], nn.Module] = compiled_for_training) -> tuple[dict[str, float], nn.Module]:
+                 compile_fn: Callable[[nn.Module], nn.Module] = compiled_for_training
+                 ) -> tuple[dict[str, float], nn.Module]:
     """({"eager": s, "compiled": s, "compile": s}, the compiled wrapper): step(module) is one training step
     (forward, backward, `optimizer`'s step) through `module`, `model` or its compiled wrapper, interleaved over
     `rounds` after one untimed call each (time_candidates); "compile" is the first compiled call's seconds, the
