@@ -25,9 +25,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from attention_lab.runtime.omp import bound_spinning
+from attention_lab.runtime.omp import DECODING_SPINCOUNT, bound_spinning
 
-bound_spinning()  # before torch loads OpenMP: a waiting thread spins briefly, then sleeps (attention_lab/runtime/omp.py)
+# before torch loads OpenMP: a waiting thread spins long enough to stay awake between a token's small ops, then
+# sleeps (attention_lab/runtime/omp.py)
+bound_spinning(DECODING_SPINCOUNT)
 
 import torch  # noqa: E402
 

@@ -21,9 +21,9 @@ import argparse
 import statistics
 import time
 
-from attention_lab.runtime.omp import bound_spinning
+from attention_lab.runtime.omp import DECODING_SPINCOUNT, bound_spinning
 
-bound_spinning()  # before torch loads OpenMP, as train.py and sample.py do
+bound_spinning(DECODING_SPINCOUNT)  # before torch loads OpenMP, as sample.py does
 
 import torch  # noqa: E402
 

@@ -18,12 +18,26 @@ import os
 import sys
 import time
 
-from attention_lab.runtime.omp import bound_spinning
+from attention_lab.runtime.omp import DECODING_SPINCOUNT, SPINCOUNT, bound_spinning
 
-# Before torch loads OpenMP, the setting train.py and sample.py use (a bounded spin, attention_lab/runtime/omp.py), so the
-# tables measure what a user gets; export OMP_WAIT_POLICY or GOMP_SPINCOUNT to measure another (the machine line
-# of every table shows the settings in force). No effect if torch is loaded already (as under pytest).
-bound_spinning()
+DECODING = {"generate"}  # the benchmarks that time decoding as sample.py decodes
+
+
+def only_decoding(argv: list[str]) -> bool:
+    """Whether `--only` names decoding benchmarks alone (read before argparse: OpenMP's wait is set at import)."""
+    for i, arg in enumerate(argv):
+        value = arg.removeprefix("--only=") if arg.startswith("--only=") else (
+            argv[i + 1] if arg == "--only" and i + 1 < len(argv) else None)
+        if value is not None:
+            return {n.strip() for n in value.split(",") if n.strip()} <= DECODING
+    return False
+
+
+# Before torch loads OpenMP, the setting the entry points use (attention_lab/runtime/omp.py), so the tables measure
+# what a user gets: train.py's bounded spin, or sample.py's longer one when only decoding is benchmarked. Export
+# OMP_WAIT_POLICY or GOMP_SPINCOUNT to measure another (the machine line of every table shows the settings in
+# force). No effect if torch is loaded already (as under pytest).
+bound_spinning(DECODING_SPINCOUNT if only_decoding(sys.argv[1:]) else SPINCOUNT)
 
 import torch  # noqa: E402
 

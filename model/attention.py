@@ -385,6 +385,26 @@ def split_qkv(qkv: Tensor, n_head: int, n_kv_head: int, qk_tied: bool = False) -
             v.view(b, t, n_kv_head, hs).transpose(1, 2))
 
 
+def qkv_heads(qkv: Tensor, n_head: int, n_kv_head: int, qk_tied: bool, normed: bool, pe: PositionalEncoding,
+              rotation: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, Tensor]:
+    """split_qkv, with QK-norm (normed) and the positions' rotation applied on the way: q (B, nh, T, hs), k and v
+    (B, nkv, T, hs). The query and key heads lead the projection's channels, so they are normed and rotated as
+    one (B, T, nh + nkv, hs) tensor: one call of each for all of them, not one per q and k (a one-token decoding
+    step is a few dozen such small calls; docs/benchmarks.md)."""
+    b, t, width = qkv.shape
+    n_qk = n_head + (0 if qk_tied else n_kv_head)  # [q | k] heads ([q] with qk_tied: k is q)
+    hs = width // (n_qk + n_kv_head)
+    qk, v = qkv.split([n_qk * hs, n_kv_head * hs], dim=-1)
+    qk = qk.view(b, t, n_qk, hs)
+    if normed:
+        qk = qk_norm(qk)
+    if rotation is not None:
+        qk = pe.rotate_heads(qk, rotation)
+    qk = qk.transpose(1, 2)  # (B, nh + nkv, T, hs)
+    q, k = (qk, qk) if qk_tied else qk.split([n_head, n_kv_head], dim=1)
+    return q, k, v.view(b, t, n_kv_head, hs).transpose(1, 2)
+
+
 def qk_norm(x: Tensor) -> Tensor:
     """Parameter-free RMS norm over the head channels: each q and k row gets RMS 1 (norm sqrt(hs)).
 
@@ -446,10 +466,8 @@ class CausalSelfAttention(nn.Module):
         block's values of the new tokens before any mixing, (B, nkv, T, hs).
         """
         b, t, c = x.shape
-        q, k, v = split_qkv(self.c_attn(x), self.n_head, self.n_kv_head, self.qk_tied)
-        if self.qk_norm:
-            q, k = qk_norm(q), qk_norm(k)
-        q, k = pe.rotate_qk(q, k, rotation)
+        # the heads split from the channels, each q and k RMS-normed (qk_norm), then rotated by position (RoPE)
+        q, k, v = qkv_heads(self.c_attn(x), self.n_head, self.n_kv_head, self.qk_tied, self.qk_norm, pe, rotation)
         if self.uniform:  # every score 0, so each row's softmax is uniform over its visible keys; no gradient to q, k
             q, k = torch.zeros_like(q), k.detach()
         v_own = v

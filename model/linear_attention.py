@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from .attention import KVCache, dropout, expand_kv, qk_norm, qkv_width, split_qkv
+from .attention import KVCache, dropout, expand_kv, qkv_heads, qkv_width
 from .config import GPTConfig
 from .hooks import HookPoint
 from .positions import PositionalEncoding
@@ -106,9 +106,7 @@ class LinearAttention(nn.Module):
         """As CausalSelfAttention.forward; the weights returned are the implied normalised ones (B, nh, T, T).
         With a kv_cache the layer keeps (S, z) in it and continues from them: constant work per token."""
         b, t, c = x.shape
-        q, k, v = split_qkv(self.c_attn(x), self.n_head, self.n_kv_head, self.qk_tied)
-        if self.qk_norm:
-            q, k = qk_norm(q), qk_norm(k)
+        q, k, v = qkv_heads(self.c_attn(x), self.n_head, self.n_kv_head, self.qk_tied, self.qk_norm, pe, None)
         v_own = v
         if self.value_lambda is not None and v_first is not None:
             v = self.value_lambda * v + (1.0 - self.value_lambda) * v_first

@@ -10,8 +10,8 @@ A Transformer's attention is permutation-invariant: without position information
 and is a no-op at the other two. `pos` holds absolute token positions, int64 of shape (T,).
 
 The model splits rotation in two so the angles are computed once per forward pass, not twice per layer:
-`rotation(pos)` once (RoPE: the (T, hs) cos and sin tables; None elsewhere), then `rotate_qk(q, k, tables)` in
-every layer, rotating q and k in one pass. `rotate(x, pos)` is both at once, for a single tensor.
+`rotation(pos)` once (RoPE: the (T, hs) cos and sin tables; None elsewhere), then `rotate_heads(x, tables)` in
+every layer, rotating its query and key heads side by side, x (B, T, heads, hs), in one pass. `rotate(x, pos)` is both at once, for a single tensor.
 
 Shapes: B batch, T query length, S key length, C n_embd, nh n_head, hs head size = C // nh.
 """
@@ -41,8 +41,8 @@ class PositionalEncoding(nn.Module):
     def rotation(self, pos: Tensor) -> tuple[Tensor, Tensor] | None:
         return None
 
-    def rotate_qk(self, q: Tensor, k: Tensor, tables: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
-        return q, k
+    def rotate_heads(self, x: Tensor, tables: tuple[Tensor, Tensor] | None) -> Tensor:
+        return x
 
     def score_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
         return None
@@ -125,13 +125,10 @@ class RotaryPositions(PositionalEncoding):
         rotated_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # (..., T, hs)
         return x * cos + rotated_half * sin
 
-    def rotate_qk(self, q: Tensor, k: Tensor, tables: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
-        # q, k: (B, nh, T, hs), rotated as one (2, B, nh, T, hs) tensor: one pass of each op instead of two
-        cos, sin = (t.to(q.dtype) for t in tables)
-        if q.shape != k.shape:  # grouped-query: fewer key heads than query heads
-            return self._turn(q, cos, sin), self._turn(k, cos, sin)
-        qk = self._turn(torch.stack((q, k)), cos, sin)
-        return qk[0], qk[1]
+    def rotate_heads(self, x: Tensor, tables: tuple[Tensor, Tensor]) -> Tensor:
+        # x: (B, T, heads, hs), the query and key heads side by side: the tables (T, hs) broadcast over the heads
+        cos, sin = (t.to(x.dtype)[:, None] for t in tables)
+        return self._turn(x, cos, sin)
 
     def rotate(self, x: Tensor, pos: Tensor) -> Tensor:
         cos, sin = (t.to(x.dtype) for t in self.rotation(pos))

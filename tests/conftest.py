@@ -69,13 +69,11 @@ def determinism_as_it_was():
     """torch's deterministic-algorithms flags as they were before the test: a compiled run turns them on for its
     process (attention_lab/training/compiling.py compiled_for_training), and the tests after it must not inherit
     that."""
-    import torch
+    from attention_lab.training.compiling import determinism, restore_determinism
 
-    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-              torch.utils.deterministic.fill_uninitialized_memory)
+    before = determinism()
     yield
-    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
-    torch.utils.deterministic.fill_uninitialized_memory = before[2]
+    restore_determinism(before)
 
 
 @pytest.fixture

@@ -39,10 +39,11 @@ class Mutation:
 
 MUTATIONS = (
     Mutation("rope_not_applied", "model/attention.py",
-             "q, k = pe.rotate_qk(q, k, rotation)", "pass",
+             "        qk = pe.rotate_heads(qk, rotation)\n", "        pass\n",
              ("tests/test_planted_bugs.py",), "RoPE never applied inside attention (RoPE is the default)"),
-    Mutation("rope_only_on_q", "model/positions.py",
-             "return qk[0], qk[1]", "return qk[0], k",
+    Mutation("rope_only_on_q", "model/attention.py",
+             "        qk = pe.rotate_heads(qk, rotation)\n",
+             "        qk = torch.cat([pe.rotate_heads(qk[:, :, :n_head], rotation), qk[:, :, n_head:]], dim=2)\n",
              ("tests/test_planted_bugs.py",), "RoPE rotates the queries but not the keys (scores no longer relative)"),
     Mutation("rng_not_restored", "attention_lab/training/state.py",
              'torch.set_rng_state(state["rng"]["torch"])', "pass",
@@ -87,8 +88,12 @@ MUTATIONS = (
              "not attend_self:\n        bias = None",
              ("tests/test_planted_bugs.py",), "the fused (sdpa) path ignores ALiBi's score bias"),
     Mutation("qk_norm_not_applied", "model/attention.py",
-             "q, k = qk_norm(q), qk_norm(k)", "pass",
+             "        qk = qk_norm(qk)\n", "        pass\n",
              ("tests/test_planted_bugs.py", "tests/test_model_options.py"), "QK-norm configured but not applied"),
+    Mutation("qk_norm_over_all_heads", "model/attention.py",
+             "        qk = qk_norm(qk)\n", "        qk = F.rms_norm(qk, (n_qk, hs))\n",
+             ("tests/test_planted_bugs.py", "tests/test_model_options.py"),
+             "QK-norm over every q and k head of a token at once (one norm for the fused heads), not each head's own"),
     Mutation("bench_bf16_step_runs_float32", "bench/train_step.py",
              "cfg, dtype = case.cfg, dtype or default_dtype(device)",
              "cfg, dtype = case.cfg, default_dtype(device)",
@@ -238,6 +243,10 @@ MUTATIONS = (
              "        torch.use_deterministic_algorithms(True, warn_only=True)\n", "        pass\n",
              ("tests/test_compile_auto.py::test_inductor_computes_the_eager_step_and_a_compiled_run_resumes_exactly",),
              "inductor's embedding backward adds with atomics: a compiled run resumed parts from the whole one"),
+    Mutation("eager_run_keeps_the_compiles_determinism", "attention_lab/training/compiling.py",
+             "    if not picked:\n        restore_determinism(flags)\n", "",
+             ("tests/test_compile_auto.py::test_a_measurement_that_decides_against_compiling_leaves_the_deterministic_flags_as_they_were",),
+             "auto's measurement compiles, decides against it, and the eager run keeps the deterministic algorithms"),
     Mutation("helper14_measured_wrapper_compiled_again", "attention_lab/training/run.py",
              "        model = compiled\n", "        model = torch.compile(model)\n",
              ("tests/test_compile_auto.py::test_train_py_records_auto_s_choice_and_takes_the_loss_whole_when_compiled",),
@@ -2089,8 +2098,13 @@ MUTATIONS = (
              ("tests/test_decoding_dtype.py",),
              "sampling's dtype auto measures float32 against bf16 and then decodes in training's choice (bf16 on a "
              "CPU with native bf16), at half float32's speed on the AMX Xeon of issue 44"),
+    Mutation("measurement_key_without_openmps_wait", "attention_lab/runtime/decoding.py",
+             '"openmp": omp.describe(), ', '',
+             ("tests/test_decoding_dtype.py::test_a_changed_key_measures_afresh_and_both_measurements_are_kept",),
+             "the kept measurements ignore how OpenMP threads wait: sample.py's long spin would read train.py's or "
+             "an old file's one-thread choice, made where two threads slept between a token's ops"),
     Mutation("decoding_cache_key_without_the_model", "attention_lab/runtime/decoding.py",
-             '"threads": torch.get_num_threads(), "model": str(key)}', '"threads": torch.get_num_threads()}',
+             '"openmp": omp.describe(), "model": str(key)}', '"openmp": omp.describe()}',
              ("tests/test_decoding_dtype.py::test_a_changed_key_measures_afresh_and_both_measurements_are_kept",
               "tests/test_decoding_dtype.py::test_cached_and_uncached_decoding_keep_their_own_measurements"),
              "auto's stored measurement is keyed by the machine only: the first model (or path) measured decides "
@@ -2548,6 +2562,9 @@ def copy_repo(dest: Path) -> None:
 NOT_RUN = "not run"  # a browser mutation without Chromium (apt-get install chromium chromium-driver)
 
 
+TARGETS_CHECK = "tests/test_planted_bugs.py::test_every_planted_bug_still_targets_real_code"
+
+
 def have_browser() -> bool:
     return all(shutil.which(b) for b in ("chromium", "chromedriver"))
 
@@ -2572,7 +2589,10 @@ def run(m: Mutation, python: str) -> tuple[str, float]:
             return f"STALE (the original text occurs {text.count(m.original)} times in {m.file})", 0.0
         target.write_text(text.replace(m.original, m.replacement))
         t0 = time.time()
-        verdict = "caught" if pytest(root, python, m.tests).returncode != 0 else "SURVIVED"
+        # the check that every plant's text is in the code fails on any mutant (its text is gone): leave it out,
+        # or every plant naming tests/test_planted_bugs.py would be "caught" by it alone
+        verdict = "caught" if pytest(root, python, [*m.tests, "--deselect", TARGETS_CHECK]).returncode != 0 \
+            else "SURVIVED"
         return verdict, time.time() - t0
 
 

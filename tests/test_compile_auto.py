@@ -98,6 +98,29 @@ def test_auto_on_a_cpu_with_amx_measures_and_follows_the_measurement_in_both_dir
         assert choice.seconds > 0 and f"{seconds['compile']:.0f} s of compiling" in choice.line, choice.line
 
 
+def test_a_measurement_that_decides_against_compiling_leaves_the_deterministic_flags_as_they_were(monkeypatch):
+    """Planted bug: the eager run keeping the deterministic algorithms its measurement's compile turned on."""
+    cpu_with(monkeypatch, amx=True)
+    model = GPT(config().model.gpt(vocab_size=65))
+
+    def compiling_measure(seconds):  # as time_compile does: compiled_for_training turns the flags on
+        def measure(model, optimizer, step):
+            torch.use_deterministic_algorithms(True, warn_only=True)
+            return dict(seconds), model
+        return measure
+
+    compiling.restore_determinism((False, False, True))
+    for batch, seconds, want in ((4, FAST, True), (5, SLOW_TO_COMPILE, False)):
+        compiling.restore_determinism((False, False, True))
+        choice = choose_compile(config("train.max_minutes=8", f"train.batch_size={batch}"), model, None, None, CPU,
+                                torch.float32, ONE, measure=compiling_measure(seconds))
+        assert choice.compile is want
+        if want:  # the compiled run needs them: inductor reads the flag at the first step
+            assert compiling.determinism() == (True, True, True)
+        else:
+            assert compiling.determinism() == (False, False, True), "an eager run must not keep the compile's flags"
+
+
 def test_auto_measures_once_per_shape_then_reads_what_it_kept(monkeypatch):
     cpu_with(monkeypatch, amx=True)
     model, calls = GPT(config().model.gpt(vocab_size=65)), []

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from attention_lab import sampling
-from attention_lab.runtime import decoding
+from attention_lab.runtime import decoding, omp
 from attention_lab.runtime.decoding import decoding_dtype, faster_dtype, time_decoding
 from model import GPT, GPTConfig
 
@@ -308,9 +308,15 @@ def other_threads(monkeypatch):
     monkeypatch.setattr(torch, "get_num_threads", lambda: 7)
 
 
+def other_wait(monkeypatch):  # sample.py's long spin against train.py's short one (runtime/omp.py)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    spin = os.environ.get("GOMP_SPINCOUNT")
+    monkeypatch.setenv("GOMP_SPINCOUNT", omp.DECODING_SPINCOUNT if spin != omp.DECODING_SPINCOUNT else omp.SPINCOUNT)
+
+
 CHANGES = {"torch version": (other_torch, "model-a"), "CPU name": (other_cpu, "model-a"),
            "AMX flags": (amx_too, "model-a"), "thread count": (other_threads, "model-a"),
-           "model shape": (None, "model-b")}
+           "OpenMP wait": (other_wait, "model-a"), "model shape": (None, "model-b")}
 
 
 @pytest.mark.parametrize("change", CHANGES)

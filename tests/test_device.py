@@ -146,10 +146,11 @@ def test_decoding_threads_sets_the_count_asked_and_restores_it(torch_threads):
     assert state["n"] == 2, "restored after an error"
 
 
-@pytest.mark.parametrize("entry", ["train", "sample", "bench.run"])
-def test_entry_points_bound_openmp_spinning_unless_the_environment_says_otherwise(entry):
+@pytest.mark.parametrize("entry, spin", [("train", "1000"), ("sample", "100000"), ("bench.run", "1000")])
+def test_entry_points_bound_openmp_spinning_unless_the_environment_says_otherwise(entry, spin):
     """GOMP_SPINCOUNT must be set before torch loads libgomp: in a fresh interpreter importing the entry point;
-    a wait setting already in the environment (GOMP_SPINCOUNT or OMP_WAIT_POLICY) wins."""
+    a wait setting already in the environment (GOMP_SPINCOUNT or OMP_WAIT_POLICY) wins. sample.py decodes, and
+    spins longer (attention_lab/runtime/omp.py: two threads asleep between a token's ops decoded 2.5x slower)."""
     import json
     import os
     import subprocess
@@ -157,7 +158,7 @@ def test_entry_points_bound_openmp_spinning_unless_the_environment_says_otherwis
     from pathlib import Path
 
     repo = Path(__file__).resolve().parent.parent
-    cases = [({}, "1000 None"), ({"GOMP_SPINCOUNT": "7"}, "7 None"), ({"OMP_WAIT_POLICY": "PASSIVE"}, "None PASSIVE")]
+    cases = [({}, f"{spin} None"), ({"GOMP_SPINCOUNT": "7"}, "7 None"), ({"OMP_WAIT_POLICY": "PASSIVE"}, "None PASSIVE")]
     # one interpreter an entry point (importing one costs seconds): the first case as a fresh import, the others
     # by running the module again (importlib.reload) with their setting in the environment
     code = f"""import importlib, json, os, sys
@@ -178,8 +179,17 @@ print("|".join(seen))
     for (extra, expected), got in zip(cases, out.stdout.strip().split("|"), strict=True):
         assert got == expected, f"{entry} with {extra}: {got!r} (stderr {out.stderr[-500:]})"
     source = (repo / (entry.replace(".", "/") + ".py")).read_text()
-    assert source.index("bound_spinning()") < source.index("import torch"), \
+    assert source.index("\nbound_spinning(") < source.index("import torch"), \
         f"{entry}: the setting must come before torch is imported"
+
+
+def test_the_benchmarks_spin_as_sample_py_when_they_time_decoding_alone():
+    """bench.run sets OpenMP's wait before argparse runs: sample.py's longer spin for `--only generate`, train.py's
+    otherwise (one process cannot switch: libgomp reads it once)."""
+    from bench.run import only_decoding
+
+    assert only_decoding(["--only", "generate"]) and only_decoding(["--quick", "--only=generate"])
+    assert not only_decoding(["--only", "generate,train"]) and not only_decoding([]) and not only_decoding(["--only"])
 
 
 def test_the_test_session_itself_waits_with_a_bounded_spin():

@@ -17,8 +17,8 @@ speed up (a second core's memory bandwidth) or only keep waiting.
 The measurement costs about half a second or more, so it is kept: in this process's memory, and in a small JSON
 file that later processes read instead of measuring again (sample.py would otherwise pay it inside every run).
 It is stored under a key of everything the speed depends on: the CPU's name, torch's version, the CPU's bf16 and
-AMX flags, the thread count, and the caller's key (the model's shape, cached or not). Any of these different: a
-new measurement. The file is
+AMX flags, the thread count, how OpenMP threads wait (omp.describe: sample.py spins longer than train.py), and the
+caller's key (the model's shape, cached or not). Any of these different: a new measurement. The file is
 
     $ATTENTION_LAB_CACHE_DIR/measurements.json        when that variable is set (the tests set it)
     $XDG_CACHE_HOME/attention-lab/measurements.json   else, when that one is set
@@ -72,6 +72,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import omp
 from .device import cpu_model, pick_dtype
 
 CANDIDATES = (torch.float32, torch.bfloat16)
@@ -174,7 +175,7 @@ def measurement_key(key: Hashable) -> dict[str, object]:
     """Everything a decoding step's speed depends on: this machine's setup and the caller's key."""
     caps = torch.cpu.get_capabilities()
     return {"cpu": cpu_model(), "torch": torch.__version__, **{flag: bool(caps.get(flag)) for flag in CAPABILITIES},
-            "threads": torch.get_num_threads(), "model": str(key)}
+            "threads": torch.get_num_threads(), "openmp": omp.describe(), "model": str(key)}
 
 
 def decoding_dtype(name: str, device: torch.device, decode: Callable[[torch.dtype], object], key: Hashable,

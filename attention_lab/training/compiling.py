@@ -61,13 +61,26 @@ def compiled_for_training(model: nn.Module) -> nn.Module:
     otherwise lowers the embedding's backward on a CPU to a scatter of atomic adds, whose float sums differ from
     run to run, and a resumed run would part from the uninterrupted one in the last bits within a few steps.
     With the flag, that one kernel falls back to eager's (deterministic) one. The flag stays on for the process
-    (inductor reads it when it lowers a graph: at the first step, and at any recompile); torch's filling of new
+    (inductor reads it when it lowers a graph: at the first step, and at any recompile; when auto's measurement
+    then decides against compiling, choose_compile puts the flags back as they were); torch's filling of new
     memory, which the flag would also switch on, stays off (it costs every allocation a pass). A model on a GPU
     compiles without the flag: there it would also steer CUDA's own kernels, and nothing was measured on one."""
     if next(model.parameters()).device.type == "cpu":
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.utils.deterministic.fill_uninitialized_memory = False
     return torch.compile(model)
+
+
+def determinism() -> tuple[bool, bool, bool]:
+    """torch's deterministic-algorithms flags now: (on, warn only, fill new memory); restore_determinism puts them
+    back. A measurement that compiles and then decides against compiling leaves the eager run as it found it."""
+    return (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+            torch.utils.deterministic.fill_uninitialized_memory)
+
+
+def restore_determinism(flags: tuple[bool, bool, bool]) -> None:
+    torch.use_deterministic_algorithms(flags[0], warn_only=flags[1])
+    torch.utils.deterministic.fill_uninitialized_memory = flags[2]
 
 
 def time_compile(model: nn.Module, optimizer, step: Callable[[nn.Module], object], rounds: int = 3,
@@ -166,6 +179,7 @@ def choose_compile(cfg: Config, model: nn.Module, optimizer, step: Callable[[nn.
     if fixed is not None:
         return fixed
     wrapper: list[nn.Module | None] = [None]
+    flags = determinism()  # compiled_for_training turns them on; an eager run must not keep them
 
     def timed() -> dict[str, float]:
         seconds, wrapper[0] = (measure or time_compile)(model, optimizer, step)
@@ -174,6 +188,8 @@ def choose_compile(cfg: Config, model: nn.Module, optimizer, step: Callable[[nn.
     seconds, spent, where = kept_measurement(compile_key(cfg, dtype), NAMES, timed)
     budget = None if cfg.train.max_minutes is None else 60 * cfg.train.max_minutes
     picked = worth_compiling(seconds, budget)
+    if not picked:
+        restore_determinism(flags)
     return CompileChoice(picked, (
         f"compile: auto {'compiles' if picked else 'does not compile'} the model: a training step at batch "
         f"{cfg.train.batch_size} x {cfg.model.block_size} tokens, {str(dtype).removeprefix('torch.')}: eager "
