@@ -332,12 +332,13 @@ class KVCache:
                 f"KV cache holds at most {self.max_len} positions; {self.length} cached + {t} new do not fit. "
                 "Call reset() and prefill the last block_size tokens."
             )
-        if self.k[layer] is None or self.k[layer].shape[0] != b or self.k[layer].dtype != k.dtype:
-            self.k[layer] = k.new_empty(b, h, self.max_len, hs)
-            self.v[layer] = v.new_empty(b, h, self.max_len, hs)
-        self.k[layer][:, :, self.length : end] = k
-        self.v[layer][:, :, self.length : end] = v
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end], self.positions(0, end, k.device)
+        keys, values = self.k[layer], self.v[layer]
+        if keys is None or keys.shape[0] != b or keys.dtype != k.dtype:
+            keys = self.k[layer] = k.new_empty(b, h, self.max_len, hs)
+            values = self.v[layer] = v.new_empty(b, h, self.max_len, hs)
+        keys.narrow(2, self.length, t).copy_(k)  # positions [length, end): one op each, no slice objects
+        values.narrow(2, self.length, t).copy_(v)
+        return keys.narrow(2, 0, end), values.narrow(2, 0, end), self.positions(0, end, k.device)
 
     def _update_ring(self, layer: int, k: Tensor, v: Tensor, window: int) -> tuple[Tensor, Tensor, Tensor]:
         b, h, t, hs = k.shape
@@ -394,14 +395,14 @@ def qkv_heads(qkv: Tensor, n_head: int, n_kv_head: int, qk_tied: bool, normed: b
     b, t, width = qkv.shape
     n_qk = n_head + (0 if qk_tied else n_kv_head)  # [q | k] heads ([q] with qk_tied: k is q)
     hs = width // (n_qk + n_kv_head)
-    qk, v = qkv.split([n_qk * hs, n_kv_head * hs], dim=-1)
+    qk, v = qkv.split_with_sizes([n_qk * hs, n_kv_head * hs], dim=-1)  # (Tensor.split is a Python wrapper of it)
     qk = qk.view(b, t, n_qk, hs)
     if normed:
         qk = qk_norm(qk)
     if rotation is not None:
         qk = pe.rotate_heads(qk, rotation)
     qk = qk.transpose(1, 2)  # (B, nh + nkv, T, hs)
-    q, k = (qk, qk) if qk_tied else qk.split([n_head, n_kv_head], dim=1)
+    q, k = (qk, qk) if qk_tied else qk.split_with_sizes([n_head, n_kv_head], dim=1)
     return q, k, v.view(b, t, n_kv_head, hs).transpose(1, 2)
 
 

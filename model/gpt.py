@@ -6,6 +6,7 @@ Shapes: B batch, T tokens in this call, S = tokens cached before + T, C n_embd, 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -20,21 +21,19 @@ from .linear_attention import LinearAttention
 from .positions import LearnedPositions, build_positional_encoding
 
 
-class GELU(nn.Module):
+def gelu(x: Tensor) -> Tensor:
     """GPT-2's activation: GELU with the tanh approximation."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        return F.gelu(x, approximate="tanh")
+    return F.gelu(x, approximate="tanh")
 
 
-class ReLU2(nn.Module):
+def relu2(x: Tensor) -> Tensor:
     """relu(x)^2 (So et al. 2021, "Primer"): sparse like ReLU, smooth at 0, cheaper than GELU."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        return F.relu(x).square()
+    return F.relu(x).square()
 
 
-MLP_ACTIVATIONS: dict[str, type[nn.Module]] = {"gelu": GELU, "relu2": ReLU2}
+# functions, not modules: nothing to learn, and a decoding token calls each layer's once (a module call costs a few
+# microseconds of Python; see dropout in attention.py)
+MLP_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"gelu": gelu, "relu2": relu2}
 
 
 class MLP(nn.Module):
@@ -43,7 +42,7 @@ class MLP(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.c_fc = nn.Linear(cfg.n_embd, cfg.mlp_hidden, bias=cfg.bias)
-        self.act = MLP_ACTIVATIONS[cfg.mlp_act]()
+        self.act = MLP_ACTIVATIONS[cfg.mlp_act]
         self.c_proj = nn.Linear(cfg.mlp_hidden, cfg.n_embd, bias=cfg.bias)
         self.dropout_p = cfg.dropout
 
@@ -252,7 +251,8 @@ class GPT(nn.Module):
         if pos_emb is not None:
             x = x + pos_emb  # (T, C) broadcast over the batch
         x = dropout(x, self.config.dropout, self.training)
-        rotation = pe.rotation(pos)  # RoPE's cos/sin tables, once for every layer (None for the other encodings)
+        # RoPE's cos/sin tables, once for every layer (None for the other encodings); pos is past..past+t-1
+        rotation = pe.rotation(pos, (past, past + t))
 
         attentions = []
         v_first = None  # the first block's values, for value_residual

@@ -38,7 +38,7 @@ class PositionalEncoding(nn.Module):
     def rotate(self, x: Tensor, pos: Tensor) -> Tensor:
         return x
 
-    def rotation(self, pos: Tensor) -> tuple[Tensor, Tensor] | None:
+    def rotation(self, pos: Tensor, span: tuple[int, int] | None = None) -> tuple[Tensor, Tensor] | None:
         return None
 
     def rotate_heads(self, x: Tensor, tables: tuple[Tensor, Tensor] | None) -> Tensor:
@@ -112,12 +112,24 @@ class RotaryPositions(PositionalEncoding):
         hs = cfg.head_size
         inv_freq = 1.0 / (cfg.rope_base ** (torch.arange(0, hs, 2, dtype=torch.float32) / hs))  # (hs/2,)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        # the tables of positions 0..block_size-1, made once (non-persistent: derived from the config): a decoding
+        # step reads its one row rather than computing five small ops of angles
+        cos, sin = self.angles(torch.arange(cfg.block_size))
+        self.register_buffer("cos_table", cos, persistent=False)
+        self.register_buffer("sin_table", sin, persistent=False)
 
-    def rotation(self, pos: Tensor) -> tuple[Tensor, Tensor]:
+    def angles(self, pos: Tensor) -> tuple[Tensor, Tensor]:
         """The (T, hs) cos and sin of every channel pair's angle, in float32 whatever the activations' dtype."""
         angle = pos.to(torch.float32)[:, None] * self.inv_freq[None, :]  # (T, hs/2)
         angle = torch.cat((angle, angle), dim=-1)  # (T, hs): channel i and i + hs/2 share an angle
         return angle.cos(), angle.sin()
+
+    def rotation(self, pos: Tensor, span: tuple[int, int] | None = None) -> tuple[Tensor, Tensor]:
+        """angles(pos). span (start, end): pos is start..end-1, which the caller knows without reading pos; inside
+        the tables, their rows are returned (views)."""
+        if span is not None and span[1] <= self.cos_table.size(0):
+            return self.cos_table[span[0]:span[1]], self.sin_table[span[0]:span[1]]
+        return self.angles(pos)
 
     @staticmethod
     def _turn(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -131,7 +143,7 @@ class RotaryPositions(PositionalEncoding):
         return self._turn(x, cos, sin)
 
     def rotate(self, x: Tensor, pos: Tensor) -> Tensor:
-        cos, sin = (t.to(x.dtype) for t in self.rotation(pos))
+        cos, sin = (t.to(x.dtype) for t in self.angles(pos))
         return self._turn(x, cos, sin)
 
 
