@@ -109,14 +109,27 @@ class RotaryPositions(PositionalEncoding):
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        hs = cfg.head_size
-        inv_freq = 1.0 / (cfg.rope_base ** (torch.arange(0, hs, 2, dtype=torch.float32) / hs))  # (hs/2,)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-        # the tables of positions 0..block_size-1, made once (non-persistent: derived from the config): a decoding
-        # step reads its one row rather than computing five small ops of angles
-        cos, sin = self.angles(torch.arange(cfg.block_size))
-        self.register_buffer("cos_table", cos, persistent=False)
-        self.register_buffer("sin_table", sin, persistent=False)
+        self.head_size, self.base, self.block_size = cfg.head_size, cfg.rope_base, cfg.block_size
+        # non-persistent buffers, derived from the config: the frequencies, and the tables of positions
+        # 0..block_size-1 made once (a decoding step reads its one row rather than computing five small ops)
+        self.register_buffer("inv_freq", torch.empty(0), persistent=False)
+        self.register_buffer("cos_table", torch.empty(0), persistent=False)
+        self.register_buffer("sin_table", torch.empty(0), persistent=False)
+        self._make_tables(torch.float32, torch.device("cpu"))
+
+    def _make_tables(self, dtype: torch.dtype, device: torch.device) -> None:
+        hs = self.head_size
+        self.inv_freq = 1.0 / (self.base ** (torch.arange(0, hs, 2, dtype=dtype, device=device) / hs))  # (hs/2,)
+        self.cos_table, self.sin_table = self.angles(torch.arange(self.block_size, device=device))
+
+    def _apply(self, fn, recurse=True):
+        """Module.to / .half() / .double() cast every floating buffer: here the angles are made again instead, in
+        float32 (float64 when the model is cast to it), on the new device. A bf16 copy of the weights (decoding's)
+        would otherwise rotate by angles rounded to 3 significant digits, wrong by radians at position 500."""
+        super()._apply(fn, recurse)
+        self._make_tables(torch.float64 if self.inv_freq.dtype == torch.float64 else torch.float32,
+                          self.inv_freq.device)
+        return self
 
     def angles(self, pos: Tensor) -> tuple[Tensor, Tensor]:
         """The (T, hs) cos and sin of every channel pair's angle, in float32 whatever the activations' dtype."""
