@@ -135,6 +135,33 @@ def test_a_stored_measurement_is_read_without_measuring_and_each_dtype_and_shape
     assert len(entries) == 4 and all(e["key"]["model"].startswith("attention backend") for e in entries), entries
 
 
+def test_a_choice_kept_from_fewer_rounds_is_measured_again_with_the_rounds_of_now():
+    """A file written when auto timed 5 rounds (its key without "rounds") kept sdpa on an EPYC where math is the
+    faster step: the next run must measure again, not read it, and the new entry names its rounds."""
+    cfg = config()
+    choose_backend(cfg, CPU, torch.bfloat16, measure=stub(SDPA_WINS))
+    data = json.loads(decoding.cache_file().read_text())
+    (entry,) = data["entries"]
+    shape = json.loads(entry["key"]["model"].removeprefix("attention backend "))
+    assert shape["rounds"] == backend.ROUNDS, f"the kept key should name the rounds it was timed over: {shape}"
+    del shape["rounds"]  # the key an older measurement wrote
+    entry["key"]["model"] = "attention backend " + json.dumps(shape, sort_keys=True)
+    decoding.cache_file().write_text(json.dumps(data))
+    decoding.forget_measurements()  # the next process
+    calls = []
+    again = choose_backend(cfg, CPU, torch.bfloat16, measure=stub(MATH_WINS, calls))
+    assert calls and again.backend == "math", f"read the older measurement's sdpa: {again.line}"
+
+
+def test_time_attention_times_enough_rounds_for_a_noisy_cpu_by_default(monkeypatch):
+    seen = []
+    monkeypatch.setattr(backend, "time_candidates", lambda run, names, rounds, clock: seen.append(rounds) or
+                        {name: 1.0 for name in names})
+    time_attention(config().model.gpt(), 2, CPU, torch.float32)
+    assert seen == [backend.ROUNDS] and backend.ROUNDS >= 11, \
+        f"{seen} rounds: 5 picked the slower backend in 2 of 9 fresh processes (docs/benchmarks.md)"
+
+
 def test_a_measurement_made_now_reports_its_seconds_for_the_budget():
     def slow(layer, batch, device, dtype):
         time.sleep(0.05)

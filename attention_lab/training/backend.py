@@ -52,6 +52,10 @@ BACKENDS = ("sdpa", "math")  # sdpa first: the reference, timed first in each ro
 # math must beat sdpa by this fraction of sdpa's time to be chosen: a tie, or a difference inside the noise of
 # shared cores, keeps the fused kernel (the same margin as decoding's dtype auto)
 MARGIN = 0.05
+# rounds of the one-layer timing: on a 2-core AMD EPYC with AVX512-BF16 the layer's time moved by a third from
+# round to round, and 5 rounds picked sdpa in 2 of 9 fresh processes where the whole step was 1.09x-1.15x faster
+# with math (15 rounds: math in 8 of 8; about 1 s, once per machine and shape; docs/benchmarks.md, issue 44)
+ROUNDS = 15
 
 
 def time_candidates(run: Callable[[str], object], names: tuple[str, ...] = BACKENDS, rounds: int = 5,
@@ -69,7 +73,7 @@ def time_candidates(run: Callable[[str], object], names: tuple[str, ...] = BACKE
     return {name: statistics.median(times) for name, times in seconds.items()}
 
 
-def time_attention(cfg: GPTConfig, batch: int, device: torch.device, dtype: torch.dtype, rounds: int = 5,
+def time_attention(cfg: GPTConfig, batch: int, device: torch.device, dtype: torch.dtype, rounds: int = ROUNDS,
                    clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
     """Seconds per forward + backward of one attention layer (CausalSelfAttention, cfg's first layer, in training
     mode) on a (batch, block_size, n_embd) input under the dtype's autocast, per backend; the two layers share
@@ -143,7 +147,8 @@ def layer_key(cfg: GPTConfig, batch: int, dtype: torch.dtype) -> str:
     fields = ("block_size", "n_embd", "n_head", "n_kv_head", "bias", "pos_encoding", "qk_norm", "dropout",
               "attn_sinks", "attention", "attn_scale", "causal_mask", "qk_tied", "attend_self")
     shape = {f: getattr(cfg, f) for f in fields} | {"window": cfg.layer_window(0), "batch": batch,
-                                                   "dtype": str(dtype).removeprefix("torch.")}
+                                                   "dtype": str(dtype).removeprefix("torch."),
+                                                   "rounds": ROUNDS}  # a choice kept from fewer rounds is made again
     return "attention backend " + json.dumps(shape, sort_keys=True)
 
 
