@@ -53,8 +53,9 @@ BACKENDS = ("sdpa", "math")  # sdpa first: the reference, timed first in each ro
 # shared cores, keeps the fused kernel (the same margin as decoding's dtype auto)
 MARGIN = 0.05
 # rounds of the one-layer timing: on a 2-core AMD EPYC with AVX512-BF16 the layer's time moved by a third from
-# round to round, and 5 rounds picked sdpa in 2 of 9 fresh processes where the whole step was 1.09x-1.15x faster
-# with math (15 rounds: math in 8 of 8; about 1 s, once per machine and shape; docs/benchmarks.md, issue 44)
+# round to round, and 5 rounds picked sdpa in 2 of 9 fresh processes where the whole step was 1.09x faster with
+# math (the 8-minute runs' tokens/s: 1.11x-1.20x) (15 rounds: math in 8 of 8; about 1 s, once per machine and shape;
+# docs/benchmarks.md, issue 44)
 ROUNDS = 15
 
 
