@@ -2259,6 +2259,21 @@ MUTATIONS = (
              '"rounds": ROUNDS}  # a choice kept from fewer rounds is made again', '}',
              ("tests/test_attn_backend.py::test_a_choice_kept_from_fewer_rounds_is_measured_again_with_the_rounds_of_now",),
              "a choice kept from the 5-round timing is read back: the machine that kept sdpa keeps it"),
+    Mutation("helper16_measurement_moves_the_global_rng", "attention_lab/training/backend.py",
+             "with torch.random.fork_rng(devices=[]):", "with torch.enable_grad():",
+             ("tests/test_attn_backend.py",),
+             "the timing reseeds and draws from the global RNG: a run's initial weights and data order depend on "
+             "whether auto measured now or read a kept measurement"),
+    Mutation("helper16_key_without_its_dtype", "attention_lab/training/backend.py",
+             '"dtype": str(dtype).removeprefix("torch."),', "",
+             ("tests/test_attn_backend.py",),
+             "a bf16 run's measurement is read back for a float32 run at the same shape: float32 trains with the "
+             "math path that was 0.85x as fast"),
+    Mutation("helper16_measurement_not_in_the_budget", "attention_lab/training/backend.py",
+             "attn_backend=choice.backend)), choice.seconds", "attn_backend=choice.backend)), 0.0",
+             ("tests/test_attn_backend.py",),
+             "settle_attn_backend reports no time spent measuring: a run on a time budget overruns it by the "
+             "measurement"),
     Mutation("attn_backend_auto_measures_again_on_resume", "attention_lab/training/backend.py",
              "choice = choose_backend(cfg, device, dtype, recorded_backend(cfg, run_dir))",
              "choice = choose_backend(cfg, device, dtype)",

@@ -278,6 +278,18 @@ def test_a_checkpoint_saved_with_a_named_backend_loads_and_resumes_under_auto(tm
     assert load_checkpoint(run, "latest").config.attn_backend == "math"
 
 
+def test_settle_hands_train_py_the_seconds_its_measurement_took(monkeypatch):
+    """train.py counts what settle_attn_backend returns in the budget: the real measurement's seconds, not 0."""
+    def slow(layer, batch, device, dtype):
+        time.sleep(0.05)
+        return dict(MATH_WINS)
+
+    monkeypatch.setattr(backend, "time_attention", slow)
+    settled, seconds = settle_attn_backend(config(), Path("/nonexistent"), CPU, torch.float32, DistInfo(), print)
+    assert settled.model.attn_backend == "math" and seconds >= 0.05, \
+        f"measured for 0.05 s, handed train.py {seconds} s to count"
+
+
 def test_the_measurement_counts_in_the_runs_time_budget(tmp_path, data_cache, monkeypatch, measurement_took):
     """A measurement said to have taken 2 minutes leaves nothing of a 1-minute budget: the run stops after its
     first step (the budget is checked after each)."""
