@@ -8,6 +8,7 @@ both sides, which is why it holds when the absolute numbers do not.
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import sys
@@ -144,6 +145,35 @@ def median(xs: list[float]) -> float:
 def paired_ratio(num: list[float], den: list[float]) -> float:
     """Median over rounds of num[i] / den[i]: with times, den's speedup over num, round by round."""
     return statistics.median(a / b for a, b in zip(num, den, strict=True))
+
+
+def median_interval(xs: list[float], level: float = 0.9) -> tuple[float, float, float]:
+    """A distribution-free interval for the median of what xs samples: (lo, hi, coverage).
+
+    Order statistics: with n independent samples, the k-th smallest and the k-th largest bracket the median with
+    probability 1 - 2 P(Binomial(n, 1/2) < k). The narrowest such interval whose coverage reaches `level`; with too
+    few samples for that, the whole range and its coverage (4 samples: 1 - 2/16 = 0.875)."""
+    ordered, n = sorted(xs), len(xs)
+    if n == 0:
+        raise ValueError("median_interval needs at least one sample")
+
+    def coverage(k: int) -> float:
+        below = sum(math.comb(n, i) for i in range(k)) / 2**n  # P(fewer than k samples under the median)
+        return 1.0 - 2.0 * below
+
+    k = 1
+    while k + 1 <= (n + 1) // 2 and coverage(k + 1) >= level:
+        k += 1
+    return ordered[k - 1], ordered[n - k], coverage(k)
+
+
+def verdict(lo: float, hi: float, target: float) -> str:
+    """"met" when the whole interval reaches the target, "missed" when it lies below it, else "cannot tell"."""
+    if lo >= target:
+        return "met"
+    if hi < target:
+        return "missed"
+    return "cannot tell"
 
 
 def spread(xs: list[float]) -> float:

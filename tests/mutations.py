@@ -2274,6 +2274,16 @@ MUTATIONS = (
              ("tests/test_attn_backend.py",),
              "settle_attn_backend reports no time spent measuring: a run on a time budget overruns it by the "
              "measurement"),
+    Mutation("generation_verdict_from_the_median_alone", "bench/common.py",
+             "    if hi < target:\n        return \"missed\"\n    return \"cannot tell\"",
+             "    return \"met\" if (lo + hi) / 2 >= target else \"missed\"",
+             ("tests/test_bench.py::test_the_generation_bench_says_met_missed_or_cannot_tell_from_the_rounds",),
+             "the 2x verdict reads the middle of the rounds alone: rounds from 1.83x to 2.39x say met or missed, never "
+             "cannot tell"),
+    Mutation("median_interval_narrower_than_its_coverage", "bench/common.py",
+             "coverage(k + 1) >= level", "coverage(k + 1) >= level / 2",
+             ("tests/test_bench.py::test_the_median_interval_is_the_order_statistics_that_bracket_the_median_at_its_stated_coverage",),
+             "the interval shrinks past its stated level: a noisy bench says met on rounds that cannot tell"),
     Mutation("attn_backend_auto_measures_again_on_resume", "attention_lab/training/backend.py",
              "choice = choose_backend(cfg, device, dtype, recorded_backend(cfg, run_dir))",
              "choice = choose_backend(cfg, device, dtype)",

@@ -213,6 +213,42 @@ def test_generation_table_compares_with_hugging_faces_faster_setting_each_round(
         f"Hugging Face's faster cached setting takes 2 s to our 1 s: 2.0x, got {[r['cached_vs_hf_cached'] for r in rows]}")
 
 
+def test_the_median_interval_is_the_order_statistics_that_bracket_the_median_at_its_stated_coverage():
+    """n samples: the k-th smallest and k-th largest cover the median with 1 - 2 P(Bin(n, 1/2) < k)."""
+    from bench.common import median_interval
+
+    assert median_interval([3.0, 1.0, 2.0, 4.0]) == (1.0, 4.0, pytest.approx(1 - 2 / 16)), "4 rounds: the range, 87.5%"
+    xs = [float(i) for i in range(1, 21)]  # 20 rounds: k = 6 is the last with coverage >= 0.9 (0.958; k = 7: 0.885)
+    lo, hi, cov = median_interval(xs)
+    assert (lo, hi) == (6.0, 15.0) and cov == pytest.approx(0.9586, abs=1e-4), (lo, hi, cov)
+    assert median_interval([2.5]) == (2.5, 2.5, 0.0)
+
+
+@pytest.mark.parametrize("ratios, want", [
+    ([2.1, 2.2, 2.3, 2.4, 2.5, 2.6], "met"),
+    ([1.5, 1.6, 1.7, 1.8, 1.9, 1.95], "missed"),
+    ([1.8, 1.9, 1.95, 2.05, 2.1, 2.2], "cannot tell"),
+])
+def test_the_generation_bench_says_met_missed_or_cannot_tell_from_the_rounds(monkeypatch, ratios, want):
+    """The 2x verdict reads the interval of the rounds' ratios, not their median alone: a median of 2.0x from rounds
+    between 1.8x and 2.2x cannot tell."""
+    import bench.generation as generation
+    from bench.common import Context, describe_machine
+
+    def fake_times(fns, device, reps, warmup=0):
+        times = {name: [4.0] * reps for name in fns}
+        times["ours_cached"] = [1.0] * reps
+        times["hf_cached"] = times["hf_cached_our_threads"] = [ratios[i % len(ratios)] for i in range(reps)]
+        return times
+
+    monkeypatch.setattr(generation, "interleaved", fake_times)
+    monkeypatch.setitem(generation.QUICK, "reps", len(ratios))
+    ctx = Context(device=torch.device("cpu"), quick=True, machine=describe_machine(torch.device("cpu")), peak_flops=1e9)
+    table = generation.run(ctx)
+    assert [r["hf_verdict"] for r in table.rows] == [want] * len(table.rows), [r["hf_verdict"] for r in table.rows]
+    assert table.summary["hf_target"] == want
+
+
 @pytest.mark.parametrize("measured, want", [({1: 1.0, 2: 1.5}, 1), ({1: 1.5, 2: 1.0}, 2)])
 def test_the_generation_bench_decodes_ours_and_hfs_our_threads_in_the_count_sampling_measures(
         monkeypatch, tmp_path, torch_threads, measured, want):
