@@ -75,6 +75,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="CPU threads to decode in; auto (default): with the KV cache one thread or all of torch's, "
                         "whichever decodes faster here (timed once per machine and model, kept beside the dtype's "
                         "measurement), all of them without the cache")
+    p.add_argument("--layout", choices=("auto", "rows", "columns"), default="auto",
+                   help="how cached decoding on a CPU stores the weights: rows (as trained) or columns (each weight's "
+                        "transpose contiguous: the same numbers, another path through memory); auto (default): the "
+                        "faster measured here, kept beside the dtype's measurement")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole context at every step")
     p.add_argument("--keep-first", type=int, default=0,
                    help="past the context, keep the first N tokens in the window (StreamingLLM's sinks; default 0)")
@@ -123,16 +127,20 @@ def read_prompt(args: argparse.Namespace) -> str:
         raise ValueError(f"--prompt-file {args.prompt_file} cannot be read as UTF-8 text ({e})") from None
 
 
-def decoding_line(dtype: torch.dtype, threads: int, device: torch.device, args: argparse.Namespace) -> str:
-    """How the sample decoded, e.g. 'decoded in bfloat16 weights, 1 CPU thread (auto's choice: ...)'."""
+def decoding_line(dtype: torch.dtype, threads: int, layout: str, device: torch.device, args: argparse.Namespace
+                  ) -> str:
+    """How the sample decoded, e.g. 'decoded in bfloat16 weights stored by columns, 1 CPU thread (auto's ...)'."""
     name = str(dtype).removeprefix("torch.")
     if device.type != "cpu":
         return f"decoded in {name}"
-    how = f"{name} weights" if dtype != torch.float32 else name
+    how = f"{name} weights" if dtype != torch.float32 or layout != "rows" else name
+    how += " stored by columns" if layout == "columns" else ""
     how += f", {threads} CPU thread{'s' if threads != 1 else ''}"
-    auto = [flag for flag, value in (("--dtype", args.dtype), ("--threads", args.threads)) if value == "auto"]
+    auto = [flag for flag, value in (("--dtype", args.dtype), ("--layout", args.layout), ("--threads", args.threads))
+            if value == "auto"]
     if auto:
-        how += f" ({' and '.join(auto)} auto: the faster measured on this machine; name a value to choose)"
+        flags = " and ".join([", ".join(auto[:-1]), auto[-1]] if len(auto) > 1 else auto)
+        how += f" ({flags} auto: the faster measured on this machine; name a value to choose)"
     return f"decoded in {how}"
 
 
@@ -186,8 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             new_ids = generate_text(model, tok, prompt_ids, args.max_new_tokens, temperature=args.temperature,
                                     top_k=args.top_k, top_p=args.top_p, greedy=args.greedy,
                                     use_cache=not args.no_cache, generator=generator, on_text=write, dtype=args.dtype,
-                                    keep_first=args.keep_first, threads=args.threads,
-                                    on_decoding=lambda dtype, threads: decoded_in.append((dtype, threads)))
+                                    keep_first=args.keep_first, threads=args.threads, layout=args.layout,
+                                    on_decoding=lambda *how: decoded_in.append(how))
             write("\n")
             seconds = time.perf_counter() - t0
             say(f"[{len(new_ids)} tokens in {seconds:.2f} s, {len(new_ids) / max(seconds, 1e-9):.1f} tokens/s]")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from attention_lab.runtime.decoding import decoding_dtype, decoding_model, decoding_thread_count
+from attention_lab.runtime.decoding import decoding_dtype, decoding_layout, decoding_model, decoding_thread_count
 from attention_lab.runtime.device import autocast, decoding_threads
 from attention_lab.store.checkpoint import choose_run, load_checkpoint, run_summary
 from attention_lab.store.layout import run_of_checkpoint
@@ -94,7 +94,8 @@ def generate_text(
     dtype: str = "auto",
     keep_first: int = 0,
     threads: int | str = "auto",
-    on_decoding: Callable[[torch.dtype, int], None] | None = None,
+    layout: str = "auto",
+    on_decoding: Callable[[torch.dtype, int, str], None] | None = None,
 ) -> list[int]:
     """Continue prompt_ids (1 <= len <= block_size); return the max_new_tokens generated ids.
 
@@ -105,8 +106,11 @@ def generate_text(
     model faster here, timed on a few greedy steps like these once per machine setup and model shape and kept in a
     file that later processes read (runtime/decoding.py); elsewhere pick_dtype's choice. Cached decoding on a CPU
     then runs in one thread or all of torch's, whichever those steps measured faster in that dtype, kept the same
-    way (runtime/decoding.decoding_thread_count); threads=N decodes in N CPU threads, measuring none.
-    on_decoding receives (the dtype, torch's thread count) once both are settled, before the first token.
+    way (runtime/decoding.decoding_thread_count); threads=N decodes in N CPU threads, measuring none. Before the
+    threads, cached decoding on a CPU measures how to store the weights, by rows as trained or by columns, in one
+    thread (runtime/decoding.decoding_layout), whatever the dtype was asked for; layout="rows" or "columns" decodes
+    so, measuring none (uncached steps and GPUs keep the rows: decoding_layout).
+    on_decoding receives (the dtype, torch's thread count, the layout) once all are settled, before the first token.
     """
     device = next(model.parameters()).device
     idx = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)  # (1, T)
@@ -116,9 +120,9 @@ def generate_text(
     cached = use_cache and (len(prompt_ids) + max_new_tokens <= model.config.block_size
                             or (model.config.bounded_cache and not keep_first))  # keep_first rebuilds
 
-    def probe(candidate: torch.dtype) -> None:  # a few greedy steps the way this call decodes: what auto times
+    def probe(candidate: torch.dtype, layout: str = "rows") -> None:  # a few greedy steps the way this call decodes
         start = idx[:, -PROBE_TOKENS[cached]:] if cached else idx
-        decoder, cast = decoding_model(model, candidate, device)
+        decoder, cast = decoding_model(model, candidate, device, layout)
         with autocast(device, cast):
             for _ in generate_stream(decoder, start, PROBE_TOKENS[cached], greedy=True, use_cache=cached):
                 pass
@@ -128,16 +132,23 @@ def generate_text(
     with decoding_threads(device, 1 if cached else None):  # cached steps' dtype is measured in one thread
         chosen = decoding_dtype(dtype, device, probe, key)
 
+    def probe_layout(layout: str) -> None:  # what the layout's measurement times, in one thread like the dtype's
+        with decoding_threads(device, 1):
+            probe(chosen, layout)
+
+    if layout == "auto":
+        layout = decoding_layout(device, cached, probe_layout, (*key, str(chosen)))
+
     def probe_threads(count: int) -> None:  # what the thread count's measurement times
         with decoding_threads(device, count):
-            probe(chosen)
+            probe(chosen, layout)
 
     if threads == "auto":
-        threads = decoding_thread_count(device, cached, probe_threads, (*key, str(chosen)))
+        threads = decoding_thread_count(device, cached, probe_threads, (*key, str(chosen), layout))
     with decoding_threads(device, threads):
         if on_decoding is not None:
-            on_decoding(chosen, torch.get_num_threads())
-        decoder, cast = decoding_model(model, chosen, device)
+            on_decoding(chosen, torch.get_num_threads(), layout)
+        decoder, cast = decoding_model(model, chosen, device, layout)
         with autocast(device, cast):
             for nxt in generate_stream(
                 decoder, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy,

@@ -4,8 +4,9 @@
     python -m bench.decoding_dtype --quick      a tiny model, seconds: checks that it runs
 
 Each round decodes with sampling.generate_text (the path sample.py and the lab take) in float32, then in bf16
-(on a CPU: the weights cast to bf16 once, no autocast; runtime/decoding.decoding_model), interleaved (A, B, A, B,
-...), so a neighbour's load falls on both; tokens/s are medians, the ratio is the median of the per-round ratios.
+(on a CPU: the weights cast to bf16 once, no autocast; runtime/decoding.decoding_model), the cached path with the
+weights stored by rows and by columns (runtime/decoding.decoding_layout), interleaved (A, B, A, B, ...), so a
+neighbour's load falls on all; tokens/s are medians, the ratio is the median of the per-round ratios.
 Two paths:
     cached     sample.py: a 16-token prompt and N new tokens with the KV cache (one token per forward pass)
     uncached   the lab: one new token after a full window (a forward pass over block_size / 2 tokens)
@@ -66,25 +67,29 @@ def main(argv: list[str] | None = None) -> int:
     most = torch.get_num_threads()
     threads = sorted({1, most})
 
-    def cached(dtype: str, count: int | str = "auto", **kwargs) -> object:
-        return generate_text(model, None, prompt_cached, tokens, greedy=True, dtype=dtype, threads=count, **kwargs)
+    def cached(dtype: str, count: int | str = "auto", layout: str = "auto", **kwargs) -> object:
+        return generate_text(model, None, prompt_cached, tokens, greedy=True, dtype=dtype, threads=count,
+                             layout=layout, **kwargs)
 
-    def uncached(dtype: str, count: int | str = "auto", **kwargs) -> object:
+    def uncached(dtype: str, count: int | str = "auto", layout: str = "auto", **kwargs) -> object:
         return generate_text(model, None, prompt_window, 1, greedy=True, use_cache=False, dtype=dtype, threads=count,
-                             **kwargs)
+                             layout=layout, **kwargs)
 
-    # (path, new tokens a call, the ways timed: (dtype, threads)); the lab's uncached path keeps every thread
-    paths = [("cached (sample.py)", cached, tokens, [(d, n) for d in ("float32", "bfloat16") for n in threads]),
-             ("uncached (the lab)", uncached, 1, [(d, most) for d in ("float32", "bfloat16")])]
+    # (path, new tokens a call, the ways timed: (dtype, threads, layout)); the lab's uncached path keeps every
+    # thread and the rows
+    paths = [("cached (sample.py)", cached, tokens,
+              [(d, n, lay) for d in ("float32", "bfloat16") for lay in ("rows", "columns") for n in threads]),
+             ("uncached (the lab)", uncached, 1, [(d, most, "rows") for d in ("float32", "bfloat16")])]
     print(f"### Decoding: float32 vs bf16 (weights), one thread vs {most}, and auto\n\n{machine()}; shared cores "
           f"(other work ran beside it)\n\n- {rounds} rounds, interleaved; model {model.config.n_layer} layers x "
           f"{model.config.n_embd} wide, vocab {model.config.vocab_size}; tok/s medians, 'x' the median of "
           f"per-round ratios against float32 in one thread (cached) or in {most} (uncached)\n")
-    print("| path | dtype | threads | tok/s | against the first row | auto picks | auto's one-time measurement |")
-    print("|---|---|--:|--:|--:|---|--:|")
+    print("| path | dtype | threads | weights stored by | tok/s | against the first row | auto picks | "
+          "auto's one-time measurement |")
+    print("|---|---|--:|---|--:|--:|---|--:|")
     for name, decode, new, ways in paths:
         repeat = 1 if new > 1 else (2 if args.quick else 5)  # the uncached path: 5 one-token calls a sample
-        times: dict[tuple[str, int], list[float]] = {way: [] for way in ways}
+        times: dict[tuple[str, int, str], list[float]] = {way: [] for way in ways}
         for way in ways:  # warm-up
             decode(*way)
         for _ in range(rounds):
@@ -97,15 +102,16 @@ def main(argv: list[str] | None = None) -> int:
         picked = []
         with decoding.measuring_afresh():
             start = time.perf_counter()
-            decode("auto", on_decoding=lambda dtype, count: picked.append((str(dtype).removeprefix("torch."), count)))
+            decode("auto", on_decoding=lambda dtype, count, layout: picked.append(
+                (str(dtype).removeprefix("torch."), count, layout)))
             first = time.perf_counter() - start
         (picked,) = picked  # what sampling decoded in: its own choice, said by generate_text
         tok_s = {way: new / statistics.median(t) for way, t in times.items()}
         spent = first - new / tok_s.get(picked, tok_s[ways[0]])
         for i, way in enumerate(ways):
             ratio = statistics.median(a / b for a, b in zip(times[ways[0]], times[way], strict=True))
-            pick = (f"{picked[0]}, {picked[1]} thread(s)", f"{spent * 1e3:,.0f} ms") if i == 0 else ("", "")
-            print(f"| {name if i == 0 else ''} | {way[0]} | {way[1]} | {tok_s[way]:,.0f} | {ratio:.2f}x | "
+            pick = (f"{picked[0]}, {picked[1]} thread(s), {picked[2]}", f"{spent * 1e3:,.0f} ms") if i == 0 else ("", "")
+            print(f"| {name if i == 0 else ''} | {way[0]} | {way[1]} | {way[2]} | {tok_s[way]:,.0f} | {ratio:.2f}x | "
                   f"{pick[0]} | {pick[1]} |")
     print(f"\nauto's measurements are kept in {decoding.cache_file()} (paid once per CPU, torch version, thread count "
           f"and model shape; delete the file to measure again)")

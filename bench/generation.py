@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from attention_lab.runtime.decoding import decoding_thread_count
+from attention_lab.runtime.decoding import decoding_layout, decoding_model, decoding_thread_count
 from attention_lab.runtime.device import decoding_threads
 from model import GPTConfig
 from model.generate import generate
@@ -31,11 +31,12 @@ FULL = dict(
 QUICK = dict(cfg=GPTConfig(vocab_size=256, block_size=64, n_layer=2, n_head=2, n_embd=32), prompt=4, new=(4, 8), reps=1)
 
 
-def decoders(ours, hf, prompt: torch.Tensor, n_new: int, threads: int) -> dict:
+def decoders(ours, hf, prompt: torch.Tensor, n_new: int, threads: int, cached=None) -> dict:
     """The greedy decoders being compared, each a closure returning prompt + n_new tokens (1, T + n_new).
 
-    Ours run as sample.py runs them: cached decoding in `threads` (cached_threads: what sampling measures),
-    uncached with every thread. Hugging Face's cached decoding runs both ways, with torch's threads (what a user
+    Ours run as sample.py runs them: cached decoding with `cached` (ours with its weights stored the way sampling
+    measures faster: cached_decoder; ours itself when None) in `threads` (cached_threads: what sampling measures),
+    uncached with every thread, ours as trained. Hugging Face's cached decoding runs both ways, with torch's threads (what a user
     of transformers gets) and with the same threads as ours, so the comparison is against its faster setting."""
     from transformers import GenerationConfig
 
@@ -52,7 +53,7 @@ def decoders(ours, hf, prompt: torch.Tensor, n_new: int, threads: int) -> dict:
 
     def ours_cached():
         with decoding_threads(device, threads):
-            return generate(ours, prompt, n_new, greedy=True, use_cache=True)
+            return generate(ours if cached is None else cached, prompt, n_new, greedy=True, use_cache=True)
 
     def hf_cached_our_threads():
         with decoding_threads(device, threads):
@@ -95,16 +96,33 @@ def check_greedy(ours, outputs: dict[str, torch.Tensor], n_prompt: int, tol: flo
     return ties
 
 
-def cached_threads(ours, prompt: torch.Tensor) -> int:
-    """The torch threads our cached decoding runs in here, chosen as sample.py chooses them: one or all, the faster
-    measured on a few greedy steps (runtime/decoding.decoding_thread_count, kept with sampling's measurements)."""
+def cached_decoder(ours, prompt: torch.Tensor) -> tuple[torch.nn.Module, str]:
+    """(what our cached decoding runs, its layout): ours with its weights stored by rows or by columns, chosen as
+    sample.py chooses: the faster measured on a few greedy steps in one thread (runtime/decoding.decoding_layout,
+    kept with sampling's measurements)."""
     device = prompt.device
+
+    def probe(layout: str) -> None:
+        with decoding_threads(device, 1):
+            generate(decoding_model(ours, torch.float32, device, layout)[0], prompt, 8, greedy=True, use_cache=True)
+
+    layout = decoding_layout(device, True, probe, ("bench.generation", repr(ours.config)))
+    return decoding_model(ours, torch.float32, device, layout)[0], layout
+
+
+def cached_threads(ours, prompt: torch.Tensor, layout: str = "rows") -> int:
+    """The torch threads our cached decoding runs in here, chosen as sample.py chooses them: one or all, the faster
+    measured on a few greedy steps with the weights stored by `layout` (runtime/decoding.decoding_thread_count,
+    kept with sampling's measurements)."""
+    device = prompt.device
+    decoder = decoding_model(ours, torch.float32, device, layout)[0]
 
     def probe(threads: int) -> None:
         with decoding_threads(device, threads):
-            generate(ours, prompt, 8, greedy=True, use_cache=True)
+            generate(decoder, prompt, 8, greedy=True, use_cache=True)
 
-    return decoding_thread_count(device, True, probe, ("bench.generation", repr(ours.config)))
+    key = ("bench.generation", repr(ours.config)) + ((layout,) if layout != "rows" else ())
+    return decoding_thread_count(device, True, probe, key)
 
 
 def run(ctx: Context) -> Table:
@@ -115,13 +133,14 @@ def run(ctx: Context) -> Table:
     hf = build_hf(ours, device).eval()
     gen = torch.Generator().manual_seed(2)
     prompt = torch.randint(0, cfg.vocab_size, (1, setting["prompt"]), generator=gen).to(device)
-    threads = cached_threads(ours, prompt)
+    cached, layout = cached_decoder(ours, prompt)
+    threads = cached_threads(ours, prompt, layout)
 
     rows = []
     for n_new in setting["new"]:
         assert setting["prompt"] + n_new <= cfg.block_size, "prompt + new tokens must fit in block_size"
         log(f"generation: {n_new} new tokens ...")
-        fns = decoders(ours, hf, prompt, n_new, threads)
+        fns = decoders(ours, hf, prompt, n_new, threads, cached)
         outputs = {name: fn() for name, fn in fns.items()}  # doubles as the first warmup round
         same = all(torch.equal(outputs["ours_cached"], out) for out in outputs.values())
         ties = check_greedy(ours, outputs, setting["prompt"])  # raises unless every token is greedy
@@ -181,8 +200,10 @@ def run(ctx: Context) -> Table:
             f"HF: GPT2LMHeadModel.generate(do_sample=False, use_cache=True/False, pad_token_id=0, eos_token_id=None), "
             f"attn_implementation={hf_attention(hf)!r}; the five calls interleaved, {setting['reps']} rounds after "
             "one warmup round; ratios are medians of per-round time ratios.",
-            f"Threads: ours cached as sample.py decodes ({threads} torch thread(s), one or all, the faster measured: "
-            "attention_lab.runtime.decoding.decoding_thread_count), every other call with torch's threads; HF cached "
+            f"Ours cached as sample.py decodes: float32 weights stored by {layout} (rows as trained or columns, the "
+            "faster measured: attention_lab.runtime.decoding.decoding_layout), in "
+            f"{threads} torch thread(s) (one or all, the faster measured: "
+            "attention_lab.runtime.decoding.decoding_thread_count); every other call with torch's threads; HF cached "
             "also with "
             "ours ('our threads'), and ours cache / HF cache compares with the faster of HF's two, round by round.",
             f"Checked before timing: every token of every decoder is a greedy choice of our model (one uncached "

@@ -15,7 +15,7 @@ import torch
 from attention_lab.runtime.flops import measure_peak_flops
 from bench.common import Column, Table, interleaved, paired_ratio
 from bench.run import BENCHMARKS, main
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, generate
 
 # the row keys each table must carry (what README and the trainer read)
 EXPECTED_ROW_KEYS = {
@@ -281,4 +281,33 @@ def test_the_generation_bench_decodes_ours_and_hfs_our_threads_in_the_count_samp
         fns[name]()
     assert seen == [("ours", want), ("hf", want), ("hf", 2), ("ours", 2)], seen
     assert state["n"] == 2, "torch's thread count was not restored"
+    decoding.forget_measurements()
+
+
+@pytest.mark.parametrize("measured, want", [({"rows": 1.0, "columns": 1.5}, "rows"), ({"rows": 1.5, "columns": 1.0},
+                                                                                       "columns")])
+def test_the_generation_bench_decodes_ours_cached_in_the_layout_sampling_measures(monkeypatch, tmp_path, measured,
+                                                                                  want):
+    """Ours cached runs with the weights stored the way sampling's measurement picks (runtime/decoding.decoding_layout),
+    the same numbers; ours uncached keeps the model as trained."""
+    import bench.generation as generation
+    from attention_lab.runtime import decoding
+
+    monkeypatch.setattr(decoding, "time_layouts", lambda decode: dict(measured))
+    monkeypatch.setenv(decoding.CACHE_DIR_ENV, str(tmp_path))
+    decoding.forget_measurements()
+    torch.manual_seed(0)
+    ours = GPT(GPTConfig(vocab_size=32, block_size=16, n_layer=1, n_head=2, n_embd=16)).eval()
+    prompt = torch.tensor([[1, 2, 3]])
+    cached, layout = generation.cached_decoder(ours, prompt)
+    assert layout == want and (cached is ours) == (want == "rows"), (layout, cached is ours)
+    seen = []
+    real = generation.generate
+    monkeypatch.setattr(generation, "generate", lambda m, *a, **k: (
+        seen.append(m.lm_head.weight.is_contiguous()), real(m, *a, **k))[1])
+    fns = generation.decoders(ours, None, prompt, 4, 1, cached)
+    out = fns["ours_cached"]()
+    fns["ours_uncached"]()
+    assert seen == [want == "rows", True], f"ours cached by {want}, uncached by rows: {seen}"
+    assert torch.equal(out, generate(ours, prompt, 4, greedy=True)), "the layout changed the tokens"
     decoding.forget_measurements()

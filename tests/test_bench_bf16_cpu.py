@@ -24,13 +24,14 @@ def test_the_decoding_bench_prints_both_paths_and_autos_choice(capsys):
     out = capsys.readouterr().out
     machine_named(out)
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines() if line.startswith("| ")]
-    ways = [(r[1], r[2]) for r in rows[1:]]  # (dtype, threads) after the header
+    ways = [(r[1], r[2], r[3]) for r in rows[1:]]  # (dtype, threads, layout) after the header
     counts = sorted({"1", str(torch.get_num_threads())})
-    assert ways == [(d, n) for d in ("float32", "bfloat16") for n in counts] + [
-        (d, str(torch.get_num_threads())) for d in ("float32", "bfloat16")], f"each way of each path once:\n{out}"
-    picks = [r[5] for r in rows[1:] if r[0]]
+    assert ways == [(d, n, lay) for d in ("float32", "bfloat16") for lay in ("rows", "columns") for n in counts] + [
+        (d, str(torch.get_num_threads()), "rows") for d in ("float32", "bfloat16")], f"each way of each path once:\n{out}"
+    picks = [r[6] for r in rows[1:] if r[0]]
     assert [r[0] for r in rows[1:] if r[0]] == ["cached (sample.py)", "uncached (the lab)"], out
-    assert all(re.fullmatch(r"(float32|bfloat16), \d+ thread\(s\)", pick) for pick in picks), picks
+    assert all(re.fullmatch(r"(float32|bfloat16), \d+ thread\(s\), (rows|columns)", pick) for pick in picks), picks
+    assert picks[1].endswith(", rows"), f"the uncached path keeps the rows: {picks}"
 
 
 def test_the_step_profile_prints_the_groups_and_the_settings(capsys):
@@ -129,20 +130,22 @@ def test_the_bench_step_runs_each_model_under_the_asked_autocast(monkeypatch):
     assert seen == {"ours": {(True, torch.bfloat16)}, "hf": {(True, torch.bfloat16)}}, seen
 
 
-@pytest.mark.parametrize("gain, want", [(0.97, ("float32", 1)), (0.90, ("bfloat16", 2))])
+@pytest.mark.parametrize("gain, want", [(0.97, ("float32", 1, "rows")), (0.90, ("bfloat16", 2, "columns"))])
 def test_the_decoding_benchs_auto_column_says_what_sampling_decoded_in(capsys, monkeypatch, tmp_path, torch_threads,
                                                                      gain, want):
     """"auto picks" is what generate_text decoded in under auto (on_decoding), margins included: a 3% gain is
-    inside them (float32, one thread), a 10% gain is not. The uncached path keeps every thread."""
+    inside them (float32, one thread, the rows), a 10% gain is not. The uncached path keeps every thread and the
+    rows."""
     from attention_lab.runtime import decoding
 
     monkeypatch.setenv(decoding.CACHE_DIR_ENV, str(tmp_path))
     monkeypatch.setattr(decoding, "time_decoding", lambda decode, device: {torch.float32: 1.0, torch.bfloat16: gain})
     monkeypatch.setattr(decoding, "time_candidates", lambda run, counts: {1: 1.0, 2: gain})
+    monkeypatch.setattr(decoding, "time_layouts", lambda decode: {"rows": 1.0, "columns": gain})
     assert decoding_dtype.main(["--quick"]) == 0
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in capsys.readouterr().out.splitlines()
             if line.startswith("| cached") or line.startswith("| uncached")]
-    assert [r[5] for r in rows] == [f"{want[0]}, {want[1]} thread(s)", f"{want[0]}, 2 thread(s)"], rows
+    assert [r[6] for r in rows] == [f"{want[0]}, {want[1]} thread(s), {want[2]}", f"{want[0]}, 2 thread(s), rows"], rows
 
 
 def test_the_decoding_bench_refuses_more_tokens_than_the_context_holds(capsys):

@@ -571,14 +571,15 @@ def test_generate_text_decodes_in_the_measured_threads_keyed_by_its_dtype(monkey
         return {n: seconds[n] for n in counts}
 
     monkeypatch.setattr(decoding, "time_candidates", measure)  # named dtypes: only the threads are measured
+    monkeypatch.setattr(decoding, "time_layouts", lambda decode: {"rows": 1.0, "columns": 1.0})  # (and rows kept)
     seen = threads_seen(monkeypatch)
     expected = sampling.generate_text(model, None, PROMPT, 8, greedy=True, dtype="float32", threads=1)
     assert not measured and seen == [1], f"threads=1 asked: no measurement, one thread ({seen})"
     told = []
     got = sampling.generate_text(model, None, PROMPT, 8, greedy=True, dtype="float32",
-                                 on_decoding=lambda dtype, threads: told.append((dtype, threads)))
+                                 on_decoding=lambda dtype, threads, layout: told.append((dtype, threads, layout)))
     assert measured == [[1, 2]], f"the probe should decode in one thread, then in two: {measured}"
-    assert told == [(F32, want)], f"on_decoding should hear the dtype and the threads in effect: {told}"
+    assert told == [(F32, want, "rows")], f"on_decoding should hear the dtype, threads and layout in effect: {told}"
     assert seen[-1] == want, f"measured {seconds}: the sample should decode in {want} thread(s), ran in {seen[-1]}"
     assert got == expected, "the thread count changed the tokens"
     assert state["n"] == 2, "torch's thread count was not restored"
@@ -613,6 +614,7 @@ def test_auto_times_the_dtype_in_one_thread_and_the_threads_in_the_chosen_dtype(
 
     monkeypatch.setattr(decoding, "time_decoding", measure_dtype)
     monkeypatch.setattr(decoding, "time_candidates", measure_threads)
+    monkeypatch.setattr(decoding, "time_layouts", lambda decode: {"rows": 1.0, "columns": 1.0})
     seen = []
     real = sampling.generate_stream
     monkeypatch.setattr(sampling, "generate_stream", lambda m, *a, **k: (

@@ -374,10 +374,14 @@ def test_sample_py_says_once_how_it_decoded_and_whether_auto_chose_it(run_dir, c
     """After the first sample, one line: the dtype, the CPU threads, and which of them auto chose (a person reading
     tokens/s can then tell what ran, and how to choose)."""
     rc, _, err = run_main(capsys, "--run", run_dir, "--max-new-tokens", 3, "--no-attention", "--seed", 1,
-                          "--dtype", "float32", "--threads", 1, "--num-samples", 2)
+                          "--dtype", "float32", "--threads", 1, "--layout", "rows", "--num-samples", 2)
     assert rc == 0, err
     lines = [line for line in err.splitlines() if line.startswith("decoded in")]
     assert lines == ["decoded in float32, 1 CPU thread"], f"one line, nothing auto about it:\n{err}"
+    rc, _, err = run_main(capsys, "--run", run_dir, "--max-new-tokens", 3, "--no-attention", "--seed", 1,
+                          "--dtype", "float32", "--threads", 1, "--layout", "columns")
+    (line,) = [line for line in err.splitlines() if line.startswith("decoded in")]
+    assert line == "decoded in float32 weights stored by columns, 1 CPU thread", line
     rc, _, err = run_main(capsys, "--run", run_dir, "--max-new-tokens", 3, "--no-attention", "--seed", 1,
                           "--dtype", "float32")
     (line,) = [line for line in err.splitlines() if line.startswith("decoded in")]

@@ -10,9 +10,15 @@ faster than float32 on an AMD EPYC without bf16 units, 0.8x as fast on an AMX Xe
 2x faster in bf16), so on a CPU auto times a few real decoding steps of the actual model each way, and decodes
 in the faster one.
 
-Cached decoding on a CPU then runs in one thread or in all of torch's, again the faster measured for this model
-in the chosen dtype (decoding_thread_count): a token is a few matrix-vector products, which a second thread may
-speed up (a second core's memory bandwidth) or only keep waiting.
+Cached decoding on a CPU then stores the weights one of two ways, the faster measured in the chosen dtype
+(decoding_layout): as trained (each nn.Linear weight (out, in), row after row) or column after column, the same
+matrix with W^T laid out contiguously, which the matrix-vector kernel reads as x @ W^T. Nothing else changes: the
+same modules, values and hooks, only where the numbers sit in memory (a copy of the model, like bf16's). On a
+2-core AMD EPYC with AVX512-BF16 (Zen 4) whose decoding read its 17 MB of float32 weights from memory at every
+token, columns decoded the default model 1.1-1.3x faster in float32 and no faster in bf16 (docs/benchmarks.md).
+Then it runs in one thread or in all of torch's, again the faster measured (decoding_thread_count): a token is a
+few matrix-vector products, which a second thread may speed up (a second core's memory bandwidth) or only keep
+waiting.
 
 The measurement costs about half a second or more, so it is kept: in this process's memory, and in a small JSON
 file that later processes read instead of measuring again (sample.py would otherwise pay it inside every run).
@@ -39,10 +45,13 @@ attention_lab/training/loss_chunk.py) keep their measurements in the same file, 
 does the trainer's matmul peak (the MFU denominator: the best seconds per matmul of each size, runtime/flops.py);
 `kept_seconds` is the file's interface for any such measurement of named candidates.
 
-    decoding_model(model, dtype, device)  what decodes in dtype, under which autocast (bf16 weights on a CPU)
+    decoding_model(model, dtype, device, layout)  what decodes in dtype, under which autocast (bf16 weights on a
+                                    CPU), its weights stored by rows or by columns
     time_decoding(decode, device)   seconds per call of decode(dtype) for each dtype, interleaved, medians
-    time_candidates(run, candidates)  the same for any candidates (thread counts)
-    faster_dtype(seconds)           the decision, a pure function of those numbers (faster_threads: the threads')
+    time_candidates(run, candidates)  the same for any candidates (thread counts; time_layouts: the layouts)
+    faster_dtype(seconds)           the decision, a pure function of those numbers (faster_layout, faster_threads:
+                                    the layout's and the threads')
+    decoding_layout(...)            cached decoding's weights on a CPU: by rows or by columns, the faster measured
     decoding_thread_count(...)      cached decoding's threads on a CPU: one or all, the faster measured, kept
     decoding_dtype(name, ...)       what sampling calls: a named dtype as asked, auto as measured (or as stored)
     kept_seconds(key, measure)      any measurement of named candidates, kept the same way (training's backend)
@@ -76,6 +85,7 @@ from . import omp
 from .device import cpu_model, pick_dtype
 
 CANDIDATES = (torch.float32, torch.bfloat16)
+LAYOUTS = ("rows", "columns")  # how a decoding copy stores each nn.Linear weight: as trained, or its transpose contiguous
 # bf16 must beat float32 by this fraction to be chosen: float32 is the reference numerics (the tokens a float32
 # run gives), so a tie or a difference inside the noise of shared cores keeps it
 MARGIN = 0.05
@@ -91,25 +101,43 @@ _warned: list[str] = []  # the warning this process printed: one line at most, w
 _afresh = False  # inside measuring_afresh(): ignore what is stored, measure, overwrite
 
 
-_copies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (its weights' stamp, bf16 copy)
+# model -> {(dtype, layout): (its weights' stamp, the copy that decodes so)}
+_copies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def decoding_model(model: nn.Module, dtype: torch.dtype, device: torch.device) -> tuple[nn.Module, torch.dtype]:
-    """(what decodes, the autocast dtype of its forward passes) for decoding in `dtype`. On a CPU, a dtype other
-    than the weights' own is a copy of the model with its weights in that dtype, under no autocast (module
-    docstring); the copy is made once and kept while the model's weights are unchanged (any in-place change, an
-    optimizer step or load_state_dict, bumps a parameter's version and makes a new copy). Elsewhere, and while
-    the model is watched (hooks that read or edit its activations, as the lab's interventions: a copy would
-    decode without them), the model itself under the dtype's autocast."""
+def decoding_model(model: nn.Module, dtype: torch.dtype, device: torch.device, layout: str = "rows"
+                   ) -> tuple[nn.Module, torch.dtype]:
+    """(what decodes, the autocast dtype of its forward passes) for decoding in `dtype` with the weights stored by
+    `layout` (LAYOUTS). On a CPU, a dtype other than the weights' own, or layout "columns", is a copy of the model
+    with its weights in that dtype and layout, under no autocast (module docstring); the copy is made once and kept
+    while the model's weights are unchanged (any in-place change, an optimizer step or load_state_dict, bumps a
+    parameter's version and makes a new copy). Elsewhere, and while the model is watched (hooks that read or edit
+    its activations, as the lab's interventions: a copy would decode without them), the model itself under the
+    dtype's autocast."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     own = next(model.parameters()).dtype
-    if device.type != "cpu" or dtype == own or watched(model):
+    if device.type != "cpu" or (dtype == own and layout == "rows") or watched(model):
         return model, dtype
     stamp = tuple((p.data_ptr(), p._version) for p in model.parameters())
-    kept = _copies.get(model)
-    if kept is None or kept[0] != stamp:
-        kept = (stamp, copy.deepcopy(model).to(dtype))
-        _copies[model] = kept
-    return kept[1].train(model.training), own
+    # the copies of these weights (older weights' copies dropped), one per dtype and layout asked for
+    kept = _copies[model] = {how: c for how, c in _copies.get(model, {}).items() if c[0] == stamp}
+    if (dtype, layout) not in kept:
+        copied = copy.deepcopy(model).to(dtype)
+        kept[(dtype, layout)] = (stamp, by_columns(copied) if layout == "columns" else copied)
+    return kept[(dtype, layout)][1].train(model.training), own
+
+
+def by_columns(model: nn.Module) -> nn.Module:
+    """model, each nn.Linear weight (out, in) stored column after column: the same matrix and values, its
+    transpose laid out contiguously (W^T.contiguous().T), so that F.linear's x @ W^T reads W^T row after row. A
+    weight tied to another (the output layer to the token embedding) gets its own copy: the embedding's rows stay
+    rows for its lookups. In place; returns the model."""
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            module.weight = nn.Parameter(module.weight.detach().t().contiguous().t(),
+                                         requires_grad=module.weight.requires_grad)
+    return model
 
 
 def watched(model: nn.Module) -> bool:
@@ -124,11 +152,23 @@ def time_decoding(decode: Callable[[torch.dtype], object], device: torch.device,
     return time_candidates(decode, dtypes, rounds, clock)
 
 
+def time_layouts(decode: Callable[[str], object], rounds: int = 5,
+                 clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
+    """Seconds per call of decode(layout) for each of LAYOUTS, timed like time_candidates (its own seam: a test
+    stubs the layouts' timings apart from the threads')."""
+    return _interleaved(decode, LAYOUTS, rounds, clock)
+
+
 def time_candidates(run: Callable[[Any], object], candidates: Iterable, rounds: int = 5,
                     clock: Callable[[], float] = time.perf_counter) -> dict[Any, float]:
     """Seconds per call of run(candidate): one untimed call each first (allocations, kernel choice, a thread
     pool), then `rounds` rounds that take the candidates in turn (A, B, A, B, ...), so a neighbour's load falls on
     all alike; the median of each."""
+    return _interleaved(run, candidates, rounds, clock)
+
+
+def _interleaved(run: Callable[[Any], object], candidates: Iterable, rounds: int,
+                 clock: Callable[[], float]) -> dict[Any, float]:
     candidates = tuple(candidates)
     for candidate in candidates:
         run(candidate)
@@ -154,6 +194,12 @@ def faster_dtype(seconds: dict[torch.dtype, float], margin: float = MARGIN) -> t
     """The dtype with the least time; float32, the reference numerics, stays unless another is faster by more than
     `margin`."""
     return faster(seconds, torch.float32, margin)
+
+
+def faster_layout(seconds: dict[str, float], margin: float = MARGIN) -> str:
+    """The layout with the least time; rows, the weights as trained, stay unless columns are faster by more than
+    `margin`."""
+    return faster(seconds, "rows", margin)
 
 
 def faster_threads(seconds: dict[int, float], margin: float = MARGIN) -> int:
@@ -194,6 +240,19 @@ def decoding_dtype(name: str, device: torch.device, decode: Callable[[torch.dtyp
 
     seconds, _ = kept_seconds(key, tuple(names), timed)
     return faster_dtype({dtype: seconds[name] for name, dtype in names.items()})
+
+
+def decoding_layout(device: torch.device, cached: bool, decode: Callable[[str], object], key: Hashable,
+                    measure: Callable[[Callable[[str], object]], dict[str, float]] | None = None) -> str:
+    """How cached decoding on a CPU stores the weights (decoding_model's layout): rows or columns, the faster for
+    decode(layout) (a few decoding steps of the model with its weights stored so), measured once per
+    measurement_key and kept like the dtype; columns must win by more than MARGIN. A token is one matrix-vector
+    product per weight, whose speed on a CPU depends on how the kernel walks the matrix through memory; full
+    forward passes (uncached, or a GPU's decoding) are matrix products and keep the rows, unmeasured."""
+    if device.type != "cpu" or not cached:
+        return "rows"
+    seconds, _ = kept_seconds((key, "layout"), LAYOUTS, lambda: dict((measure or time_layouts)(decode)))
+    return faster_layout(seconds)
 
 
 def decoding_thread_count(device: torch.device, cached: bool, decode: Callable[[int], object], key: Hashable,

@@ -1,0 +1,175 @@
+"""Cached decoding's weight layout (runtime/decoding.decoding_layout, decoding_model's layout, by_columns): the
+weights stored by columns are the same matrices, so every variant decodes the same tokens; the choice follows its
+measurement both ways, is kept, and is made only where a token is a matrix-vector product (cached, on a CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from attention_lab import sampling
+from attention_lab.runtime import decoding
+from model import GPT, LSTMLM, GPTConfig, LSTMConfig
+
+CPU = torch.device("cpu")
+F32, BF16 = torch.float32, torch.bfloat16
+PROMPT = [1, 2, 3, 4]
+ROWS_WIN, COLUMNS_WIN = {"rows": 1.0, "columns": 2.0}, {"rows": 2.0, "columns": 1.0}
+
+pytestmark = pytest.mark.usefixtures("fresh_measurements")  # conftest.py: a measurement file of its own
+
+VARIANTS = {
+    "default (rope, qk-norm)": dict(pos_encoding="rope", qk_norm=True),
+    "learned positions, biases, dropout": dict(pos_encoding="learned", bias=True, dropout=0.1),
+    "alibi, grouped keys": dict(pos_encoding="alibi", n_kv_head=1),
+    "sliding window": dict(pos_encoding="rope", window=8),
+    "linear attention": dict(attention="linear"),
+    "untied output layer, tied queries and keys": dict(tie_embeddings=False, qk_tied=True),
+}
+
+
+def tiny(**kw) -> GPT:
+    torch.manual_seed(0)
+    cfg = dict(vocab_size=64, block_size=32, n_layer=2, n_head=2, n_embd=32) | kw
+    return GPT(GPTConfig(**cfg)).eval()
+
+
+def linears(model: nn.Module) -> list[nn.Linear]:
+    return [m for m in model.modules() if isinstance(m, nn.Linear)]
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_columns_hold_the_same_matrices_and_decode_the_same_tokens(variant):
+    """Every nn.Linear weight of the copy is the same matrix stored column after column (its transpose
+    contiguous); the model itself is untouched; logits agree to float32 rounding and greedy tokens are equal,
+    with and without the cache, in every variant a user switches on."""
+    try:
+        model = tiny(**VARIANTS[variant])
+    except TypeError as e:  # a variant this GPTConfig spells otherwise must fail loudly here, not be skipped
+        raise AssertionError(f"{variant}: {e}") from e
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    columns, cast = decoding.decoding_model(model, F32, CPU, "columns")
+    assert columns is not model and cast == F32
+    for mine, theirs in zip(linears(model), linears(columns), strict=True):
+        w = theirs.weight
+        assert w.shape == mine.weight.shape and w.stride() == (1, w.shape[0]), f"not stored by columns: {w.stride()}"
+        assert torch.equal(w, mine.weight), "the layout changed the numbers"
+    for name, p in model.named_parameters():
+        assert torch.equal(p, before[name]) and p.is_contiguous(), f"{name}: the model itself changed"
+    if model.config.tie_embeddings:
+        assert columns.transformer.wte.weight.is_contiguous(), "the embedding's rows must stay rows for its lookups"
+    idx = torch.tensor([PROMPT * 3])
+    with torch.no_grad():
+        torch.testing.assert_close(columns(idx).logits, model(idx).logits, rtol=1e-5, atol=1e-5)
+    for use_cache in (True, False):
+        want = sampling.generate_text(model, None, PROMPT, 20, greedy=True, use_cache=use_cache, dtype="float32",
+                                      layout="rows", threads=1)
+        got = sampling.generate_text(model, None, PROMPT, 20, greedy=True, use_cache=use_cache, dtype="float32",
+                                     layout="columns", threads=1)
+        assert got == want, f"{variant}, cache {use_cache}: columns decoded other tokens"
+
+
+def test_bf16_columns_and_the_lstm_decode_too():
+    """bf16 weights by columns are bf16's matrices; the LSTM baseline (its output layer an nn.Linear) decodes."""
+    model = tiny(pos_encoding="rope", qk_norm=True)
+    rows, _ = decoding.decoding_model(model, BF16, CPU, "rows")
+    columns, _ = decoding.decoding_model(model, BF16, CPU, "columns")
+    assert rows is not columns, "one copy served two layouts"
+    for a, b in zip(linears(rows), linears(columns), strict=True):
+        assert b.weight.dtype == BF16 and torch.equal(a.weight, b.weight) and not b.weight.is_contiguous()
+    torch.manual_seed(0)
+    lstm = LSTMLM(LSTMConfig(vocab_size=64, block_size=32, n_layer=1, n_embd=16)).eval()
+    want = sampling.generate_text(lstm, None, PROMPT, 12, greedy=True, dtype="float32", layout="rows")
+    assert sampling.generate_text(lstm, None, PROMPT, 12, greedy=True, dtype="float32", layout="columns") == want
+
+
+def test_each_layout_copy_is_kept_and_made_again_when_the_weights_change():
+    model = tiny()
+    first, _ = decoding.decoding_model(model, F32, CPU, "columns")
+    assert decoding.decoding_model(model, F32, CPU, "columns")[0] is first, "a second copy of unchanged weights"
+    assert decoding.decoding_model(model, F32, CPU, "rows") == (model, F32), "float32 by rows is the model itself"
+    with torch.no_grad():
+        model.lm_head.weight.mul_(2.0)  # tied: the embedding doubles too
+    fresh, _ = decoding.decoding_model(model, F32, CPU, "columns")
+    assert fresh is not first and torch.equal(fresh.lm_head.weight, model.lm_head.weight), "a stale copy decoded"
+    assert len(decoding._copies[model]) == 1, "the stale weights' copy was kept beside the fresh one"
+
+
+def test_a_watched_model_decodes_itself_whatever_the_layout():
+    model = tiny()
+    handle = model.transformer.h[0].mlp.register_forward_hook(lambda m, a, out: out)
+    assert decoding.decoding_model(model, F32, CPU, "columns") == (model, F32), "the hook would be lost"
+    handle.remove()
+    with pytest.raises(ValueError, match="layout must be one of"):
+        decoding.decoding_model(model, F32, CPU, "diagonal")
+
+
+@pytest.mark.parametrize("seconds, want", [(ROWS_WIN, "rows"), (COLUMNS_WIN, "columns")])
+def test_the_layout_follows_its_measurement_both_ways_and_is_kept(seconds, want):
+    calls = []
+
+    def measure(decode):
+        calls.append(1)
+        return dict(seconds)
+
+    for _ in range(3):
+        assert decoding.decoding_layout(CPU, True, lambda layout: None, "model-a", measure) == want
+    assert calls == [1], f"one measurement, kept: {len(calls)}"
+    decoding.forget_measurements()  # a second process: the file answers
+    assert decoding.decoding_layout(CPU, True, lambda layout: None, "model-a", measure) == want and calls == [1]
+
+
+def test_columns_must_win_by_more_than_the_margin():
+    def pick(seconds, key):
+        return decoding.decoding_layout(CPU, True, lambda layout: None, key, lambda decode: seconds)
+
+    assert pick({"rows": 1.0, "columns": 0.97}, "a") == "rows", "3% is inside the margin: the weights as trained"
+    assert pick({"rows": 1.0, "columns": 0.90}, "b") == "columns"
+
+
+@pytest.mark.parametrize("where", ["uncached", "GPU"])
+def test_the_layout_is_measured_only_for_cached_cpu_decoding(where):
+    device, cached = (CPU, False) if where == "uncached" else (torch.device("cuda"), True)
+
+    def refuse(decode):
+        raise AssertionError(f"measured the layout where every step is a matrix product ({where})")
+
+    assert decoding.decoding_layout(device, cached, lambda layout: None, "k", refuse) == "rows"
+
+
+def test_the_measurement_times_both_layouts_interleaved_on_the_real_decode():
+    """time_layouts, the default measure: both layouts warmed up once, then taken in turn."""
+    seen = []
+    ticks = iter(range(1000))
+    got = decoding.time_layouts(seen.append, rounds=3, clock=lambda: next(ticks))
+    assert seen == ["rows", "columns"] * 4 and set(got) == {"rows", "columns"}, seen
+
+
+@pytest.mark.parametrize("seconds, want", [(ROWS_WIN, "rows"), (COLUMNS_WIN, "columns")])
+def test_generate_text_decodes_in_the_measured_layout(monkeypatch, seconds, want):
+    """The probe decodes each layout in one thread; the sample then decodes in the faster, and says so."""
+    model = tiny()
+    probes, seen = [], []
+
+    def measure(decode):
+        for layout in decoding.LAYOUTS:
+            start = len(seen)
+            decode(layout)
+            probes.append((layout, seen[start:]))
+        return dict(seconds)
+
+    real = sampling.generate_stream
+
+    def spy(m, *a, **k):
+        w = m.lm_head.weight
+        seen.append(("columns" if not w.is_contiguous() else "rows", torch.get_num_threads()))
+        return real(m, *a, **k)
+
+    monkeypatch.setattr(decoding, "time_layouts", measure)
+    monkeypatch.setattr(sampling, "generate_stream", spy)
+    told = []
+    sampling.generate_text(model, None, PROMPT, 6, greedy=True, dtype="float32", threads=1,
+                           on_decoding=lambda *how: told.append(how))
+    assert probes == [("rows", [("rows", 1)]), ("columns", [("columns", 1)])], probes
+    assert seen[-1][0] == want and told == [(F32, 1, want)], (seen, told)
