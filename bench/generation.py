@@ -36,8 +36,9 @@ def decoders(ours, hf, prompt: torch.Tensor, n_new: int, threads: int, cached=No
 
     Ours run as sample.py runs them: cached decoding with `cached` (ours with its weights stored the way sampling
     measures faster: cached_decoder; ours itself when None) in `threads` (cached_threads: what sampling measures),
-    uncached with every thread, ours as trained. Hugging Face's cached decoding runs both ways, with torch's threads (what a user
-    of transformers gets) and with the same threads as ours, so the comparison is against its faster setting."""
+    uncached with every thread, ours as trained. Hugging Face's cached decoding runs both ways, with torch's
+    threads (what a user of transformers gets) and with the same threads as ours, so the comparison is against its
+    faster setting."""
     from transformers import GenerationConfig
 
     mask = torch.ones_like(prompt)
@@ -121,8 +122,7 @@ def cached_threads(ours, prompt: torch.Tensor, layout: str = "rows") -> int:
         with decoding_threads(device, threads):
             generate(decoder, prompt, 8, greedy=True, use_cache=True)
 
-    key = ("bench.generation", repr(ours.config)) + ((layout,) if layout != "rows" else ())
-    return decoding_thread_count(device, True, probe, key)
+    return decoding_thread_count(device, True, probe, ("bench.generation", repr(ours.config), layout))
 
 
 def run(ctx: Context) -> Table:
