@@ -2660,6 +2660,19 @@ MUTATIONS = (
              ("tests/test_convert.py::test_the_gpt2_preset_is_gpt2s_architecture_and_exports_as_gpt2",),
              "model=gpt2 / experiment=gpt2_124m silently trains a RoPE model, not GPT-2's architecture: its run no "
              "longer exports as GPT-2 (train.init_from is unaffected: it takes GPT-2's own config)"),
+    # the generation bench's interval and verdict (2026-12-03; planted by the session, the code-only helper's round lost)
+    Mutation("median_interval_unsorted", "bench/common.py",
+             "ordered, n = sorted(xs), len(xs)", "ordered, n = list(xs), len(xs)",
+             ("tests/test_bench.py::test_the_median_interval_is_the_order_statistics_that_bracket_the_median_at_its_stated_coverage",),
+             "the interval's ends are read from the rounds in the order they ran, not from their order statistics"),
+    Mutation("median_interval_coverage_off_by_one", "bench/common.py",
+             "for i in range(k)) / 2**n", "for i in range(k + 1)) / 2**n",
+             ("tests/test_bench.py::test_the_median_interval_is_the_order_statistics_that_bracket_the_median_at_its_stated_coverage",),
+             "the coverage counts one order statistic too many: a narrower interval claims the level it lacks"),
+    Mutation("bench_verdict_met_from_the_top_of_the_interval", "bench/common.py",
+             "    if lo >= target:\n        return \"met\"", "    if hi >= target:\n        return \"met\"",
+             ("tests/test_bench.py::test_the_generation_bench_says_met_missed_or_cannot_tell_from_the_rounds",),
+             "the 2x target is met as soon as the interval's top reaches it: a bench that cannot tell says met"),
 )
 
 
