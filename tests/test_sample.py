@@ -370,7 +370,7 @@ def test_the_threads_flag_reaches_the_decoding(run_dir, capsys, monkeypatch, fla
     assert asked == [want], f"--threads {flag}: generate_text got threads={asked}"
 
 
-def test_sample_py_says_once_how_it_decoded_and_whether_auto_chose_it(run_dir, capsys, monkeypatch):
+def test_sample_py_says_once_how_it_decoded_and_whether_auto_chose_it(run_dir, capsys, monkeypatch, fresh_measurements):
     """After the first sample, one line: the dtype, the CPU threads, and which of them auto chose (a person reading
     tokens/s can then tell what ran, and how to choose). The layout's measurement is stubbed (rows as fast as columns,
     so rows kept): which layout wins depends on the machine, and the CI's picked columns."""
