@@ -8,7 +8,7 @@ MFU).
 
 from __future__ import annotations
 
-from attention_lab.runtime.flops import MIN_SAMPLE_S, QUICK_SAMPLE_S, QUICK_SIZES, matmul_rates
+from attention_lab.runtime.flops import MIN_SAMPLE_S, QUICK_SAMPLE_S, QUICK_SIZES, keep_better_peak, matmul_rates
 
 from .common import Column, Context, Table, median
 
@@ -32,6 +32,7 @@ def run(ctx: Context) -> Table:
     peak = max(max(r) for r in rates.values())
     ctx.peak_flops = peak  # the training benchmark's MFU uses this same number
     dtype_name = str(dtype).replace("torch.", "")
+    kept = keep_better_peak(ctx.device, dtype, rates)  # the trainer's kept peak, mended where this one is faster
     return Table(
         name="peak",
         title=f"Matmul peak ({dtype_name}), the MFU denominator",
@@ -48,6 +49,17 @@ def run(ctx: Context) -> Table:
             f"torch.mm into a preallocated output, {dtype_name}; each sample repeats it for >= {MIN_SAMPLE_S} s.",
             f"Peak = best sample over all sizes = **{peak / 1e9:.1f} GFLOP/s** "
             "(`attention_lab.runtime.flops.measure_peak_flops(device, dtype)`, what the trainer divides by).",
+            *([kept_note(*kept)] if kept else []),
         ],
         summary={"peak_flops": peak, "dtype": dtype_name},
     )
+
+
+def kept_note(before: float, after: float) -> str:
+    """What the measurement did to the peak the trainer keeps (flops.keep_better_peak)."""
+    if before == 0.0:
+        return f"The trainer had kept no peak here; it keeps **{after / 1e9:.1f} GFLOP/s** now."
+    if after > before:
+        return (f"The trainer's kept peak was {before / 1e9:.1f} GFLOP/s (measured in a busier moment); it keeps "
+                f"**{after / 1e9:.1f}** now, the faster sizes of this measurement, so later runs' MFU divides by it.")
+    return f"The trainer keeps {after / 1e9:.1f} GFLOP/s, its earlier measurement (no size ran faster now)."

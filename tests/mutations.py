@@ -390,6 +390,17 @@ MUTATIONS = (
              ("tests/test_viewer.py::test_the_weights_a_person_reads_are_attention_npy",
               "tests/test_viewer.py::test_hovering_a_token_changes_the_shown_weights"),
              "the page reads another head's weights than attention.npy holds", browser=True),
+    Mutation("kept_peak_takes_the_latest", "attention_lab/runtime/decoding.py",
+             "merged = stored | {name: min(float(s), stored.get(name, float(s))) for name, s in seconds.items()}",
+             "merged = stored | {name: float(s) for name, s in seconds.items()}",
+             ("tests/test_train_step.py::test_a_peak_kept_from_a_busy_moment_is_mended_by_a_faster_measurement_and_never_lowered",),
+             "the kept peak takes the latest measurement: a bench run beside another job lowers the trainer's peak, "
+             "and every later run's MFU reads too high (2026-12-07: 0.87 logged where 0.43 was true)"),
+    Mutation("peak_bench_keeps_nothing", "bench/peak.py",
+             "    kept = keep_better_peak(ctx.device, dtype, rates)", "    kept = None",
+             ("tests/test_bench.py::test_the_peak_bench_mends_the_trainers_kept_peak_and_says_so",),
+             "bench's peak measures the machine on idle cores but the trainer keeps dividing by the low peak it "
+             "measured in a busy moment"),
     Mutation("peak_in_float32", "train.py",
              "kept_peak_flops(device, dtype)", "kept_peak_flops(device, torch.float32)",
              ("tests/test_train_step.py::test_mfu_divides_by_the_matmul_peak_of_the_runs_own_dtype_measured_once_then_kept",),
@@ -2255,6 +2266,42 @@ MUTATIONS = (
              ("tests/test_bench.py::test_the_generation_bench_decodes_ours_cached_in_the_layout_sampling_measures",),
              "the generation bench times ours cached by rows while sample.py decodes by columns: the 2x verdict "
              "is about a decoder no user runs"),
+    # a helper's code-only round on the layout code (read the code, not the tests), 2026-12-07
+    Mutation("helper17_layout_keyed_without_the_dtype", "attention_lab/sampling.py",
+             "layout = decoding_layout(device, cached, probe_layout, (*key, str(chosen)))",
+             "layout = decoding_layout(device, cached, probe_layout, key)",
+             ("tests/test_decoding_layout.py", "tests/test_decoding_dtype.py"),
+             "the layout measured for the first dtype decides for the other too: float32's columns kept for bf16 "
+             "weights, where columns measured slower (a helper's code-only plant)"),
+    Mutation("helper17_copy_stamp_without_the_version", "attention_lab/runtime/decoding.py",
+             "stamp = tuple((p.data_ptr(), p._version) for p in model.parameters())",
+             "stamp = tuple(p.data_ptr() for p in model.parameters())",
+             ("tests/test_decoding_layout.py", "tests/test_decoding_dtype.py"),
+             "an optimizer step changes the weights in place and the kept bf16 or column copy is not made again: "
+             "the lab samples the weights of before (a helper's code-only plant)"),
+    Mutation("helper17_any_rows_or_own_dtype_decodes_the_model", "attention_lab/runtime/decoding.py",
+             'if device.type != "cpu" or (dtype == own and layout == "rows") or watched(model):',
+             'if device.type != "cpu" or (dtype == own or layout == "rows") or watched(model):',
+             ("tests/test_decoding_layout.py", "tests/test_decoding_dtype.py"),
+             "bf16 by rows decodes the float32 model under autocast, and float32 by columns decodes the rows: what "
+             "auto measured and sample.py names is not what runs (a helper's code-only plant)"),
+    Mutation("helper17_margin_in_seconds", "attention_lab/runtime/decoding.py",
+             "seconds[best] > (1 - margin) * seconds[reference]", "seconds[best] > seconds[reference] - margin",
+             ("tests/test_decoding_layout.py", "tests/test_decoding_dtype.py"),
+             "the 5% margin becomes 0.05 s, longer than a whole probe: auto never leaves float32, rows or one thread "
+             "(a helper's code-only plant)"),
+    Mutation("helper17_bench_times_rows_as_columns", "bench/generation.py",
+             "    return decoding_model(ours, torch.float32, device, layout)[0], layout",
+             "    return ours, layout",
+             ("tests/test_bench.py",),
+             "bench generate names the measured layout but times the model as trained: its ratio to Hugging Face is "
+             "not sample.py's (a helper's code-only plant)"),
+    Mutation("helper17_threads_keyed_without_the_layout", "attention_lab/sampling.py",
+             "decoding_thread_count(device, cached, probe_threads, (*key, str(chosen), layout))",
+             "decoding_thread_count(device, cached, probe_threads, (*key, str(chosen)))",
+             ("tests/test_decoding_layout.py", "tests/test_decoding_dtype.py"),
+             "the thread count measured with one layout decides for the other, whose steps read memory differently "
+             "(a helper's code-only plant)"),
     Mutation("schedule_stops_at_the_step_cap", "attention_lab/training/loop.py",
              '    return (stop == "budget" and max_minutes is not None) or step < max_steps',
              "    return step < max_steps",

@@ -311,3 +311,22 @@ def test_the_generation_bench_decodes_ours_cached_in_the_layout_sampling_measure
     assert seen == [want == "rows", True], f"ours cached by {want}, uncached by rows: {seen}"
     assert torch.equal(out, generate(ours, prompt, 4, greedy=True)), "the layout changed the tokens"
     decoding.forget_measurements()
+
+
+def test_the_peak_bench_mends_the_trainers_kept_peak_and_says_so(fresh_measurements, monkeypatch):
+    """bench/peak.py's full measurement raises the peak the trainer keeps where it ran faster (a peak kept from a
+    busy moment makes every later MFU too high), and its table says what it did; --quick keeps nothing."""
+    import bench.peak as peak_bench
+    from attention_lab.runtime import flops
+    from bench.common import Context, describe_machine
+
+    cpu = torch.device("cpu")
+    flops.kept_peak_flops(cpu, torch.float32, lambda d, t: {512: [1e9], 1024: [2e9], 2048: [3e9]})  # a busy start
+    monkeypatch.setattr(peak_bench, "matmul_rates", lambda *a, **k: {512: [4e9], 1024: [6e9, 1e9], 2048: [5e9]})
+    table = peak_bench.run(Context(device=cpu, quick=False, machine=describe_machine(cpu), peak_flops=None))
+    assert table.summary["peak_flops"] == pytest.approx(6e9)
+    assert flops.kept_peak_flops(cpu, torch.float32)[0] == pytest.approx(6e9), "the trainer divides by the mended peak"
+    assert any("was 3.0 GFLOP/s" in n and "**6.0**" in n for n in table.notes), table.notes
+    monkeypatch.setattr(peak_bench, "matmul_rates", lambda *a, **k: {256: [9e9, 9e9]})
+    table = peak_bench.run(Context(device=cpu, quick=True, machine=describe_machine(cpu), peak_flops=None))
+    assert flops.kept_peak_flops(cpu, torch.float32)[0] == pytest.approx(6e9), "--quick's small size keeps nothing"

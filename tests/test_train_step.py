@@ -216,6 +216,35 @@ def test_the_kept_peak_is_the_best_sizes_rate_and_a_gpus_is_measured_in_each_pro
     assert flops.kept_peak_flops("cuda:0", torch.bfloat16, rates)[1] and calls == ["cpu", "cuda", "cuda"]
 
 
+def test_a_peak_kept_from_a_busy_moment_is_mended_by_a_faster_measurement_and_never_lowered(tmp_path, monkeypatch):
+    """The peak is a best-of: the trainer's kept peak, first measured while the machine was busy (too low: every
+    later run's MFU too high), is raised size by size by a later full measurement (bench/peak.py's,
+    flops.keep_better_peak), in this process and the next; a slower measurement lowers nothing; a measurement of
+    other sizes (bench --quick) or on a GPU keeps nothing."""
+    from attention_lab.runtime import decoding, flops
+
+    monkeypatch.setenv(decoding.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    decoding.forget_measurements()
+    busy = {512: [1e9], 1024: [2e9], 2048: [3e9]}
+    assert flops.kept_peak_flops("cpu", torch.float32, lambda d, t: busy) == (pytest.approx(3e9), True)
+    idle = {512: [5e9, 1e9], 1024: [4e9], 2048: [2e9]}  # 512 and 1024 faster now, 2048 slower
+    assert flops.keep_better_peak("cpu", torch.float32, idle) == (pytest.approx(3e9), pytest.approx(5e9))
+    decoding.forget_measurements()  # a new process reads the file
+    never = lambda d, t: pytest.fail("a kept peak is not measured again")  # noqa: E731
+    assert flops.kept_peak_flops("cpu", torch.float32, never) == (pytest.approx(5e9), False)
+    kept = json.loads(decoding.cache_file().read_text())["entries"]
+    (seconds,) = [e["seconds"] for e in kept if e["key"]["model"] == str(("matmul peak", "float32"))]
+    assert seconds == pytest.approx({"512": 2 * 512**3 / 5e9, "1024": 2 * 1024**3 / 4e9, "2048": 2 * 2048**3 / 3e9})
+    slower = {512: [1e9], 1024: [1e9], 2048: [1e9]}
+    assert flops.keep_better_peak("cpu", torch.float32, slower) == (pytest.approx(5e9), pytest.approx(5e9))
+    assert flops.kept_peak_flops("cpu", torch.float32, never)[0] == pytest.approx(5e9)
+    assert flops.keep_better_peak("cpu", torch.bfloat16, idle) == (0.0, pytest.approx(5e9)), "bf16 keeps its own"
+    assert flops.kept_peak_flops("cpu", torch.float32, never)[0] == pytest.approx(5e9), "float32's is untouched"
+    assert flops.keep_better_peak("cpu", torch.float32, {256: [9e9, 9e9]}) is None, "bench --quick's sizes"
+    assert flops.keep_better_peak("cuda:0", torch.float32, idle) is None, "a GPU's peak is never kept"
+    assert flops.kept_peak_flops("cpu", torch.float32, never)[0] == pytest.approx(5e9)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("grad_accum", [1, 2])
 def test_the_chunked_loss_step_equals_the_plain_step(dtype, grad_accum):

@@ -295,6 +295,20 @@ def kept_seconds(key: Hashable, names: tuple[str, ...], measure: Callable[[], di
     return dict(_kept[cache_key]), measured
 
 
+def keep_least(key: Hashable, seconds: dict[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+    """Fold a new measurement of a best-of quantity into the kept one (the matmul peak's seconds per size): each
+    name keeps the lesser seconds of the two, so a measurement taken while the machine was busy is mended by a
+    later one on idle cores and never undoes one. Returns (the seconds kept before: {} when none, the seconds kept
+    now); names of the kept entry that the new measurement lacks stay as they were."""
+    cache_key = json.dumps(measurement_key(key), sort_keys=True)
+    stored = dict(_kept.get(cache_key) or _read_entries().get(cache_key) or {})
+    merged = stored | {name: min(float(s), stored.get(name, float(s))) for name, s in seconds.items()}
+    if merged != stored:
+        _store(cache_key, merged)
+    _kept[cache_key] = merged
+    return stored, dict(merged)
+
+
 def forget_measurements() -> None:
     """This process's memory as a fresh process's (tests): no measurement held, no warning printed yet. The file
     stays (delete it, or measure afresh: measuring_afresh, `python -m bench.decoding_dtype`)."""

@@ -9,9 +9,12 @@ best of several samples is taken. bench/peak.py prints the same measurement as a
 The trainer's peak is kept (kept_peak_flops): measuring took 2 s on 2 idle cores of an AMD EPYC (4 s on busy ones),
 which every `train.py` without `train.peak_flops` paid at its start. On a CPU the best seconds per matmul of each size go into the measurement
 file of decoding.py (kept_seconds: keyed by the CPU's name, torch's version, its bf16/AMX flags, the thread count,
-and here the dtype), and a later run reads them. Delete that file to measure again, e.g. after a run measured
-while the machine was busy (`provenance.json` says whether a run's peak was measured or kept). A GPU's is measured
-once per process, as before: the file's key names the CPU, not the GPU.
+and here the dtype), and a later run reads them. A peak first measured while the machine was busy is too low, and
+every later run's MFU too high (2026-12-07, a 2-core AMD EPYC without bf16: kept 57 GFLOP/s, measured with another
+job beside the run's start, where idle cores reach 115, so the run logged MFU 0.87). `python -m bench.run --only
+peak` measures it again and keeps the faster of the two, size by size (keep_better_peak), so it mends such a peak and
+a busy bench never lowers one; `provenance.json` says whether a run's peak was measured or kept. Deleting the file
+measures everything again. A GPU's is measured once per process: the file's key names the CPU, not the GPU.
 """
 
 from __future__ import annotations
@@ -121,5 +124,29 @@ def kept_peak_flops(device: torch.device | str, dtype: torch.dtype,
         return {str(n): 2.0 * n**3 / max(r) for n, r in rates.items()}
 
     names = tuple(str(n) for n in CPU_SIZES)
-    seconds, measured = decoding.kept_seconds(("matmul peak", str(dtype).removeprefix("torch.")), names, best_seconds)
-    return max(2.0 * int(n) ** 3 / seconds[n] for n in names), measured
+    seconds, measured = decoding.kept_seconds(peak_key(dtype), names, best_seconds)
+    return peak_of(seconds, names), measured
+
+
+def peak_key(dtype: torch.dtype) -> tuple[str, str]:
+    """The kept CPU peak's key beyond the machine (decoding.measurement_key adds the CPU, torch, flags, threads)."""
+    return "matmul peak", str(dtype).removeprefix("torch.")
+
+
+def peak_of(seconds: dict[str, float], names: tuple[str, ...]) -> float:
+    """FLOP/s of the fastest size: 2 n^3 / its best seconds."""
+    return max(2.0 * int(n) ** 3 / seconds[n] for n in names)
+
+
+def keep_better_peak(device: torch.device | str, dtype: torch.dtype, rates: dict[int, list[float]]
+                     ) -> tuple[float, float] | None:
+    """A full measurement of the CPU's peak (matmul_rates over CPU_SIZES: bench/peak.py's) folded into the peak the
+    trainer keeps, size by size, the faster kept (decoding.keep_least): a peak first measured while the machine was
+    busy (a low peak, so every later run's MFU too high) is mended by measuring it again on idle cores, and a busy
+    measurement never lowers it. Returns (the kept peak before, after) in FLOP/s (before: 0 when none was kept),
+    or None where nothing is kept (a GPU, or other sizes than the trainer's)."""
+    if torch.device(device).type != "cpu" or set(rates) != set(CPU_SIZES):
+        return None
+    names = tuple(str(n) for n in CPU_SIZES)
+    before, after = decoding.keep_least(peak_key(dtype), {str(n): 2.0 * n**3 / max(r) for n, r in rates.items()})
+    return (peak_of(before, names) if set(names) <= set(before) else 0.0), peak_of(after, names)
