@@ -2270,7 +2270,7 @@ MUTATIONS = (
     Mutation("helper17_layout_keyed_without_the_dtype", "attention_lab/sampling.py",
              "layout = decoding_layout(device, cached, probe_layout, (*key, str(chosen)))",
              "layout = decoding_layout(device, cached, probe_layout, key)",
-             ("tests/test_decoding_layout.py", "tests/test_decoding_dtype.py"),
+             ("tests/test_decoding_layout.py::test_each_dtype_measures_its_own_layout_and_each_layout_its_own_threads",),
              "the layout measured for the first dtype decides for the other too: float32's columns kept for bf16 "
              "weights, where columns measured slower (a helper's code-only plant)"),
     Mutation("helper17_copy_stamp_without_the_version", "attention_lab/runtime/decoding.py",
@@ -2287,7 +2287,7 @@ MUTATIONS = (
              "auto measured and sample.py names is not what runs (a helper's code-only plant)"),
     Mutation("helper17_margin_in_seconds", "attention_lab/runtime/decoding.py",
              "seconds[best] > (1 - margin) * seconds[reference]", "seconds[best] > seconds[reference] - margin",
-             ("tests/test_decoding_layout.py", "tests/test_decoding_dtype.py"),
+             ("tests/test_decoding_layout.py::test_the_margin_is_a_fraction_of_the_time_even_for_a_few_milliseconds",),
              "the 5% margin becomes 0.05 s, longer than a whole probe: auto never leaves float32, rows or one thread "
              "(a helper's code-only plant)"),
     Mutation("helper17_bench_times_rows_as_columns", "bench/generation.py",
@@ -2299,7 +2299,7 @@ MUTATIONS = (
     Mutation("helper17_threads_keyed_without_the_layout", "attention_lab/sampling.py",
              "decoding_thread_count(device, cached, probe_threads, (*key, str(chosen), layout))",
              "decoding_thread_count(device, cached, probe_threads, (*key, str(chosen)))",
-             ("tests/test_decoding_layout.py", "tests/test_decoding_dtype.py"),
+             ("tests/test_decoding_layout.py::test_each_dtype_measures_its_own_layout_and_each_layout_its_own_threads",),
              "the thread count measured with one layout decides for the other, whose steps read memory differently "
              "(a helper's code-only plant)"),
     Mutation("schedule_stops_at_the_step_cap", "attention_lab/training/loop.py",

@@ -170,3 +170,45 @@ def test_generate_text_decodes_in_the_measured_layout(monkeypatch, seconds, want
                            on_decoding=lambda *how: told.append(how))
     assert probes == [("rows", [("rows", 1)]), ("columns", [("columns", 1)])], probes
     assert seen[-1][0] == want and told == [(F32, 1, want)], (seen, told)
+
+
+def test_the_margin_is_a_fraction_of_the_time_even_for_a_few_milliseconds():
+    """A probe is a few milliseconds: columns 20% faster at 10 ms wins, 3% faster does not (the margin is a
+    fraction of the reference's time, not seconds)."""
+    def pick(seconds, key):
+        return decoding.decoding_layout(CPU, True, lambda layout: None, key, lambda decode: seconds)
+
+    assert pick({"rows": 0.010, "columns": 0.008}, "ms-a") == "columns"
+    assert pick({"rows": 0.010, "columns": 0.0097}, "ms-b") == "rows"
+    assert decoding.faster_dtype({F32: 0.010, BF16: 0.008}) == BF16
+    assert decoding.faster_threads({1: 0.010, 2: 0.008}) == 2
+
+
+def test_each_dtype_measures_its_own_layout_and_each_layout_its_own_threads(monkeypatch, torch_threads):
+    """The layout is measured per dtype (columns won in float32 and lost in bf16 on the Zen 4 EPYC: bf16 weights
+    read half the bytes), and the thread count per dtype and layout: a measurement made for one is never read
+    back for another, in this process or the next."""
+    model = tiny()
+    layouts, threads = [], []
+
+    def measure_threads(run, counts):
+        threads.append(tuple(counts))
+        return {n: float(n) for n in counts}  # one thread faster
+
+    monkeypatch.setattr(decoding, "time_layouts", lambda decode: (layouts.append(1), dict(COLUMNS_WIN))[1])
+    monkeypatch.setattr(decoding, "time_candidates", measure_threads)  # named dtypes: only the threads measured
+
+    def sample(dtype, layout="auto"):
+        sampling.generate_text(model, None, PROMPT, 2, greedy=True, dtype=dtype, layout=layout)
+
+    sample("float32")
+    assert len(layouts) == 1 and len(threads) == 1
+    sample("bfloat16")
+    assert len(layouts) == 2, "bf16 weights read float32's layout measurement"
+    assert len(threads) == 2
+    sample("float32", "rows")
+    assert len(threads) == 3, "the thread count measured by columns was read back for the weights by rows"
+    decoding.forget_measurements()  # the next process: the file answers each, and nothing else
+    for dtype, layout in (("float32", "auto"), ("bfloat16", "auto"), ("float32", "rows")):
+        sample(dtype, layout)
+    assert len(layouts) == 2 and len(threads) == 3
