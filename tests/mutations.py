@@ -2592,8 +2592,8 @@ MUTATIONS = (
              "the kept matmul peak is keyed without the dtype: after a bf16 run a float32 run divides by bf16's peak "
              "(MFU understated 2-8x on CPUs with bf16 units), or the other way round"),
     Mutation("peak_from_kept_seconds_halved", "attention_lab/runtime/flops.py",
-             "    return max(2.0 * int(n) ** 3 / seconds[n] for n in names)",
-             "    return max(int(n) ** 3 / seconds[n] for n in names)",
+             "    return max(2.0 * int(n) ** 3 / seconds[n] for n in KEPT_NAMES)",
+             "    return max(int(n) ** 3 / seconds[n] for n in KEPT_NAMES)",
              ("tests/test_train_step.py::test_the_kept_peak_is_the_best_sizes_rate_and_a_gpus_is_measured_in_each_process",),
              "the kept peak is read back as n^3 / seconds, not 2 n^3: every MFU doubled"),
     Mutation("heatmap_frames_keep_the_first_weights", "attention_lab/interp/figures.py",

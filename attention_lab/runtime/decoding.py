@@ -283,7 +283,7 @@ def kept_seconds(key: Hashable, names: tuple[str, ...], measure: Callable[[], di
     process's memory, else from the file, else measure() (which returns {name: seconds}), then stored. Returns
     (the seconds, whether measure() ran now). A stored entry that lacks one of `names` counts as none. What
     decoding_dtype does for its two dtypes, for any caller: training's attention backend keeps sdpa vs math here."""
-    cache_key = json.dumps(measurement_key(key), sort_keys=True)
+    cache_key = _cache_key(key)
     measured = False
     if cache_key not in _kept or _afresh:
         stored = None if _afresh else _read_entries().get(cache_key)
@@ -300,13 +300,18 @@ def keep_least(key: Hashable, seconds: dict[str, float]) -> tuple[dict[str, floa
     name keeps the lesser seconds of the two, so a measurement taken while the machine was busy is mended by a
     later one on idle cores and never undoes one. Returns (the seconds kept before: {} when none, the seconds kept
     now); names of the kept entry that the new measurement lacks stay as they were."""
-    cache_key = json.dumps(measurement_key(key), sort_keys=True)
+    cache_key = _cache_key(key)
     stored = dict(_kept.get(cache_key) or _read_entries().get(cache_key) or {})
     merged = stored | {name: min(float(s), stored.get(name, float(s))) for name, s in seconds.items()}
     if merged != stored:
         _store(cache_key, merged)
     _kept[cache_key] = merged
     return stored, dict(merged)
+
+
+def _cache_key(key: Hashable) -> str:
+    """The measurement file's key of an entry: measurement_key as sorted JSON."""
+    return json.dumps(measurement_key(key), sort_keys=True)
 
 
 def forget_measurements() -> None:

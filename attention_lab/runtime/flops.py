@@ -119,13 +119,12 @@ def kept_peak_flops(device: torch.device | str, dtype: torch.dtype,
             _GPU_PEAKS[key] = best_rate((measure or matmul_rates)(device, dtype))
         return _GPU_PEAKS[key], measured
 
-    def best_seconds() -> dict[str, float]:
-        rates = (measure or matmul_rates)(device, dtype)
-        return {str(n): 2.0 * n**3 / max(r) for n, r in rates.items()}
+    seconds, measured = decoding.kept_seconds(peak_key(dtype), KEPT_NAMES,
+                                              lambda: best_seconds((measure or matmul_rates)(device, dtype)))
+    return peak_of(seconds), measured
 
-    names = tuple(str(n) for n in CPU_SIZES)
-    seconds, measured = decoding.kept_seconds(peak_key(dtype), names, best_seconds)
-    return peak_of(seconds, names), measured
+
+KEPT_NAMES = tuple(str(n) for n in CPU_SIZES)  # the kept CPU peak's entries: the best seconds of each size
 
 
 def peak_key(dtype: torch.dtype) -> tuple[str, str]:
@@ -133,9 +132,14 @@ def peak_key(dtype: torch.dtype) -> tuple[str, str]:
     return "matmul peak", str(dtype).removeprefix("torch.")
 
 
-def peak_of(seconds: dict[str, float], names: tuple[str, ...]) -> float:
-    """FLOP/s of the fastest size: 2 n^3 / its best seconds."""
-    return max(2.0 * int(n) ** 3 / seconds[n] for n in names)
+def best_seconds(rates: dict[int, list[float]]) -> dict[str, float]:
+    """matmul_rates' FLOP/s samples -> the best seconds per (n, n) matmul, by size's name (what is kept)."""
+    return {str(n): 2.0 * n**3 / max(r) for n, r in rates.items()}
+
+
+def peak_of(seconds: dict[str, float]) -> float:
+    """FLOP/s of the fastest kept size: 2 n^3 / its best seconds."""
+    return max(2.0 * int(n) ** 3 / seconds[n] for n in KEPT_NAMES)
 
 
 def keep_better_peak(device: torch.device | str, dtype: torch.dtype, rates: dict[int, list[float]]
@@ -147,6 +151,5 @@ def keep_better_peak(device: torch.device | str, dtype: torch.dtype, rates: dict
     or None where nothing is kept (a GPU, or other sizes than the trainer's)."""
     if torch.device(device).type != "cpu" or set(rates) != set(CPU_SIZES):
         return None
-    names = tuple(str(n) for n in CPU_SIZES)
-    before, after = decoding.keep_least(peak_key(dtype), {str(n): 2.0 * n**3 / max(r) for n, r in rates.items()})
-    return (peak_of(before, names) if set(names) <= set(before) else 0.0), peak_of(after, names)
+    before, after = decoding.keep_least(peak_key(dtype), best_seconds(rates))
+    return (peak_of(before) if set(KEPT_NAMES) <= set(before) else 0.0), peak_of(after)
