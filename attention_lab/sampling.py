@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,8 +21,8 @@ from attention_lab.store.layout import run_of_checkpoint
 from data.tokenizer import Tokenizer
 from model import GPT, GPTConfig, generate_stream
 
-# decoding steps dtype auto times per dtype and round (runtime/decoding.py): cached steps cost one token each,
-# an uncached step a forward pass over the whole context
+# decoding steps a probe of dtype auto runs per dtype and round (runtime/decoding.py times each but the first, the
+# prompt's prefill): cached steps cost one token each, an uncached step a forward pass over the whole context
 PROBE_TOKENS = {True: 8, False: 2}
 
 
@@ -120,28 +120,30 @@ def generate_text(
     cached = use_cache and (len(prompt_ids) + max_new_tokens <= model.config.block_size
                             or (model.config.bounded_cache and not keep_first))  # keep_first rebuilds
 
-    def probe(candidate: torch.dtype, layout: str = "rows") -> None:  # a few greedy steps the way this call decodes
+    def probe(candidate: torch.dtype, layout: str = "rows") -> Iterator[None]:
+        """A few greedy steps the way this call decodes, one a next() (runtime/decoding times each step)."""
         start = idx[:, -PROBE_TOKENS[cached]:] if cached else idx
         decoder, cast = decoding_model(model, candidate, device, layout)
         with autocast(device, cast):
             for _ in generate_stream(decoder, start, PROBE_TOKENS[cached], greedy=True, use_cache=cached):
-                pass
+                yield
 
-    # "bf16 weights": bf16 on a CPU is a bf16 copy of the weights (decoding_model), not the autocast of before
-    key = (repr(model.config), str(next(model.parameters()).dtype), cached, "bf16 weights")
+    # "bf16 weights": bf16 on a CPU is a bf16 copy of the weights (decoding_model), not the autocast of before;
+    # "steps timed": the probes' single steps are timed, not whole probes (a new key measures once again)
+    key = (repr(model.config), str(next(model.parameters()).dtype), cached, "bf16 weights", "steps timed")
     with decoding_threads(device, 1 if cached else None):  # cached steps' dtype is measured in one thread
         chosen = decoding_dtype(dtype, device, probe, key)
 
-    def probe_layout(layout: str) -> None:  # what the layout's measurement times, in one thread like the dtype's
+    def probe_layout(layout: str) -> Iterator[None]:  # what the layout's measurement times, in one thread
         with decoding_threads(device, 1):
-            probe(chosen, layout)
+            yield from probe(chosen, layout)
 
     if layout == "auto":
         layout = decoding_layout(device, cached, probe_layout, (*key, str(chosen)))
 
-    def probe_threads(count: int) -> None:  # what the thread count's measurement times
+    def probe_threads(count: int) -> Iterator[None]:  # what the thread count's measurement times
         with decoding_threads(device, count):
-            probe(chosen, layout)
+            yield from probe(chosen, layout)
 
     if threads == "auto":
         threads = decoding_thread_count(device, cached, probe_threads, (*key, str(chosen), layout))

@@ -11,12 +11,14 @@ a near-tie; otherwise the run stops with an error naming the decoder and the pos
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
 from attention_lab.runtime.decoding import decoding_layout, decoding_model, decoding_thread_count
 from attention_lab.runtime.device import decoding_threads
 from model import GPTConfig
-from model.generate import generate
+from model.generate import generate, generate_stream
 
 from .common import Column, Context, Table, interleaved, log, median, median_interval, paired_ratio, spread, verdict
 from .twins import build_hf, build_ours, check_same_function, hf_attention
@@ -103,11 +105,11 @@ def cached_decoder(ours, prompt: torch.Tensor) -> tuple[torch.nn.Module, str]:
     kept with sampling's measurements)."""
     device = prompt.device
 
-    def probe(layout: str) -> None:
+    def probe(layout: str) -> Iterator:  # one greedy step a next(), as runtime/decoding times them
         with decoding_threads(device, 1):
-            generate(decoding_model(ours, torch.float32, device, layout)[0], prompt, 8, greedy=True, use_cache=True)
+            yield from generate_stream(decoding_model(ours, torch.float32, device, layout)[0], prompt, 8, greedy=True)
 
-    layout = decoding_layout(device, True, probe, ("bench.generation", repr(ours.config)))
+    layout = decoding_layout(device, True, probe, ("bench.generation", repr(ours.config), "steps timed"))
     return decoding_model(ours, torch.float32, device, layout)[0], layout
 
 
@@ -118,11 +120,11 @@ def cached_threads(ours, prompt: torch.Tensor, layout: str = "rows") -> int:
     device = prompt.device
     decoder = decoding_model(ours, torch.float32, device, layout)[0]
 
-    def probe(threads: int) -> None:
+    def probe(threads: int) -> Iterator:  # one greedy step a next(), as runtime/decoding times them
         with decoding_threads(device, threads):
-            generate(decoder, prompt, 8, greedy=True, use_cache=True)
+            yield from generate_stream(decoder, prompt, 8, greedy=True)
 
-    return decoding_thread_count(device, True, probe, ("bench.generation", repr(ours.config), layout))
+    return decoding_thread_count(device, True, probe, ("bench.generation", repr(ours.config), layout, "steps timed"))
 
 
 def run(ctx: Context) -> Table:

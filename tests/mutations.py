@@ -2209,8 +2209,8 @@ MUTATIONS = (
              "of earlier versions is measured again, and the dtype is chosen for a thread count decoding may not "
              "use (a helper's code-only plant)"),
     Mutation("decoding_threads_timed_in_float32", "attention_lab/sampling.py",
-             "        with decoding_threads(device, count):\n            probe(chosen, layout)\n",
-             "        with decoding_threads(device, count):\n            probe(torch.float32, layout)\n",
+             "        with decoding_threads(device, count):\n            yield from probe(chosen, layout)\n",
+             "        with decoding_threads(device, count):\n            yield from probe(torch.float32, layout)\n",
              ("tests/test_decoding_dtype.py::test_auto_times_the_dtype_in_one_thread_and_the_threads_in_the_chosen_dtype",),
              "the thread count is timed in float32 whatever the dtype, and kept under bf16's key: bf16 weights "
              "read half the bytes, so their best count may differ (a helper's code-only plant)"),
@@ -2253,7 +2253,7 @@ MUTATIONS = (
              "the lab's uncached one-token steps (full forward passes, matrix products) pay a layout measurement "
              "that cannot matter to them"),
     Mutation("decoding_layout_timed_in_every_thread", "attention_lab/sampling.py",
-             "the dtype's\n        with decoding_threads(device, 1):", "the dtype's\n        with decoding_threads(device, None):",
+             "in one thread\n        with decoding_threads(device, 1):", "in one thread\n        with decoding_threads(device, None):",
              ("tests/test_decoding_layout.py::test_generate_text_decodes_in_the_measured_layout",),
              "the layout is timed in torch's threads while the dtype before it was timed in one: the two "
              "measurements of one cached step disagree about what they time"),
@@ -2302,6 +2302,30 @@ MUTATIONS = (
              ("tests/test_decoding_layout.py::test_each_dtype_measures_its_own_layout_and_each_layout_its_own_threads",),
              "the thread count measured with one layout decides for the other, whose steps read memory differently "
              "(a helper's code-only plant)"),
+    # decoding's measurements time single steps, not whole probes (issue 44, 2026-12-07)
+    Mutation("decoding_probes_timed_whole", "attention_lab/runtime/decoding.py",
+             "            seconds[candidate] += _step_seconds(iter(run(candidate)), clock)[1:]",
+             "            seconds[candidate].append(sum(_step_seconds(iter(run(candidate)), clock)[1:]))",
+             ("tests/test_decoding_layout.py::test_a_burst_in_one_step_of_each_probe_does_not_decide",),
+             "auto's measurements take the median of whole probes again: one neighbour's burst inside a probe "
+             "decides, and where columns decode 1.2x faster auto keeps rows about a time in four (issue 44)"),
+    Mutation("decoding_probe_counts_the_prefill", "attention_lab/runtime/decoding.py",
+             "            seconds[candidate] += _step_seconds(iter(run(candidate)), clock)[1:]",
+             "            seconds[candidate] += _step_seconds(iter(run(candidate)), clock)",
+             ("tests/test_decoding_layout.py::test_the_prompts_prefill_is_not_a_step",
+              "tests/test_decoding_dtype.py::test_the_measurement_times_each_dtype_interleaved"),
+             "the prompt's prefill (a matrix product, and the cache's allocation) counts as a decoding step: half "
+             "the samples of an uncached probe, whose two steps are then timed as one"),
+    Mutation("decoding_probe_steps_all_at_once", "attention_lab/sampling.py",
+             "            for _ in generate_stream(decoder, start, PROBE_TOKENS[cached], greedy=True, use_cache=cached):\n"
+             "                yield\n",
+             "            yield\n"
+             "            for _ in generate_stream(decoder, start, PROBE_TOKENS[cached], greedy=True, use_cache=cached):\n"
+             "                pass\n"
+             "            yield\n",
+             ("tests/test_decoding_layout.py::test_each_step_of_samplings_probe_is_one_decoding_step",),
+             "sampling's probe decodes all its tokens in one step: every measurement times whole probes again, "
+             "while the code that times steps looks right"),
     Mutation("schedule_stops_at_the_step_cap", "attention_lab/training/loop.py",
              '    return (stop == "budget" and max_minutes is not None) or step < max_steps',
              "    return step < max_steps",

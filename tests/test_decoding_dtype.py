@@ -29,22 +29,29 @@ pytestmark = pytest.mark.usefixtures("fresh_measurements")  # conftest.py: a mea
 
 
 class FakeClock:
-    """A clock that decode(dtype) advances, by cost[dtype] seconds."""
+    """A clock that decode(dtype) advances: a probe of `steps` decoding steps (a generator, one step a next()),
+    its first (the prompt's prefill) `prefill` seconds whatever the dtype, each other cost[dtype] seconds."""
 
-    def __init__(self, cost: dict[torch.dtype, float]):
-        self.now, self.cost, self.calls = 0.0, cost, []
+    def __init__(self, cost: dict, steps: int = 4, prefill: float = 8.0):
+        self.now, self.cost, self.calls, self.steps, self.prefill = 0.0, cost, [], steps, prefill
 
     def __call__(self) -> float:
         return self.now
 
-    def decode(self, dtype: torch.dtype) -> None:
+    def decode(self, dtype: torch.dtype):
         self.calls.append(dtype)
-        self.now += self.cost[dtype]
+        self.now += self.prefill
+        yield
+        for _ in range(self.steps - 1):
+            self.now += self.cost[dtype]
+            yield
 
 
 @pytest.mark.parametrize("cost, want", [({F32: 1.0, BF16: 2.0}, F32), ({F32: 2.0, BF16: 1.0}, BF16)])
 def test_the_measurement_times_each_dtype_interleaved(cost, want):
-    clock = FakeClock(cost)
+    """Seconds per decoding step, the prefill not counted: with two steps a probe (as uncached decoding probes),
+    a counted prefill would be half the samples."""
+    clock = FakeClock(cost, steps=2)
     seconds = time_decoding(clock.decode, CPU, rounds=3, clock=clock)
     assert seconds == cost, f"time_decoding measured {seconds}, the decodes cost {cost}"
     assert clock.calls == [F32, BF16] * 4, f"warm-up once each, then 3 rounds taken in turn; got {clock.calls}"
@@ -136,7 +143,8 @@ def test_generate_text_decodes_in_the_measured_dtype_and_gives_its_tokens(monkey
 
     def measure(decode, device):
         for dtype in (F32, BF16):
-            decode(dtype)
+            for _ in decode(dtype):  # the probe: one decoding step a next()
+                pass
         probed.append(list(seen))
         return dict(seconds)
 
@@ -566,7 +574,8 @@ def test_generate_text_decodes_in_the_measured_threads_keyed_by_its_dtype(monkey
     def measure(run, counts):
         start = len(seen)
         for n in counts:
-            run(n)
+            for _ in run(n):  # the probe: one decoding step a next()
+                pass
         measured.append(seen[start:])
         return {n: seconds[n] for n in counts}
 
@@ -608,7 +617,8 @@ def test_auto_times_the_dtype_in_one_thread_and_the_threads_in_the_chosen_dtype(
     def measure_threads(run, counts):
         start = len(seen)
         for n in counts:
-            run(n)
+            for _ in run(n):  # the probe: one decoding step a next()
+                pass
         thread_probes.append(seen[start:])
         return {1: 1.5, 2: 1.0}
 

@@ -139,8 +139,48 @@ def test_the_measurement_times_both_layouts_interleaved_on_the_real_decode():
     """time_layouts, the default measure: both layouts warmed up once, then taken in turn."""
     seen = []
     ticks = iter(range(1000))
-    got = decoding.time_layouts(seen.append, rounds=3, clock=lambda: next(ticks))
+
+    def decode(layout):
+        seen.append(layout)
+        yield  # the prefill
+        yield  # a step
+
+    got = decoding.time_layouts(decode, rounds=3, clock=lambda: next(ticks))
     assert seen == ["rows", "columns"] * 4 and set(got) == {"rows", "columns"}, seen
+
+
+class Probe:
+    """A clock and a decode(layout) that advances it: a probe of len(step_costs[layout]) steps, one a next(), each
+    the stated seconds (the first is the prompt's prefill)."""
+
+    def __init__(self, step_costs: dict[str, list[float]]):
+        self.now, self.step_costs = 0.0, step_costs
+
+    def __call__(self) -> float:
+        return self.now
+
+    def decode(self, layout: str):
+        for cost in self.step_costs[layout]:
+            self.now += cost
+            yield
+
+
+def test_a_burst_in_one_step_of_each_probe_does_not_decide():
+    """Single steps are timed and their median taken, not whole probes: columns 10% faster at every step but one
+    of each probe, which a neighbour's burst made 6x slower, still win. (By whole probes rows would: 7.0 against
+    6 x 0.875 + 5.25 = 10.5 seconds.)"""
+    probe = Probe({"rows": [2.0] + [1.0] * 7, "columns": [2.0, 5.25] + [0.875] * 6})
+    seconds = decoding.time_layouts(probe.decode, rounds=3, clock=probe)
+    assert seconds == {"rows": 1.0, "columns": 0.875}, seconds
+    assert decoding.faster_layout(seconds) == "columns"
+
+
+def test_the_prompts_prefill_is_not_a_step():
+    """The first step of each probe (the prompt's prefill and the cache's allocation) is not counted: here it is
+    the only step where columns are slower, and there are only two steps a probe."""
+    probe = Probe({"rows": [1.0, 1.0], "columns": [4.0, 0.5]})
+    seconds = decoding.time_layouts(probe.decode, rounds=5, clock=probe)
+    assert seconds == {"rows": 1.0, "columns": 0.5}, seconds
 
 
 @pytest.mark.parametrize("seconds, want", [(ROWS_WIN, "rows"), (COLUMNS_WIN, "columns")])
@@ -152,7 +192,8 @@ def test_generate_text_decodes_in_the_measured_layout(monkeypatch, seconds, want
     def measure(decode):
         for layout in decoding.LAYOUTS:
             start = len(seen)
-            decode(layout)
+            for _ in decode(layout):  # the probe: one decoding step a next()
+                pass
             probes.append((layout, seen[start:]))
         return dict(seconds)
 
@@ -170,6 +211,35 @@ def test_generate_text_decodes_in_the_measured_layout(monkeypatch, seconds, want
                            on_decoding=lambda *how: told.append(how))
     assert probes == [("rows", [("rows", 1)]), ("columns", [("columns", 1)])], probes
     assert seen[-1][0] == want and told == [(F32, 1, want)], (seen, told)
+
+
+def test_each_step_of_samplings_probe_is_one_decoding_step(monkeypatch):
+    """The probe sampling hands to the measurements yields once a token: the prompt's prefill, then one forward
+    pass of one new token a next(). So each timed step is one decoding step; a probe that decoded all its tokens in
+    one next() would time whole probes again."""
+    model = tiny()
+    forwards = []  # the positions of each forward pass since the last step
+    real_forward = GPT.forward
+
+    def counting(self, idx, *args, **kwargs):
+        forwards.append(idx.size(1))
+        return real_forward(self, idx, *args, **kwargs)
+
+    steps = {}
+
+    def measure(decode):
+        for layout in decoding.LAYOUTS:
+            steps[layout] = []
+            for _ in decode(layout):
+                steps[layout].append(forwards[:])
+                forwards.clear()
+        return {"rows": 1.0, "columns": 1.0}
+
+    monkeypatch.setattr(GPT, "forward", counting)
+    monkeypatch.setattr(decoding, "time_layouts", measure)
+    sampling.generate_text(model, None, PROMPT, 6, greedy=True, dtype="float32", threads=1)
+    want = [[len(PROMPT)]] + [[1]] * (sampling.PROBE_TOKENS[True] - 1)
+    assert steps == {"rows": want, "columns": want}, steps
 
 
 def test_the_margin_is_a_fraction_of_the_time_even_for_a_few_milliseconds():

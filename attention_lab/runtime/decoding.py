@@ -47,7 +47,7 @@ does the trainer's matmul peak (the MFU denominator: the best seconds per matmul
 
     decoding_model(model, dtype, device, layout)  what decodes in dtype, under which autocast (bf16 weights on a
                                     CPU), its weights stored by rows or by columns
-    time_decoding(decode, device)   seconds per call of decode(dtype) for each dtype, interleaved, medians
+    time_decoding(decode, device)   seconds per decoding step of decode(dtype) for each dtype, interleaved, medians
     time_candidates(run, candidates)  the same for any candidates (thread counts; time_layouts: the layouts)
     faster_dtype(seconds)           the decision, a pure function of those numbers (faster_layout, faster_threads:
                                     the layout's and the threads')
@@ -145,40 +145,59 @@ def watched(model: nn.Module) -> bool:
     return any(m._forward_hooks or m._forward_pre_hooks or getattr(m, "hooked", False) for m in model.modules())
 
 
-def time_decoding(decode: Callable[[torch.dtype], object], device: torch.device, dtypes=CANDIDATES,
+def time_decoding(decode: Callable[[torch.dtype], Iterable], device: torch.device, dtypes=CANDIDATES,
                   rounds: int = 5, clock: Callable[[], float] = time.perf_counter) -> dict[torch.dtype, float]:
-    """Seconds per call of decode(dtype) (a few decoding steps of the real model, the way that dtype decodes:
-    decoding_model), timed by time_candidates."""
+    """Seconds per decoding step of decode(dtype) (a few decoding steps of the real model, the way that dtype
+    decodes: decoding_model), timed by time_candidates."""
     return time_candidates(decode, dtypes, rounds, clock)
 
 
-def time_layouts(decode: Callable[[str], object], rounds: int = 5,
+def time_layouts(decode: Callable[[str], Iterable], rounds: int = 5,
                  clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
-    """Seconds per call of decode(layout) for each of LAYOUTS, timed like time_candidates (its own seam: a test
-    stubs the layouts' timings apart from the threads')."""
+    """Seconds per decoding step of decode(layout) for each of LAYOUTS, timed like time_candidates (its own seam:
+    a test stubs the layouts' timings apart from the threads')."""
     return _interleaved(decode, LAYOUTS, rounds, clock)
 
 
-def time_candidates(run: Callable[[Any], object], candidates: Iterable, rounds: int = 5,
+def time_candidates(run: Callable[[Any], Iterable], candidates: Iterable, rounds: int = 5,
                     clock: Callable[[], float] = time.perf_counter) -> dict[Any, float]:
-    """Seconds per call of run(candidate): one untimed call each first (allocations, kernel choice, a thread
-    pool), then `rounds` rounds that take the candidates in turn (A, B, A, B, ...), so a neighbour's load falls on
-    all alike; the median of each."""
+    """Seconds per step of run(candidate), an iterable of decoding steps (a generator: each next() one token).
+    One untimed call each first (allocations, kernel choice, a thread pool), then `rounds` rounds that take the
+    candidates in turn (A, B, A, B, ...), so a neighbour's load falls on all alike. Every step of a call is timed
+    but its first (the prompt's prefill and the cache's allocation); the median over all of a candidate's steps.
+    Single steps, because a whole probe's time holds its prefill, a matrix product (where bf16 without bf16 units
+    is slowest) that 500 decoded tokens pay once, and any neighbour's burst inside it. On a 2-core AMD EPYC
+    without bf16 (Zen 3), where bf16 weights in two threads decoded 500 tokens fastest, auto picked them in 5 of
+    16 fresh measurements by whole probes and 12 of 16 by steps (bf16 in all 16; docs/benchmarks.md)."""
     return _interleaved(run, candidates, rounds, clock)
 
 
-def _interleaved(run: Callable[[Any], object], candidates: Iterable, rounds: int,
+def _interleaved(run: Callable[[Any], Iterable], candidates: Iterable, rounds: int,
                  clock: Callable[[], float]) -> dict[Any, float]:
     candidates = tuple(candidates)
     for candidate in candidates:
-        run(candidate)
+        for _ in run(candidate):
+            pass
     seconds: dict[Any, list[float]] = {candidate: [] for candidate in candidates}
     for _ in range(rounds):
         for candidate in candidates:
-            start = clock()
-            run(candidate)
-            seconds[candidate].append(clock() - start)
+            seconds[candidate] += _step_seconds(iter(run(candidate)), clock)[1:]
+    if not all(seconds.values()):
+        raise ValueError("each probe must run at least two decoding steps: the first (the prefill) is not timed")
     return {candidate: statistics.median(times) for candidate, times in seconds.items()}
+
+
+def _step_seconds(steps: Iterator, clock: Callable[[], float]) -> list[float]:
+    """The seconds of each step of an iterator, in order, until it ends."""
+    times = []
+    while True:
+        start = clock()
+        if next(steps, _END) is _END:
+            return times
+        times.append(clock() - start)
+
+
+_END = object()
 
 
 def faster(seconds: dict[Any, float], reference: Any, margin: float = MARGIN) -> Any:
@@ -224,7 +243,7 @@ def measurement_key(key: Hashable) -> dict[str, object]:
             "threads": torch.get_num_threads(), "openmp": omp.describe(), "model": str(key)}
 
 
-def decoding_dtype(name: str, device: torch.device, decode: Callable[[torch.dtype], object], key: Hashable,
+def decoding_dtype(name: str, device: torch.device, decode: Callable[[torch.dtype], Iterable], key: Hashable,
                    measure: Callable[..., dict[torch.dtype, float]] | None = None) -> torch.dtype:
     """The dtype to decode in (decoding_model says how). A name other than auto is pick_dtype's. auto: on a CPU,
     the faster of float32 and bf16 for decode(dtype) (a few decoding steps of the model about to decode), measured
@@ -242,8 +261,8 @@ def decoding_dtype(name: str, device: torch.device, decode: Callable[[torch.dtyp
     return faster_dtype({dtype: seconds[name] for name, dtype in names.items()})
 
 
-def decoding_layout(device: torch.device, cached: bool, decode: Callable[[str], object], key: Hashable,
-                    measure: Callable[[Callable[[str], object]], dict[str, float]] | None = None) -> str:
+def decoding_layout(device: torch.device, cached: bool, decode: Callable[[str], Iterable], key: Hashable,
+                    measure: Callable[[Callable[[str], Iterable]], dict[str, float]] | None = None) -> str:
     """How cached decoding on a CPU stores the weights (decoding_model's layout): rows or columns, the faster for
     decode(layout) (a few decoding steps of the model with its weights stored so), measured once per
     measurement_key and kept like the dtype; columns must win by more than MARGIN. A token is one matrix-vector
@@ -255,8 +274,8 @@ def decoding_layout(device: torch.device, cached: bool, decode: Callable[[str], 
     return faster_layout(seconds)
 
 
-def decoding_thread_count(device: torch.device, cached: bool, decode: Callable[[int], object], key: Hashable,
-                          measure: Callable[[Callable[[int], object], tuple[int, int]], dict[int, float]]
+def decoding_thread_count(device: torch.device, cached: bool, decode: Callable[[int], Iterable], key: Hashable,
+                          measure: Callable[[Callable[[int], Iterable], tuple[int, int]], dict[int, float]]
                           | None = None) -> int:
     """The torch threads to decode in. Cached decoding on a CPU (one token a step: small matrix-vector products)
     runs in one thread or in all of torch's, the faster for decode(threads) (a few decoding steps in that many
