@@ -284,6 +284,41 @@ def test_the_generation_bench_decodes_ours_and_hfs_our_threads_in_the_count_samp
     decoding.forget_measurements()
 
 
+def test_the_generation_benchs_probes_run_every_step_in_the_way_being_measured(monkeypatch, tmp_path, torch_threads):
+    """The probes bench.generation hands to the measurements, one decoding step a next() as sampling's, run each of
+    their steps (every forward pass) in the thread count being measured, and the layout's in one thread: a probe
+    whose thread count was restored before its steps ran would time torch's threads under every name."""
+    import bench.generation as generation
+    from attention_lab.runtime import decoding
+
+    state = torch_threads
+    monkeypatch.setenv(decoding.CACHE_DIR_ENV, str(tmp_path))
+    decoding.forget_measurements()
+    in_forward = []
+    real_forward = GPT.forward
+    monkeypatch.setattr(GPT, "forward", lambda self, *a, **k: (in_forward.append(state["n"]), real_forward(self, *a, **k))[1])
+    steps = {}
+
+    def measure(run, names):
+        for name in names:
+            in_forward.clear()
+            for _ in run(name):
+                pass
+            steps[name] = in_forward[:]
+        return {name: 1.0 for name in names}
+
+    monkeypatch.setattr(decoding, "time_layouts", lambda run: measure(run, decoding.LAYOUTS))
+    monkeypatch.setattr(decoding, "time_candidates", measure)
+    torch.manual_seed(0)
+    ours = GPT(GPTConfig(vocab_size=32, block_size=16, n_layer=1, n_head=2, n_embd=16)).eval()
+    prompt = torch.tensor([[1, 2, 3]])
+    generation.cached_decoder(ours, prompt)
+    generation.cached_threads(ours, prompt)
+    assert steps == {"rows": [1] * 8, "columns": [1] * 8, 1: [1] * 8, 2: [2] * 8}, steps
+    assert state["n"] == 2, "torch's thread count was not restored"
+    decoding.forget_measurements()
+
+
 @pytest.mark.parametrize("measured, want", [({"rows": 1.0, "columns": 1.5}, "rows"), ({"rows": 1.5, "columns": 1.0},
                                                                                        "columns")])
 def test_the_generation_bench_decodes_ours_cached_in_the_layout_sampling_measures(monkeypatch, tmp_path, measured,
