@@ -181,23 +181,20 @@ def _interleaved(run: Callable[[Any], Iterable], candidates: Iterable, rounds: i
     seconds: dict[Any, list[float]] = {candidate: [] for candidate in candidates}
     for _ in range(rounds):
         for candidate in candidates:
-            seconds[candidate] += _step_seconds(iter(run(candidate)), clock)[1:]
+            seconds[candidate] += _step_seconds(run(candidate), clock)[1:]
     if not all(seconds.values()):
         raise ValueError("each probe must run at least two decoding steps: the first (the prefill) is not timed")
     return {candidate: statistics.median(times) for candidate, times in seconds.items()}
 
 
-def _step_seconds(steps: Iterator, clock: Callable[[], float]) -> list[float]:
-    """The seconds of each step of an iterator, in order, until it ends."""
-    times = []
-    while True:
-        start = clock()
-        if next(steps, _END) is _END:
-            return times
-        times.append(clock() - start)
-
-
-_END = object()
+def _step_seconds(steps: Iterable, clock: Callable[[], float]) -> list[float]:
+    """The seconds of each step of an iterable (each next(): one step's end to the next's), in order."""
+    times, start = [], clock()
+    for _ in steps:
+        end = clock()
+        times.append(end - start)
+        start = end
+    return times
 
 
 def faster(seconds: dict[Any, float], reference: Any, margin: float = MARGIN) -> Any:
