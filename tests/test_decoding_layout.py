@@ -213,6 +213,40 @@ def test_generate_text_decodes_in_the_measured_layout(monkeypatch, seconds, want
     assert seen[-1][0] == want and told == [(F32, 1, want)], (seen, told)
 
 
+class CountingProbe(Probe):
+    """A Probe that counts the calls of each layout."""
+
+    def __init__(self, step_costs: dict[str, list[float]]):
+        super().__init__(step_costs)
+        self.calls = {layout: 0 for layout in step_costs}
+
+    def decode(self, layout: str):
+        self.calls[layout] += 1
+        yield from super().decode(layout)
+
+
+def test_a_candidate_far_slower_in_its_warm_up_is_not_timed_further():
+    """Columns 4x slower than rows in the warm-up (more than OUT = 3x) cannot win: one call (the warm-up) and its
+    median stands, while rows are timed in every round; 2.5x slower is still timed in every round."""
+    probe = CountingProbe({"rows": [2.0] + [1.0] * 3, "columns": [2.0] + [4.0] * 3})
+    seconds = decoding.time_layouts(probe.decode, rounds=3, clock=probe)
+    assert probe.calls == {"rows": 4, "columns": 1}, probe.calls
+    assert seconds == {"rows": 1.0, "columns": 4.0} and decoding.faster_layout(seconds) == "rows", seconds
+
+    probe = CountingProbe({"rows": [2.0] + [1.0] * 3, "columns": [2.0] + [2.5] * 3})
+    seconds = decoding.time_layouts(probe.decode, rounds=3, clock=probe)
+    assert probe.calls == {"rows": 4, "columns": 4}, probe.calls
+    assert seconds == {"rows": 1.0, "columns": 2.5}, seconds
+
+
+def test_the_fastest_in_its_warm_up_is_never_left_out():
+    """Rows 4x slower than columns in the warm-up: rows are left out, columns timed in every round and chosen."""
+    probe = CountingProbe({"rows": [2.0] + [4.0] * 3, "columns": [2.0] + [1.0] * 3})
+    seconds = decoding.time_layouts(probe.decode, rounds=3, clock=probe)
+    assert probe.calls == {"rows": 1, "columns": 4}, probe.calls
+    assert decoding.faster_layout(seconds) == "columns", seconds
+
+
 def test_each_step_of_samplings_probe_is_one_decoding_step(monkeypatch):
     """The probe sampling hands to the measurements yields once a token: the prompt's prefill, then one forward
     pass of one new token a next(). So each timed step is one decoding step; a probe that decoded all its tokens in

@@ -89,6 +89,8 @@ LAYOUTS = ("rows", "columns")  # how a decoding copy stores each nn.Linear weigh
 # bf16 must beat float32 by this fraction to be chosen: float32 is the reference numerics (the tokens a float32
 # run gives), so a tie or a difference inside the noise of shared cores keeps it
 MARGIN = 0.05
+# a candidate whose warm-up steps took more than this many times the fastest's is not timed further (time_candidates)
+OUT = 3.0
 
 CACHE_DIR_ENV = "ATTENTION_LAB_CACHE_DIR"
 FILE_NAME = "measurements.json"
@@ -162,29 +164,36 @@ def time_layouts(decode: Callable[[str], Iterable], rounds: int = 5,
 def time_candidates(run: Callable[[Any], Iterable], candidates: Iterable, rounds: int = 5,
                     clock: Callable[[], float] = time.perf_counter) -> dict[Any, float]:
     """Seconds per step of run(candidate), an iterable of decoding steps (a generator: each next() one token).
-    One untimed call each first (allocations, kernel choice, a thread pool), then `rounds` rounds that take the
+    One warm-up call each first (allocations, kernel choice, a thread pool), then `rounds` rounds that take the
     candidates in turn (A, B, A, B, ...), so a neighbour's load falls on all alike. Every step of a call is timed
     but its first (the prompt's prefill and the cache's allocation); the median over all of a candidate's steps.
     Single steps, because a whole probe's time holds its prefill, a matrix product (where bf16 without bf16 units
     is slowest) that 500 decoded tokens pay once, and any neighbour's burst inside it. On a 2-core AMD EPYC
     without bf16 (Zen 3), where bf16 weights in two threads decoded 500 tokens fastest, auto picked them in 5 of
-    16 fresh measurements by whole probes and 12 of 16 by steps (bf16 in all 16; docs/benchmarks.md)."""
+    16 fresh measurements by whole probes and 12 of 16 by steps (bf16 in all 16; docs/benchmarks.md).
+
+    A candidate whose warm-up steps took more than OUT times the fastest candidate's (medians) cannot win: it is
+    not timed in the rounds, and its warm-up median stands. There bf16 by columns decoded at a quarter of float32's
+    speed, and a full window's step in bf16 without bf16 units at a fifth: timing them in every round was most of
+    a first measurement's time."""
     return _interleaved(run, candidates, rounds, clock)
 
 
 def _interleaved(run: Callable[[Any], Iterable], candidates: Iterable, rounds: int,
                  clock: Callable[[], float]) -> dict[Any, float]:
     candidates = tuple(candidates)
-    for candidate in candidates:
-        for _ in run(candidate):
-            pass
-    seconds: dict[Any, list[float]] = {candidate: [] for candidate in candidates}
-    for _ in range(rounds):
-        for candidate in candidates:
-            seconds[candidate] += _step_seconds(run(candidate), clock)[1:]
-    if not all(seconds.values()):
+    warm = {candidate: _step_seconds(run(candidate), clock)[1:] for candidate in candidates}
+    if not all(warm.values()):
         raise ValueError("each probe must run at least two decoding steps: the first (the prefill) is not timed")
-    return {candidate: statistics.median(times) for candidate, times in seconds.items()}
+    warm_median = {candidate: statistics.median(times) for candidate, times in warm.items()}
+    fastest = min(warm_median.values())
+    timed = [candidate for candidate in candidates if warm_median[candidate] <= OUT * fastest]
+    seconds: dict[Any, list[float]] = {candidate: [] for candidate in timed}
+    for _ in range(rounds):
+        for candidate in timed:
+            seconds[candidate] += _step_seconds(run(candidate), clock)[1:]
+    return {candidate: statistics.median(seconds[candidate]) if candidate in seconds else warm_median[candidate]
+            for candidate in candidates}
 
 
 def _step_seconds(steps: Iterable, clock: Callable[[], float]) -> list[float]:
