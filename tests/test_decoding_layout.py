@@ -239,6 +239,22 @@ def test_a_candidate_far_slower_in_its_warm_up_is_not_timed_further():
     assert seconds == {"rows": 1.0, "columns": 2.5}, seconds
 
 
+def test_the_warm_up_steps_do_not_count_in_the_rounds():
+    """The warm-up call's steps (cold: allocations, kernel choice, a thread pool starting) only decide what is left
+    out; each way's seconds are the rounds' steps alone, even with a single round."""
+    calls, now = {"rows": 0, "columns": 0}, [0.0]
+
+    def decode(layout):
+        calls[layout] += 1
+        cold = calls[layout] == 1
+        for cost in [2.0] + [2.5 if cold else 1.0] * 3:
+            now[0] += cost
+            yield
+
+    seconds = decoding.time_layouts(decode, rounds=1, clock=lambda: now[0])
+    assert seconds == {"rows": 1.0, "columns": 1.0}, seconds
+
+
 def test_the_fastest_in_its_warm_up_is_never_left_out():
     """Rows 4x slower than columns in the warm-up: rows are left out, columns timed in every round and chosen."""
     probe = CountingProbe({"rows": [2.0] + [4.0] * 3, "columns": [2.0] + [1.0] * 3})
