@@ -2304,14 +2304,13 @@ MUTATIONS = (
              "(a helper's code-only plant)"),
     # decoding's measurements time single steps, not whole probes (issue 44, 2026-12-07)
     Mutation("decoding_probes_timed_whole", "attention_lab/runtime/decoding.py",
-             "            seconds[candidate] += _step_seconds(run(candidate), clock)[1:]",
-             "            seconds[candidate].append(sum(_step_seconds(run(candidate), clock)[1:]))",
+             "            seconds[candidate] += _step_seconds(run(candidate), clock)\n",
+             "            seconds[candidate].append(sum(_step_seconds(run(candidate), clock)))\n",
              ("tests/test_decoding_layout.py::test_a_burst_in_one_step_of_each_probe_does_not_decide",),
              "auto's measurements take the median of whole probes again: one neighbour's burst inside a probe "
              "decides, and where columns decode 1.2x faster auto keeps rows about a time in four (issue 44)"),
     Mutation("decoding_probe_counts_the_prefill", "attention_lab/runtime/decoding.py",
-             "            seconds[candidate] += _step_seconds(run(candidate), clock)[1:]",
-             "            seconds[candidate] += _step_seconds(run(candidate), clock)",
+             "    return times[1:]\n", "    return times\n",
              ("tests/test_decoding_layout.py::test_the_prompts_prefill_is_not_a_step",
               "tests/test_decoding_dtype.py::test_the_measurement_times_each_dtype_interleaved"),
              "the prompt's prefill (a matrix product, and the cache's allocation) counts as a decoding step: half "
@@ -2328,12 +2327,12 @@ MUTATIONS = (
              "while the code that times steps looks right"),
     # a helper's code-only round on the step-timed measurements (read the code, not the tests), 2026-12-07
     Mutation('helper18_timed_steps_drop_last_not_prefill', 'attention_lab/runtime/decoding.py',
-             '            seconds[candidate] += _step_seconds(run(candidate), clock)[1:]',
-             '            seconds[candidate] += _step_seconds(run(candidate), clock)[:-1]',
+             '    return times[1:]\n',
+             '    return times[:-1]\n',
              ('tests/test_decoding_layout.py::test_the_prompts_prefill_is_not_a_step', 'tests/test_decoding_dtype.py::test_the_measurement_times_each_dtype_interleaved'),
              "Each probe call's last decoding step is dropped instead of its first, so the prompt's prefill (a matrix product, slowest in emulated bf16) is timed among the steps again and skews the median against bf16. (a helper's code-only plant)"),
     Mutation('helper18_warmup_generator_never_run', 'attention_lab/runtime/decoding.py',
-             '    warm = {candidate: _step_seconds(run(candidate), clock)[1:] for candidate in candidates}',
+             '    warm = {candidate: _step_seconds(run(candidate), clock) for candidate in candidates}',
              '    warm = {candidate: [1.0] for candidate in candidates}',
              ('tests/test_decoding_layout.py', 'tests/test_decoding_dtype.py'),
              "The untimed warm-up call only creates each probe's generator and never iterates it, so no warm-up runs and the first timed round pays allocations, kernel choice and thread-pool start-up. (a helper's code-only plant)"),

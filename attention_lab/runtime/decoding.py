@@ -182,7 +182,7 @@ def time_candidates(run: Callable[[Any], Iterable], candidates: Iterable, rounds
 def _interleaved(run: Callable[[Any], Iterable], candidates: Iterable, rounds: int,
                  clock: Callable[[], float]) -> dict[Any, float]:
     candidates = tuple(candidates)
-    warm = {candidate: _step_seconds(run(candidate), clock)[1:] for candidate in candidates}
+    warm = {candidate: _step_seconds(run(candidate), clock) for candidate in candidates}
     if not all(warm.values()):
         raise ValueError("each probe must run at least two decoding steps: the first (the prefill) is not timed")
     warm_median = {candidate: statistics.median(times) for candidate, times in warm.items()}
@@ -191,19 +191,20 @@ def _interleaved(run: Callable[[Any], Iterable], candidates: Iterable, rounds: i
     seconds: dict[Any, list[float]] = {candidate: [] for candidate in timed}
     for _ in range(rounds):
         for candidate in timed:
-            seconds[candidate] += _step_seconds(run(candidate), clock)[1:]
+            seconds[candidate] += _step_seconds(run(candidate), clock)
     return {candidate: statistics.median(seconds[candidate]) if candidate in seconds else warm_median[candidate]
             for candidate in candidates}
 
 
 def _step_seconds(steps: Iterable, clock: Callable[[], float]) -> list[float]:
-    """The seconds of each step of an iterable (each next(): one step's end to the next's), in order."""
+    """The seconds of each step of an iterable (each next(): one step's end to the next's), in order, but its first
+    (the prompt's prefill and the cache's allocation), which no decoded token pays again."""
     times, start = [], clock()
     for _ in steps:
         end = clock()
         times.append(end - start)
         start = end
-    return times
+    return times[1:]
 
 
 def faster(seconds: dict[Any, float], reference: Any, margin: float = MARGIN) -> Any:
